@@ -1,0 +1,58 @@
+"""diffusion_fuse: a torch.compile backend for diffusion transformers.
+
+    pipe.transformer = torch.compile(pipe.transformer, backend="diffusion_fuse")
+
+Public API: the backend (``diffusion_fuse``, ``DiffusionFuseBackend``), ``Options``,
+``register_pattern`` / ``unregister_pattern``, ``explain``, ``Report``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .log import configure_from_env
+
+configure_from_env()
+
+from . import lowering, patterns  # noqa: E402,F401  (register ops and families)
+from .backend import DiffusionFuseBackend, diffusion_fuse  # noqa: E402
+from .config import Options, parse_options  # noqa: E402
+from .patterns.user import register_pattern, unregister_pattern  # noqa: E402
+from .verify.report import Report, default_report  # noqa: E402
+
+__version__ = "0.1.0"
+
+
+def explain(model: torch.nn.Module, *args: Any, options: dict[str, Any] | None = None, **kwargs: Any) -> Report:
+    """Compile ``model`` with diffusion_fuse, run it once on ``args``/``kwargs``, return the report.
+
+    The report lists each site matched (pattern, source line), the verifier's verdicts
+    (with the first differing element of a rejected site), near misses, and the kernel
+    hits vs reference fallbacks of that run.
+    """
+    report = Report()
+    base = getattr(model, "_orig_mod", model)
+    compiled = torch.compile(base, backend=DiffusionFuseBackend(options, report))
+    with torch.no_grad():
+        compiled(*args, **kwargs)
+    return report
+
+
+def last_report() -> Report:
+    """The process-wide report that ``backend="diffusion_fuse"`` compiles add to."""
+    return default_report()
+
+
+__all__ = [
+    "DiffusionFuseBackend",
+    "Options",
+    "Report",
+    "diffusion_fuse",
+    "explain",
+    "last_report",
+    "parse_options",
+    "register_pattern",
+    "unregister_pattern",
+]

@@ -1,0 +1,84 @@
+"""Typed backend options.
+
+``torch.compile(m, backend="diffusion_fuse", options={...})`` passes ``options`` here.
+Every key and value is checked; a bad one raises ``ValueError`` naming it and the
+allowed values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Literal
+
+Quality = Literal["lossless", "high"]
+QUALITIES: tuple[str, ...] = ("lossless", "high")
+MODES: tuple[str | None, ...] = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """What the backend does.
+
+    quality:  "lossless" (default): only bit-exact rewrites, unmatched ops run the ATen ops
+              eager runs. "high": adds non-exact families and hands the graph to Inductor.
+    verify:   compare every rewritten site with its reference subgraph on the first real call
+              (and on each new input signature); rejected sites go back to their ATen nodes.
+    patterns: {pattern name: bool} to enable or disable families; names not listed keep
+              their default (enabled when the family's tier is allowed by ``quality``).
+    report:   path of a file the report is written to after each verification (``.json``
+              for JSON, anything else for the text table), or None.
+    rtol/atol: tolerance used by the verifier for non-exact sites in tier "high".
+    """
+
+    quality: Quality = "lossless"
+    verify: bool = True
+    patterns: Mapping[str, bool] = dataclasses.field(default_factory=dict)
+    report: str | None = None
+    rtol: float = 2e-2
+    atol: float = 2e-2
+    mode: str | None = None
+
+    def pattern_enabled(self, name: str, tier: str) -> bool:
+        if name in self.patterns:
+            return bool(self.patterns[name])
+        return tier == "lossless" or self.quality == "high"
+
+
+def _fail(key: str, value: Any, allowed: Any) -> None:
+    raise ValueError(f"diffusion_fuse: option {key}={value!r} is not allowed; allowed: {allowed}")
+
+
+def parse_options(options: Mapping[str, Any] | None = None, mode: str | None = None) -> Options:
+    """Check ``options`` (and the ``mode=`` torch.compile passes) and build an ``Options``."""
+    from .patterns.registry import REGISTRY  # registry fills itself on import
+
+    if mode not in MODES:
+        _fail("mode", mode, list(MODES))
+    raw = dict(options or {})
+    fields = {f.name for f in dataclasses.fields(Options)} - {"mode"}
+    unknown = sorted(set(raw) - fields)
+    if unknown:
+        raise ValueError(
+            f"diffusion_fuse: unknown option(s) {unknown}; allowed options: {sorted(fields)}"
+        )
+    if "quality" in raw and raw["quality"] not in QUALITIES:
+        _fail("quality", raw["quality"], list(QUALITIES))
+    if "verify" in raw and not isinstance(raw["verify"], bool):
+        _fail("verify", raw["verify"], [True, False])
+    if "report" in raw and raw["report"] is not None and not isinstance(raw["report"], str):
+        _fail("report", raw["report"], "a file path (str) or None")
+    for key in ("rtol", "atol"):
+        if key in raw and (not isinstance(raw[key], (int, float)) or raw[key] < 0):
+            _fail(key, raw[key], "a non-negative number")
+    patterns = raw.get("patterns", {})
+    if not isinstance(patterns, Mapping):
+        _fail("patterns", patterns, "a dict {pattern name: bool}")
+    known = REGISTRY.names()
+    for name, on in patterns.items():
+        if name not in known:
+            _fail("patterns", name, sorted(known))
+        if not isinstance(on, bool):
+            _fail(f"patterns[{name!r}]", on, [True, False])
+    raw["patterns"] = dict(patterns)
+    return Options(mode=None if mode == "default" else mode, **raw)

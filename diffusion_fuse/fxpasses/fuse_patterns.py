@@ -1,0 +1,133 @@
+"""Pass: find every enabled pattern's sites and replace them with their ops.
+
+All sites are matched on the graph as it comes in, then applied in graph order, so a
+site's decision never depends on a rewrite done before it and the site ids (pattern @
+anchor node name) are the same in every rebuild: the verifier can exclude one and rebuild.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+
+import torch
+import torch.fx as fx
+
+from ..patterns.registry import REGISTRY, NearMiss, Site
+from .base import GraphPass, PassContext
+
+
+def _check_closed(site: Site) -> str | None:
+    """A site may only be read from outside through its outputs."""
+    inside = set(site.nodes)
+    outs = set(site.outputs)
+    for n in site.nodes:
+        if n in outs:
+            continue
+        for user in n.users:
+            if user not in inside:
+                return f"{n.name} is also used by {user.name}, outside the site"
+    return None
+
+
+def _propagate_fake(nodes: list[fx.Node]) -> None:
+    """Fill ``meta['val']`` of new nodes by running them on the fake values of their inputs."""
+    vals = [a.meta.get("val") for n in nodes for a in n.all_input_nodes]
+    fake_mode = torch._guards.detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    if fake_mode is None:
+        return
+    with fake_mode:
+        for n in nodes:
+            if any(a.meta.get("val") is None for a in n.all_input_nodes):
+                return
+            args, kwargs = fx.node.map_arg((n.args, n.kwargs), lambda a: a.meta["val"])
+            n.meta["val"] = n.target(*args, **kwargs)
+
+
+def _last_in_order(nodes: list[fx.Node]) -> fx.Node:
+    order = {n: i for i, n in enumerate(nodes[0].graph.nodes)}
+    return max(nodes, key=order.__getitem__)
+
+
+def apply_site(graph: fx.Graph, site: Site, mapping: dict[fx.Node, fx.Node]) -> list[fx.Node]:
+    """Emit ``site``'s replacement before its last node and reroute its outputs."""
+    inputs = [mapping.get(n, n) for n in site.inputs]
+    before = set(graph.nodes)
+    with graph.inserting_before(_last_in_order(site.nodes)):
+        new_outs = list(site.emit(graph, inputs))
+    created = [n for n in graph.nodes if n not in before]
+    trace = site.outputs[-1].meta.get("stack_trace")
+    for n in created:
+        n.meta["stack_trace"] = trace
+        n.meta["diffusion_fuse_site"] = site.id
+    _propagate_fake(created)
+    for old, new in zip(site.outputs, new_outs):
+        old.replace_all_uses_with(new)
+        mapping[old] = new
+    for n in reversed(site.nodes):
+        if not n.users:
+            graph.erase_node(n)
+    return new_outs
+
+
+def stable_topological_sort(graph: fx.Graph) -> None:
+    """Move any node that comes before one of its inputs after it; otherwise keep the order."""
+    from torch._inductor.pattern_matcher import stable_topological_sort as _sort
+
+    _sort(graph)
+
+
+class FusePatternsPass(GraphPass):
+    name = "fuse_patterns"
+
+    def config_key(self) -> str:
+        # The uuid must change when the set of families or their code changes.
+        parts = []
+        for fam in sorted(REGISTRY.families(), key=lambda f: f.name):
+            try:
+                src = inspect.getsource(type(fam))
+            except (OSError, TypeError):
+                src = repr(fam)
+            parts.append(f"{fam.name}:{fam.tier}:{hashlib.sha256(src.encode()).hexdigest()}")
+        return "|".join(parts)
+
+    def __call__(self, graph: fx.Graph, ctx: PassContext) -> None:
+        families = REGISTRY.enabled(ctx.options.pattern_enabled)
+        if ctx.options.quality == "lossless":
+            families = [f for f in families if f.tier == "lossless"]
+        by_anchor = REGISTRY.by_anchor(families)
+        if not by_anchor:
+            return
+        claimed: set[fx.Node] = set()
+        chosen: list[Site] = []
+        for node in list(graph.nodes):
+            if node.op != "call_function":
+                continue
+            for fam in by_anchor.get(node.target, ()):
+                try:
+                    res = fam.match(node)
+                except Exception as e:  # noqa: BLE001 - a broken matcher must not break compilation
+                    res = NearMiss(fam.name, node, f"matcher raised {type(e).__name__}: {e}")
+                if res is None:
+                    continue
+                if isinstance(res, NearMiss):
+                    ctx.near_misses.append(res)
+                    continue
+                problem = _check_closed(res)
+                if problem is None and claimed.intersection(res.nodes):
+                    problem = "overlaps a site matched before it"
+                if problem is not None:
+                    ctx.near_misses.append(NearMiss(fam.name, node, problem))
+                    continue
+                if res.id in ctx.exclude:
+                    ctx.skipped.append(res)
+                    continue
+                claimed.update(res.nodes)
+                chosen.append(res)
+                break
+        mapping: dict[fx.Node, fx.Node] = {}
+        for site in chosen:
+            apply_site(graph, site, mapping)
+        ctx.sites.extend(chosen)
+        if chosen:
+            stable_topological_sort(graph)

@@ -1,0 +1,57 @@
+"""The ordered pass pipeline per tier.
+
+lossless: fuse_patterns (lossless families) → cleanup; the result runs as ATen + our ops.
+high:     the same passes run inside Inductor as a post-grad ``CustomGraphPass``
+          (fxpasses/inductor_pass.py), with the tier-"high" families enabled too.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+
+import torch.fx as fx
+
+from ..config import Options
+from .base import GraphPass, PassContext
+from .cleanup import CleanupPass
+from .fuse_patterns import FusePatternsPass
+
+
+def copy_graph_module(ref: fx.GraphModule) -> fx.GraphModule:
+    """A GraphModule with a copy of ``ref``'s graph (same node names and meta) sharing its attributes.
+
+    ``copy.deepcopy`` would also copy parameters and constants (and fails on fake ones).
+    """
+    graph = fx.Graph()
+    graph._codegen = copy.deepcopy(ref.graph._codegen)
+    out = graph.graph_copy(ref.graph, {})
+    graph.output(out)
+    return fx.GraphModule(ref, graph)
+
+
+class PassManager:
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.passes: list[GraphPass] = [FusePatternsPass(), CleanupPass()]
+
+    def run(self, graph: fx.Graph, exclude: frozenset[str] = frozenset()) -> PassContext:
+        ctx = PassContext(options=self.options, exclude=exclude)
+        for p in self.passes:
+            p(graph, ctx)
+        return ctx
+
+    def rewrite(self, ref: fx.GraphModule, exclude: frozenset[str] = frozenset()) -> tuple[fx.GraphModule, PassContext]:
+        """A rewritten copy of ``ref`` (``ref`` itself is left as it is)."""
+        gm = copy_graph_module(ref)
+        ctx = self.run(gm.graph, exclude)
+        gm.recompile()
+        return gm, ctx
+
+    def uuid(self) -> str:
+        h = hashlib.sha256()
+        h.update(repr(sorted(self.options.patterns.items())).encode())
+        h.update(self.options.quality.encode())
+        for p in self.passes:
+            h.update(p.uuid().encode())
+        return h.hexdigest()

@@ -1,0 +1,111 @@
+"""Triton kernel for ``diffusion_fuse::ln_modulate``: LayerNorm + AdaLN modulate in one pass.
+
+Numerics contract (lossless tier): per row, mean/rstd are eager's
+``vectorized_layer_norm_kernel`` values (kernels/layer_norm_stats.py); then every op of the
+replaced ATen chain is computed in fp32 and rounded to its eager result dtype, in eager's
+order, with no FMA contraction (launched with ``enable_fp_fusion=False``)::
+
+    y = round_ln(LN(x))          # bf16 model: bf16;  Wan FP32LayerNorm: fp32
+    t = round_t(scale + 1)       # scale's dtype
+    u = round_u(y * t)           # promote(ln, scale)
+    v = round_v(u + shift)       # promote(u, shift)
+    out = round_out(v)           # final cast (Wan: bf16)
+
+Inputs: x [M, D] or [B, S, D] contiguous, D % 4 == 0 (the guard in lowering/norm_modulate.py
+routes everything else to the reference); scale/shift anything that broadcasts to x with
+unit stride along D ([B,1,D], [B,S,D], strided per-token slices of [B,S,6,D]).
+Verified shapes: see tests/gpu/test_ln_modulate_gpu.py and BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..lowering.norm_modulate import result_dtypes
+from .layer_norm_stats import DEFAULT_VARIANT, LANES, VEC, layer_norm_apply_affine, n_iters_for, welford_row_stats
+
+_DT_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+@triton.jit
+def round_to(x, CODE: tl.constexpr):
+    """Round fp32 ``x`` to the dtype coded by CODE (0 fp32, 1 bf16, 2 fp16), back in fp32."""
+    if CODE == 1:
+        return x.to(tl.bfloat16).to(tl.float32)
+    elif CODE == 2:
+        return x.to(tl.float16).to(tl.float32)
+    else:
+        return x
+
+
+@triton.jit(do_not_specialize=["S", "sc_sb", "sc_ss", "sh_sb", "sh_ss"])
+def _ln_modulate_kernel(
+    X, W, B, SCALE, SHIFT, OUT,
+    N, S, eps,
+    sc_sb, sc_ss, sh_sb, sh_ss,
+    N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_SHIFT: tl.constexpr,
+    LN_DT: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr, V_DT: tl.constexpr,
+    PUSH_MEAN_FMA: tl.constexpr, PUSH_M2_FMA: tl.constexpr, COMB_MEAN: tl.constexpr,
+    COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    bi = row // S
+    si = row % S
+    x_row = X + row * N
+    mean, rstd = welford_row_stats(x_row, N, eps, N_ITERS, LANES, VEC,
+                                   PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA)
+    sc_row = SCALE + bi * sc_sb + si * sc_ss
+    sh_row = SHIFT + bi * sh_sb + si * sh_ss
+    out_row = OUT + row * N
+    lane = tl.arange(0, LANES)
+    col = tl.arange(0, VEC)
+    for it in range(N_ITERS):
+        offs = (it * LANES + lane)[:, None] * VEC + col[None, :]
+        mask = offs < N
+        x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+        w = x
+        b = x
+        if HAS_W:
+            w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_B:
+            b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
+        y = round_to(layer_norm_apply_affine(x, mean, rstd, w, b, HAS_W, HAS_B, AFFINE_FMA), LN_DT)
+        t = round_to(tl.load(sc_row + offs, mask=mask, other=0.0).to(tl.float32) + 1.0, T_DT)
+        v = round_to(y * t, U_DT)
+        if HAS_SHIFT:
+            v = round_to(v + tl.load(sh_row + offs, mask=mask, other=0.0).to(tl.float32), V_DT)
+        tl.store(out_row + offs, v.to(OUT.dtype.element_ty), mask=mask)
+
+
+def _row_strides(t: torch.Tensor | None, x: torch.Tensor) -> tuple[int, int]:
+    if t is None:
+        return 0, 0
+    e = t.expand(x.shape)
+    return (e.stride(0), e.stride(1)) if x.dim() == 3 else (e.stride(0), 0)
+
+
+def ln_modulate_triton(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, variant=DEFAULT_VARIANT,
+                       affine_fma: bool = True) -> torch.Tensor:
+    """Launch the kernel; inputs must satisfy ``can_use_ln_modulate``."""
+    D = x.shape[-1]
+    S = x.shape[1] if x.dim() == 3 else 1
+    ln_dt, t_dt, u_dt, v_dt, final = result_dtypes(
+        x.dtype, scale.dtype, None if shift is None else shift.dtype, ln_dtype, out_dtype)
+    out = torch.empty(x.shape, dtype=final, device=x.device)
+    sc_sb, sc_ss = _row_strides(scale, x)
+    sh_sb, sh_ss = _row_strides(shift, x)
+    rows = x.numel() // D
+    _ln_modulate_kernel[(rows,)](
+        x, weight if weight is not None else x, bias if bias is not None else x, scale,
+        shift if shift is not None else scale, out,
+        D, S, float(eps), sc_sb, sc_ss, sh_sb, sh_ss,
+        N_ITERS=n_iters_for(D), LANES=LANES, VEC=VEC,
+        HAS_W=weight is not None, HAS_B=bias is not None, HAS_SHIFT=shift is not None,
+        LN_DT=_DT_CODE[ln_dt], T_DT=_DT_CODE[t_dt], U_DT=_DT_CODE[u_dt], V_DT=_DT_CODE[v_dt],
+        AFFINE_FMA=affine_fma, **variant.constexprs(),
+        num_warps=LANES // 32, enable_fp_fusion=False,
+    )
+    return out

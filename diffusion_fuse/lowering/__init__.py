@@ -1,0 +1,9 @@
+"""What a match becomes: ``torch.library`` ops in namespace ``diffusion_fuse``.
+
+Each op module holds the op, its fake impl, its reference impl (the original ATen chain),
+its ``can_use_*`` guard and its dispatch to a Triton kernel. Importing this package
+registers every op.
+"""
+
+from . import norm_modulate  # noqa: F401  (registers diffusion_fuse::ln_modulate)
+from .counters import reset as reset_counters, snapshot as counters_snapshot  # noqa: F401

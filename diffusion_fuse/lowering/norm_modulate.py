@@ -1,0 +1,127 @@
+"""``diffusion_fuse::ln_modulate``: LayerNorm + AdaLN modulate as one op.
+
+Semantics are those of the ATen chain the pattern replaces (patterns/norm_modulate.py)::
+
+    xin = x.to(ln_dtype) if ln_dtype else x
+    ln  = native_layer_norm(xin, [D], weight, bias, eps)[0]
+    out = ln * (scale + 1) [+ shift]   # each op rounded to its result dtype, as eager does
+    out = out.to(out_dtype) if out_dtype else out
+
+``scale``/``shift`` broadcast to ``x``'s shape. The reference impl *is* that chain (CPU, and
+every input a guard rejects); CUDA inputs the guard accepts run the Triton kernel in
+kernels/ln_modulate.py.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .dispatch import dispatch
+
+OP = "ln_modulate"
+KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+MAX_D = 16384
+VEC = 4  # eager's vectorized LayerNorm reads 4-element vectors; other D use another kernel
+
+
+def ln_modulate_reference(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype) -> Tensor:
+    xin = x if ln_dtype is None else x.to(ln_dtype)
+    ln = torch.ops.aten.native_layer_norm.default(xin, [xin.shape[-1]], weight, bias, eps)[0]
+    out = ln * (scale + 1)
+    if shift is not None:
+        out = out + shift
+    if out_dtype is not None:
+        out = out.to(out_dtype)
+    return out
+
+
+def result_dtypes(x_dtype, scale_dtype, shift_dtype, ln_dtype, out_dtype):
+    """dtypes of (ln, 1+scale, ln*(1+scale), +shift, final) as eager's type promotion gives them."""
+    ln_dt = ln_dtype or x_dtype
+    t_dt = scale_dtype
+    u_dt = torch.promote_types(ln_dt, t_dt)
+    v_dt = torch.promote_types(u_dt, shift_dtype) if shift_dtype is not None else u_dt
+    return ln_dt, t_dt, u_dt, v_dt, out_dtype or v_dt
+
+
+def _broadcast_ok(t: Tensor | None, x: Tensor) -> bool:
+    if t is None:
+        return True
+    try:
+        return torch.broadcast_shapes(t.shape, x.shape) == x.shape
+    except RuntimeError:
+        return False
+
+
+def can_use_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype) -> tuple[bool, str]:
+    """Whether the Triton kernel reproduces eager for these inputs; else the reason."""
+    if x.device.type != "cuda":
+        return False, f"device is {x.device.type}"
+    tensors = [t for t in (weight, bias, scale, shift) if t is not None]
+    if any(t.device != x.device for t in tensors):
+        return False, "inputs on different devices"
+    if x.dtype not in KERNEL_DTYPES or any(t.dtype not in KERNEL_DTYPES for t in tensors):
+        return False, f"unsupported dtype (x {x.dtype}; kernel takes {[str(d) for d in KERNEL_DTYPES]})"
+    if ln_dtype not in (None, torch.float32) or out_dtype not in (None,) + KERNEL_DTYPES:
+        return False, f"unsupported cast (ln_dtype {ln_dtype}, out_dtype {out_dtype})"
+    if x.dim() not in (2, 3):
+        return False, f"x has rank {x.dim()} (kernel takes 2 or 3)"
+    if x.numel() == 0:
+        return False, "empty input"
+    D = x.shape[-1]
+    if D % VEC or D > MAX_D:
+        return False, f"D={D} (kernel takes multiples of {VEC} up to {MAX_D}: eager's vectorized LayerNorm)"
+    if not x.is_contiguous():
+        return False, "x is not contiguous"
+    ln_in = ln_dtype or x.dtype
+    if ln_dtype is None and x.data_ptr() % (VEC * x.element_size()):
+        return False, "x is not 16-byte aligned (eager takes its non-vectorized LayerNorm)"
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None:
+            if p.dtype != ln_in or p.shape != (D,) or not p.is_contiguous():
+                return False, f"{name} is not a contiguous [{D}] {ln_in} tensor"
+            if p.data_ptr() % (VEC * p.element_size()):
+                return False, f"{name} is not 16-byte aligned"
+    for name, t in (("scale", scale), ("shift", shift)):
+        if not _broadcast_ok(t, x):
+            return False, f"{name} {tuple(t.shape)} does not broadcast to x {tuple(x.shape)}"
+        if t is not None and t.expand(x.shape).stride(-1) != 1:
+            return False, f"{name} is not contiguous along D"
+    return True, ""
+
+
+def _kernel(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype):
+    from ..kernels.ln_modulate import ln_modulate_triton
+
+    return ln_modulate_triton(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype)
+
+
+@torch.library.custom_op("diffusion_fuse::ln_modulate", mutates_args=())
+def ln_modulate(
+    x: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    eps: float,
+    scale: Tensor,
+    shift: Tensor | None,
+    ln_dtype: torch.dtype | None,
+    out_dtype: torch.dtype | None,
+) -> Tensor:
+    args = (x, weight, bias, eps, scale, shift, ln_dtype, out_dtype)
+    key = (x.dtype, x.shape[-1], scale.dtype, None if shift is None else shift.dtype, ln_dtype, out_dtype)
+    return dispatch(
+        OP,
+        guard=lambda: can_use_ln_modulate(*args),
+        key=key,
+        kernel=lambda: _kernel(*args),
+        reference=lambda: ln_modulate_reference(*args),
+    )
+
+
+@ln_modulate.register_fake
+def _(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype):
+    shapes = [x.shape, scale.shape] + ([shift.shape] if shift is not None else [])
+    shape = torch.broadcast_shapes(*shapes)
+    dtype = result_dtypes(x.dtype, scale.dtype, None if shift is None else shift.dtype, ln_dtype, out_dtype)[-1]
+    return x.new_empty(shape, dtype=dtype)

@@ -1,0 +1,149 @@
+"""Family ``norm_modulate``: LayerNorm followed by AdaLN modulate, ``LN(x) * (1 + scale) [+ shift]``.
+
+Becomes ``diffusion_fuse::ln_modulate`` (lowering/norm_modulate.py). Covered ATen forms
+(no decomposition table; see ../shared/aten_pattern_excerpts.txt):
+
+- FLUX / SD3.5 / SANA / Qwen-Image (bf16 or fp32 model):
+  ``native_layer_norm(x,[D],w?,b?,eps)[0] → mul(ln, add(unsqueeze(scale,1), 1)) → add(·, shift)``
+- AdaLayerNormContinuous: ``add(scale, 1)`` before the ``unsqueeze``.
+- FLUX.2: ``mul(add(scale, 1), ln)`` (operands swapped).
+- without shift (the ``add`` is absent), elementwise-affine LN (weight, bias).
+- Wan FP32LayerNorm: ``_to_copy(x, f32) → native_layer_norm → mul(ln, add(scale_f32, 1)) →
+  add(·, shift_f32) → _to_copy(bf16)``, scale/shift [B,1,D] or per-token [B,S,D].
+- Inductor's post-grad form of the casts (``prims.convert_element_type``).
+
+The site keeps eager's rounding points: the op's reference impl is this very ATen chain.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from .match_utils import (
+    add_scalar_operand,
+    aten,
+    cast_dtype,
+    getitem_users,
+    is_op,
+    other_operand,
+    depends_on,
+    same_shape,
+    single_user,
+    val,
+)
+from .registry import NearMiss, PatternFamily, Site, register_family
+
+
+def _scale_of(t: object) -> tuple[fx.Node, int | None] | None:
+    """If ``t`` is ``1 + scale`` (optionally around an unsqueeze), return (scale, unsqueeze dim).
+
+    ``unsqueeze dim`` is set when the add comes *before* the unsqueeze, so the replacement has
+    to re-insert the view; when the unsqueeze comes first, the unsqueezed node is the scale.
+    """
+    if is_op(t, aten.unsqueeze.default):
+        inner = add_scalar_operand(t.args[0], 1.0)
+        if inner is not None:
+            return inner, t.args[1]
+        return None
+    scale = add_scalar_operand(t, 1.0)
+    if scale is not None:
+        return scale, None
+    return None
+
+
+@register_family
+class NormModulate(PatternFamily):
+    name = "norm_modulate"
+    tier = "lossless"
+    anchors = (aten.native_layer_norm.default,)
+    description = "LayerNorm + AdaLN modulate: LN(x) * (1 + scale) [+ shift] [→ cast]"
+    variants = (
+        "ln*(1+unsqueeze(scale))+unsqueeze(shift)  (FLUX AdaLayerNormZero, SD3.5, SANA, Qwen-Image)",
+        "ln*unsqueeze(1+scale)+unsqueeze(shift)    (AdaLayerNormContinuous)",
+        "(1+scale)*ln+shift                         (FLUX.2, operands swapped)",
+        "ln*(1+scale)                               (no shift)",
+        "LN with weight/bias                        (elementwise affine)",
+        "cast(LN(cast(x,f32))*(1+scale)+shift,bf16) (Wan FP32LayerNorm, [B,1,D] or per-token [B,S,D])",
+    )
+
+    def match(self, node: fx.Node) -> Site | NearMiss | None:
+        x_in, normalized_shape, weight, bias, eps = node.args[:5]
+        if len(normalized_shape) != 1:
+            return NearMiss(self.name, node, f"normalized_shape {list(normalized_shape)} spans more than the last dim")
+        try:
+            outs = getitem_users(node)
+        except LookupError as e:
+            return NearMiss(self.name, node, str(e))
+        if set(outs) != {0}:
+            return NearMiss(self.name, node, f"mean/rstd outputs are used (getitems {sorted(outs)})")
+        ln = outs[0]
+        mul = single_user(ln)
+        if mul is None:
+            return NearMiss(self.name, node, f"LN output has {len(ln.users)} users (needs exactly 1: the modulate mul)")
+        if not is_op(mul, aten.mul.Tensor):
+            return NearMiss(self.name, node, f"LN output feeds {mul.target}, not a mul by (1 + scale)")
+        t = other_operand(mul, ln) if ln in mul.args[:2] else None
+        found = _scale_of(t)
+        if found is None:
+            return NearMiss(self.name, node, "mul operand is not (1 + scale) (scalar not 1, or another expression)")
+        scale, unsqueeze_dim = found
+        if not same_shape(mul, ln) and val(mul) is not None:
+            return NearMiss(self.name, node, "the modulate broadcasts the LN output to a larger shape")
+
+        nodes: list[fx.Node] = [node, ln, mul]
+        last = mul
+        shift = None
+        add = single_user(mul)
+        if is_op(add, aten.add.Tensor) and add.kwargs.get("alpha", 1) == 1 and len(add.args) == 2:
+            cand = other_operand(add, mul) if mul in add.args else None
+            if isinstance(cand, fx.Node) and not depends_on(cand, node) and (val(add) is None or same_shape(add, mul)):
+                shift = cand
+                nodes.append(add)
+                last = add
+        out_dtype = None
+        cast = single_user(last)
+        if cast is not None and cast_dtype(cast) is not None:
+            out_dtype = cast_dtype(cast)
+            nodes.append(cast)
+            last = cast
+
+        # A dtype cast feeding the LN (Wan's x.float()) is folded in when nothing else reads it.
+        x, ln_dtype = x_in, None
+        if cast_dtype(x_in) is not None and len(x_in.users) == 1:
+            x, ln_dtype = x_in.args[0], cast_dtype(x_in)
+            nodes.insert(0, x_in)
+
+        inputs = [x, scale]
+        if isinstance(weight, fx.Node):
+            inputs.append(weight)
+        if isinstance(bias, fx.Node):
+            inputs.append(bias)
+        if shift is not None:
+            inputs.append(shift)
+        has_w, has_b, has_shift = isinstance(weight, fx.Node), isinstance(bias, fx.Node), shift is not None
+
+        def emit(graph: fx.Graph, ins):
+            it = iter(ins)
+            x_n, scale_n = next(it), next(it)
+            w_n = next(it) if has_w else None
+            b_n = next(it) if has_b else None
+            shift_n = next(it) if has_shift else None
+            if unsqueeze_dim is not None:
+                scale_n = graph.call_function(aten.unsqueeze.default, (scale_n, unsqueeze_dim))
+            out = graph.call_function(
+                torch.ops.diffusion_fuse.ln_modulate.default,
+                (x_n, w_n, b_n, float(eps), scale_n, shift_n, ln_dtype, out_dtype),
+            )
+            return [out]
+
+        return Site(
+            pattern=self.name,
+            anchor=node,
+            nodes=nodes,
+            inputs=inputs,
+            outputs=[last],
+            emit=emit,
+            op="diffusion_fuse::ln_modulate",
+        )
+

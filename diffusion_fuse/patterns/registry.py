@@ -1,0 +1,119 @@
+"""The pattern registry: what the backend looks for.
+
+A pattern family is a small class that registers itself (``@register_family``): a name,
+a tier ("lossless" families are bit-exact with eager; "high" ones are not), the anchor
+ops a match starts from, the ATen variants it covers (documentation that tests read),
+and ``match(node)`` returning a ``Site`` (what to replace and how), a ``NearMiss``
+(an anchor it recognised but could not take, with the reason), or None.
+
+Users add their own through ``diffusion_fuse.register_pattern`` (see ``patterns/user.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import ClassVar
+
+import torch
+import torch.fx as fx
+
+TIERS = ("lossless", "high")
+
+# Emits the replacement into the graph at its current insertion point, given the nodes
+# that stand for the site's inputs; returns one node per site output.
+EmitFn = Callable[[fx.Graph, Sequence[fx.Node]], Sequence[fx.Node]]
+
+
+@dataclasses.dataclass
+class Site:
+    """One match: the ATen nodes a pattern replaces and what replaces them."""
+
+    pattern: str
+    anchor: fx.Node
+    nodes: list[fx.Node]  # matched nodes, all replaced (dead after the rewrite)
+    inputs: list[fx.Node]  # values flowing in, in the order ``emit`` takes them
+    outputs: list[fx.Node]  # matched nodes whose values flow out of the site
+    emit: EmitFn
+    op: str  # the op the site becomes, for the report
+    exact: bool = True  # False: the replacement is not bit-exact (tier high only)
+
+    @property
+    def id(self) -> str:
+        return f"{self.pattern}@{self.anchor.name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class NearMiss:
+    """An anchor a pattern recognised but did not take, and why."""
+
+    pattern: str
+    anchor: fx.Node
+    reason: str
+
+
+class PatternFamily:
+    """Base class of a pattern family. Subclasses set the class attributes and ``match``."""
+
+    name: ClassVar[str]
+    tier: ClassVar[str] = "lossless"
+    anchors: ClassVar[tuple[Callable, ...]] = ()
+    variants: ClassVar[tuple[str, ...]] = ()
+    description: ClassVar[str] = ""
+
+    def match(self, node: fx.Node) -> Site | NearMiss | None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._families: dict[str, PatternFamily] = {}
+        self._lock = threading.Lock()
+
+    def add(self, family: PatternFamily, *, replace: bool = False) -> PatternFamily:
+        if family.tier not in TIERS:
+            raise ValueError(f"pattern {family.name!r}: tier={family.tier!r} is not allowed; allowed: {list(TIERS)}")
+        if not family.anchors:
+            raise ValueError(f"pattern {family.name!r} has no anchor ops")
+        with self._lock:
+            if family.name in self._families and not replace:
+                raise ValueError(f"a pattern named {family.name!r} is already registered (pass replace=True)")
+            self._families[family.name] = family
+        return family
+
+    def remove(self, name: str) -> None:
+        with self._lock:
+            self._families.pop(name, None)
+
+    def get(self, name: str) -> PatternFamily:
+        return self._families[name]
+
+    def names(self) -> set[str]:
+        return set(self._families)
+
+    def families(self) -> list[PatternFamily]:
+        return list(self._families.values())
+
+    def enabled(self, pattern_enabled: Callable[[str, str], bool]) -> list[PatternFamily]:
+        return [f for f in self.families() if pattern_enabled(f.name, f.tier)]
+
+    def by_anchor(self, families: Iterable[PatternFamily]) -> dict[object, list[PatternFamily]]:
+        table: dict[object, list[PatternFamily]] = {}
+        for fam in families:
+            for anchor in fam.anchors:
+                table.setdefault(anchor, []).append(fam)
+        return table
+
+
+REGISTRY = Registry()
+
+
+def register_family(cls: type[PatternFamily]) -> type[PatternFamily]:
+    """Class decorator: instantiate a built-in family and add it to the registry."""
+    REGISTRY.add(cls())
+    return cls
+
+
+def torch_version_tag() -> str:
+    return torch.__version__

@@ -1,0 +1,77 @@
+"""Equality that is right for floats: bitwise, on integer views.
+
+Identical NaN/Inf bit patterns compare equal; -0.0 and +0.0 differ. A mismatch is
+described by its first differing element (flat index, multi-index, both values).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@dataclasses.dataclass
+class Verdict:
+    equal: bool
+    detail: str = ""
+    max_abs_err: float | None = None
+
+    def __bool__(self) -> bool:
+        return self.equal
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.contiguous()
+    if t.dtype == torch.bool:
+        return t.view(torch.uint8)
+    if t.is_complex():
+        t = torch.view_as_real(t).contiguous()
+    return t.view(_INT_VIEW[t.element_size()])
+
+
+def first_difference(ref: torch.Tensor, got: torch.Tensor) -> str:
+    diff = (_bits(ref) != _bits(got)).flatten()
+    idx = int(diff.nonzero()[0, 0]) if diff.any() else -1
+    if idx < 0:
+        return ""
+    multi = tuple(int(i) for i in torch.unravel_index(torch.tensor(idx), ref.shape)) if ref.dim() else ()
+    n = int(diff.sum())
+    r, g = ref.flatten()[idx].item(), got.flatten()[idx].item()
+    return f"{n}/{ref.numel()} elements differ; first at {list(multi)}: expected {r!r}, got {g!r}"
+
+
+def compare_bitwise(ref: object, got: object) -> Verdict:
+    if isinstance(ref, torch.Tensor) or isinstance(got, torch.Tensor):
+        if not (isinstance(ref, torch.Tensor) and isinstance(got, torch.Tensor)):
+            return Verdict(False, f"expected {type(ref).__name__}, got {type(got).__name__}")
+        if ref.dtype != got.dtype or ref.shape != got.shape:
+            return Verdict(False, f"expected {ref.dtype}{list(ref.shape)}, got {got.dtype}{list(got.shape)}")
+        if ref.device != got.device:
+            got = got.to(ref.device)
+        if torch.equal(_bits(ref), _bits(got)):
+            return Verdict(True)
+        return Verdict(False, first_difference(ref, got))
+    if isinstance(ref, (list, tuple)) and isinstance(got, (list, tuple)):
+        if len(ref) != len(got):
+            return Verdict(False, f"expected {len(ref)} values, got {len(got)}")
+        for i, (r, g) in enumerate(zip(ref, got)):
+            v = compare_bitwise(r, g)
+            if not v:
+                return Verdict(False, f"output {i}: {v.detail}")
+        return Verdict(True)
+    return Verdict(ref == got, "" if ref == got else f"expected {ref!r}, got {got!r}")
+
+
+def compare_close(ref: torch.Tensor, got: torch.Tensor, rtol: float, atol: float) -> Verdict:
+    """Tolerance check for non-exact (tier "high") sites; NaN only matches NaN."""
+    if ref.dtype != got.dtype or ref.shape != got.shape:
+        return Verdict(False, f"expected {ref.dtype}{list(ref.shape)}, got {got.dtype}{list(got.shape)}")
+    r, g = ref.float(), got.float().to(ref.device)
+    err = (r - g).abs()
+    finite = torch.isfinite(r) & torch.isfinite(g)
+    max_err = float(err[finite].max()) if finite.any() else 0.0
+    ok = torch.allclose(r, g, rtol=rtol, atol=atol, equal_nan=True)
+    return Verdict(ok, "" if ok else f"max |err| {max_err:.3g} over rtol={rtol}, atol={atol}", max_err)
