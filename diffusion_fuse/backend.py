@@ -9,8 +9,7 @@ lossless (default): AOTAutograd inference graph with no decomposition table → 
   Training graphs (grad-enabled calls) are left unrewritten: plain ATen, exact grads.
 high: Inductor's ``compile_fx`` with the same passes as a post-grad ``CustomGraphPass``;
   the anchors of enabled families are kept out of Inductor's decompositions so the
-  patterns see them; the first call is checked end to end against the Dynamo graph run
-  eagerly, within ``rtol/atol``, and a graph that fails falls back to the lossless tier.
+  patterns see them. Sites are verified on the first call (see ``_HighTierGraph``).
 ``mode="reduce-overhead"`` is accepted; CUDA graphs are not applied yet (logged).
 """
 
@@ -28,11 +27,10 @@ from . import lowering  # noqa: F401  (registers the ops)
 from . import patterns  # noqa: F401  (registers the families)
 from .config import Options, parse_options
 from .log import get_logger
-from .patterns.match_utils import source_location
 from .patterns.registry import REGISTRY
 from .verify.compare import compare_close
-from .verify.report import NearMissRecord, Report, default_report
-from .verify.verifier import VerifiedGraph, site_record
+from .verify.report import Report, default_report
+from .verify.verifier import VerifiedGraph
 
 _log = get_logger("backend")
 
@@ -42,7 +40,7 @@ class DiffusionFuseBackend:
 
     def __init__(self, options: Options | Mapping[str, Any] | None = None, report: Report | None = None) -> None:
         self.options = options if isinstance(options, Options) else parse_options(options)
-        self.report = report if report is not None else default_report()
+        self.report = report if report is not None else default_report(self.options.report)
         if self.options.mode == "reduce-overhead":
             _log.info("mode='reduce-overhead': CUDA graphs are not applied by diffusion_fuse yet; running without")
 
@@ -73,60 +71,84 @@ class DiffusionFuseBackend:
 
     # --- high ----------------------------------------------------------------------------
     def _high(self, gm: fx.GraphModule, example_inputs: Sequence[Any]):
+        greport = self.report.new_graph("high")
+        verified: list[VerifiedGraph] = []
+
+        def inference_compiler(agm: fx.GraphModule, _inputs: Sequence[Any]):
+            vg = VerifiedGraph(agm, self.options, greport, self.report)
+            verified.append(vg)
+            return make_boxed_func(vg)
+
+        # The verifier's view: the same families on the undecomposed ATen graph, judged per
+        # site on the first call (bitwise for exact sites, rtol/atol for the others).
+        checker = aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g.forward), inference_compiler=inference_compiler,
+                               keep_inference_input_mutations=True)(gm, example_inputs)
+        compiled = self._inductor(gm, example_inputs, frozenset(), greport)
+        return _HighTierGraph(self, gm, checker, verified, compiled, greport)
+
+    def _inductor(self, gm: fx.GraphModule, example_inputs: Sequence[Any], exclude: frozenset[str], greport):
         from torch._inductor import list_mode_options
         from torch._inductor.compile_fx import compile_fx
         from torch._inductor.decomposition import select_decomp_table
 
         from .fxpasses.inductor_pass import InductorFusePass
 
-        greport = self.report.new_graph("high")
-
         def on_context(graph: fx.Graph, ctx) -> None:
-            for s in ctx.sites:
-                rec = site_record(s, "lossless" if s.exact else "high")
-                rec.status = "unverified"
-                rec.reason = "inside Inductor: checked end to end only"
-                greport.sites[s.id] = rec
-            for m in ctx.near_misses:
-                greport.near_misses.append(NearMissRecord(m.pattern, m.anchor.name, source_location(m.anchor), m.reason))
+            greport.inductor_sites = sorted(s.id for s in ctx.sites)
 
         keep = {a for fam in REGISTRY.enabled(self.options.pattern_enabled) for a in fam.anchors}
         decomps = {op: fn for op, fn in select_decomp_table().items() if op not in keep}
         patches: dict[str, Any] = dict(list_mode_options(self.options.mode) if self.options.mode else {})
-        patches["post_grad_custom_pre_pass"] = InductorFusePass(self.options, on_context)
-        compiled = compile_fx(gm, example_inputs, config_patches=patches, decompositions=decomps)
-        return _CheckedHigh(compiled, gm, self, greport)
+        patches["post_grad_custom_pre_pass"] = InductorFusePass(self.options, on_context, exclude)
+        return compile_fx(gm, example_inputs, config_patches=patches, decompositions=decomps)
 
 
-class _CheckedHigh:
-    """First call of a tier-"high" graph: compare with the Dynamo graph run eagerly."""
+class _HighTierGraph:
+    """A tier-"high" graph: verified per site on the first call, then run by Inductor.
 
-    def __init__(self, compiled, gm: fx.GraphModule, backend: DiffusionFuseBackend, greport) -> None:
-        self.compiled, self.gm, self.backend, self.greport = compiled, gm, backend, greport
+    First call: the checker (the undecomposed ATen graph with the same families) judges
+    every site; if it rejected any, Inductor recompiles without them (sites are keyed by
+    pattern, source line and ordinal, the same in both traces); then Inductor's output is
+    compared with the checker's within ``rtol/atol``. A failure there runs the checker
+    (exact except for the non-exact sites it kept) from then on.
+    """
+
+    def __init__(self, backend: DiffusionFuseBackend, gm, checker, verified, compiled, greport) -> None:
+        self.backend, self.gm, self.checker, self.verified = backend, gm, checker, verified
+        self.compiled, self.greport = compiled, greport
         self.fn = None
 
     def __call__(self, *args: Any) -> Any:
         if self.fn is not None:
             return self.fn(*args)
-        out = self.compiled(*args)
-        if not self.backend.options.verify or torch.compiler.is_compiling():
-            self.fn = self.compiled
-            return out
-        ref = self.gm(*args)
         opts = self.backend.options
+        if not opts.verify or torch.compiler.is_compiling() or not self.verified:
+            self.fn = self.compiled
+            return self.compiled(*args)
+        ref = self.checker(*args)
+        vg = self.verified[0]
+        if vg.rejected:
+            _log.warning("tier high: recompiling with Inductor without rejected site(s) %s", sorted(vg.rejected))
+            self.compiled = self.backend._inductor(self.gm, list(args), frozenset(vg.rejected), self.greport)
+        seen = set(getattr(self.greport, "inductor_sites", []))
+        missing = sorted(set(self.greport.sites) - seen - vg.rejected)
+        if missing:
+            self.greport.notes.append(f"verified but not matched inside Inductor: {missing}")
+        if vg.mutated_inputs:
+            self.greport.notes.append("graph mutates its inputs: end-to-end check skipped on the first call")
+            self.fn = self.compiled
+            return ref
+        out = self.compiled(*args)
         flat_ref = ref if isinstance(ref, (list, tuple)) else [ref]
         flat_out = out if isinstance(out, (list, tuple)) else [out]
         bad = [v for r, o in zip(flat_ref, flat_out) if isinstance(r, torch.Tensor)
                for v in [compare_close(r, o, opts.rtol, opts.atol)] if not v]
-        self.greport.verifications.append({"end_to_end_within_tolerance": not bad,
-                                           "detail": bad[0].detail if bad else ""})
+        self.greport.verifications.append({"inductor_within_tolerance": not bad, "detail": bad[0].detail if bad else ""})
         if bad:
-            note = f"tier high: output outside tolerance ({bad[0].detail}); graph falls back to the lossless tier"
+            note = f"tier high: Inductor output outside tolerance ({bad[0].detail}); running the verified ATen graph"
             _log.warning(note)
             self.greport.notes.append(note)
-            for rec in self.greport.sites.values():
-                rec.status, rec.reason = "rejected", "end-to-end tolerance"
-            self.fn = lambda *a: self.gm(*a)
+            self.fn = self.checker
             return ref
         self.fn = self.compiled
         return out

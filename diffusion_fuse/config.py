@@ -28,7 +28,8 @@ class Options:
               their default (enabled when the family's tier is allowed by ``quality``).
     report:   path of a file the report is written to after each verification (``.json``
               for JSON, anything else for the text table), or None.
-    rtol/atol: tolerance used by the verifier for non-exact sites in tier "high".
+    rtol/atol: tolerance for non-exact sites and outputs in tier "high": relative L2 error
+              at most ``rtol``, or largest absolute error at most ``atol``.
     """
 
     quality: Quality = "lossless"
@@ -36,7 +37,7 @@ class Options:
     patterns: Mapping[str, bool] = dataclasses.field(default_factory=dict)
     report: str | None = None
     rtol: float = 2e-2
-    atol: float = 2e-2
+    atol: float = 1e-3
     mode: str | None = None
 
     def pattern_enabled(self, name: str, tier: str) -> bool:

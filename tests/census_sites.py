@@ -1,6 +1,6 @@
 """Census of LayerNorm / RMSNorm + AdaLN-modulate sites in the ATen graphs of the tiny diffusion transformers.
 
-Traces every model of ``tests/tiny_models.py`` the way the lossless backend sees it -- ``aot_autograd`` with NO
+Traces every model of ``diffusion_fuse/testing/tiny_models.py`` the way the lossless backend sees it -- ``aot_autograd`` with NO
 decomposition table, inference graph, ``fullgraph=True``, under ``torch.no_grad()`` -- and, for every
 ``aten.native_layer_norm`` node, walks the chain of ATen ops downstream of its output 0 (dtype casts, the multiply by
 ``1 + scale``, the ``+ shift``) and classifies it:
@@ -33,7 +33,7 @@ import torch
 import torch.fx as fx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tests.tiny_models import MODEL_NAMES, build  # noqa: E402
+from diffusion_fuse.testing.tiny_models import MODEL_NAMES, build  # noqa: E402
 
 aten = torch.ops.aten
 

@@ -13,6 +13,7 @@ import inspect
 import torch
 import torch.fx as fx
 
+from ..patterns.match_utils import source_location
 from ..patterns.registry import REGISTRY, NearMiss, Site
 from .base import GraphPass, PassContext
 
@@ -28,6 +29,21 @@ def _check_closed(site: Site) -> str | None:
             if user not in inside:
                 return f"{n.name} is also used by {user.name}, outside the site"
     return None
+
+
+def _assign_keys(sites: list[Site]) -> None:
+    """``pattern@file:line#k``: the k-th site of that pattern at that source line, in graph order.
+
+    The same model traced again (another tier, a rebuild) gives the same keys, so verdicts
+    carry over; with no stack trace the anchor name stands in for the line.
+    """
+    seen: dict[str, int] = {}
+    for site in sites:
+        loc = source_location(site.outputs[-1])
+        base = f"{site.pattern}@{loc if loc != '?' else site.anchor.name}"
+        k = seen.get(base, 0)
+        seen[base] = k + 1
+        site.key = f"{base}#{k}"
 
 
 def _propagate_fake(nodes: list[fx.Node]) -> None:
@@ -119,12 +135,12 @@ class FusePatternsPass(GraphPass):
                 if problem is not None:
                     ctx.near_misses.append(NearMiss(fam.name, node, problem))
                     continue
-                if res.id in ctx.exclude:
-                    ctx.skipped.append(res)
-                    continue
                 claimed.update(res.nodes)
                 chosen.append(res)
                 break
+        _assign_keys(chosen)
+        ctx.skipped.extend(s for s in chosen if s.id in ctx.exclude)
+        chosen = [s for s in chosen if s.id not in ctx.exclude]
         mapping: dict[fx.Node, fx.Node] = {}
         for site in chosen:
             apply_site(graph, site, mapping)

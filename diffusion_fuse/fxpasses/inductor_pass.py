@@ -15,14 +15,16 @@ from .pass_manager import PassManager
 class InductorFusePass(CustomGraphPass):
     """Runs ``PassManager`` on Inductor's post-grad graph; hands each context to ``on_context``."""
 
-    def __init__(self, options: Options, on_context: Callable[[fx.Graph, PassContext], None] | None = None) -> None:
+    def __init__(self, options: Options, on_context: Callable[[fx.Graph, PassContext], None] | None = None,
+                 exclude: frozenset[str] = frozenset()) -> None:
         self.pm = PassManager(options)
         self.on_context = on_context
+        self.exclude = exclude
 
     def __call__(self, graph: fx.Graph) -> None:
-        ctx = self.pm.run(graph)
+        ctx = self.pm.run(graph, self.exclude)
         if self.on_context is not None:
             self.on_context(graph, ctx)
 
     def uuid(self) -> str:
-        return self.pm.uuid()
+        return f"{self.pm.uuid()}:{sorted(self.exclude)}"

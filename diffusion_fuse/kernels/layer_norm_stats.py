@@ -7,8 +7,11 @@ Source: ``aten/src/ATen/native/cuda/layer_norm_kernel.cu``. The search index hol
 tagged v2.11; the facts below were read from two snapshots whose numerics code is the same
 line for line: pytorch/pytorch@0005c538 (c. v2.4, before the ``rms_norm`` template flag) and
 a recent main (with ``template <..., bool rms_norm>``, ``std::pair``, ROCm grid splitting).
-Line numbers refer to the recent main. Confirm them for the installed build with
-``benchmarks/sass_layer_norm.sh`` (SASS) and ``tests/gpu/test_layer_norm_stats_gpu.py``.
+Line numbers refer to the recent main. Also read: ``aten/src/ATen/native/cuda/thread_constants.h``
+(@05da067b: CUDA ``num_threads() = C10_WARP_SIZE * 4``), ``c10/cuda/CUDAMathCompat.h`` (@0130618f:
+``compat::rsqrt(float) = ::rsqrtf``), ``block_reduce.cuh`` (``kCUDABlockReduceNumThreads = 512``).
+Confirm them for the installed build with ``benchmarks/sass_layer_norm.sh`` (SASS) and
+``tests/gpu/test_layer_norm_stats_gpu.py``.
 
 Which kernel runs (``LayerNormKernelImplInternal``, L1083-1128):
   * The vectorized kernel is used when T is float, Half or BFloat16 (acc type float for all
@@ -92,6 +95,11 @@ the installed torch build (verified on H200 by tests/gpu/test_layer_norm_stats_g
 that test has run, treat the default variant as the hypothesis it is).
 ``emulate_layer_norm_stats`` is a CPU logic model of the same order of operations; it is not
 bit-exact (fma via float64 then one rounding to float32 can double-round; rsqrt via float64).
+
+Performance note: a valid lane's count at trip ``it``, element ``k`` is exactly ``4*it + k``,
+so with ``tl.static_range`` the per-push ``div_rn(1, count)`` could become a constant
+(rn(1/n) is what ``rcp.rn`` returns); the combine's counts depend only on N and the lane.
+Not done yet: this module is about bits first.
 """
 
 from __future__ import annotations
@@ -400,6 +408,11 @@ def _layer_norm_exact_kernel(
     tl.store(Rstd + row, rstd)
 
 
+def _as_f32(v: float) -> float:
+    # static_cast<float>(eps), done on the host so every backend (also the interpreter) agrees
+    return torch.tensor(v, dtype=torch.float32).item()
+
+
 def layer_norm_exact(
     x2d: torch.Tensor,
     weight: torch.Tensor | None = None,
@@ -441,7 +454,7 @@ def layer_norm_exact(
         mean,
         rstd,
         n,
-        float(eps),
+        _as_f32(eps),
         N_ITERS=n_iters,
         LANES=LANES,
         VEC=VEC,
@@ -551,7 +564,8 @@ def emulate_layer_norm_stats(
     if rsqrt == "f64":
         rstd = (1.0 / torch.sqrt(ve.double())).float()
     elif rsqrt == "f32":
-        rstd = torch.ones_like(ve) / torch.sqrt(ve)
+        # fp32 sqrt via float64 (exact rounding; torch's fp32 CPU sqrt is only ~0.5 ulp)
+        rstd = torch.ones_like(ve) / torch.sqrt(ve.double()).float()
     else:
         raise ValueError(f"rsqrt must be 'f64' or 'f32', not {rsqrt!r}")
     return mean, rstd

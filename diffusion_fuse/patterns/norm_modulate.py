@@ -78,72 +78,91 @@ class NormModulate(PatternFamily):
         if set(outs) != {0}:
             return NearMiss(self.name, node, f"mean/rstd outputs are used (getitems {sorted(outs)})")
         ln = outs[0]
-        mul = single_user(ln)
-        if mul is None:
-            return NearMiss(self.name, node, f"LN output has {len(ln.users)} users (needs exactly 1: the modulate mul)")
-        if not is_op(mul, aten.mul.Tensor):
-            return NearMiss(self.name, node, f"LN output feeds {mul.target}, not a mul by (1 + scale)")
-        t = other_operand(mul, ln) if ln in mul.args[:2] else None
-        found = _scale_of(t)
-        if found is None:
-            return NearMiss(self.name, node, "mul operand is not (1 + scale) (scalar not 1, or another expression)")
-        scale, unsqueeze_dim = found
-        if not same_shape(mul, ln) and val(mul) is not None:
-            return NearMiss(self.name, node, "the modulate broadcasts the LN output to a larger shape")
+        if not ln.users:
+            return None
+        # Every reader of the LN output must be a modulate (SD3.5's AdaLayerNormZeroX has two):
+        # each becomes its own op, so the normalized tensor is never written.
+        chains = []
+        for user in ln.users:
+            chain = _modulate_chain(ln, user, node)
+            if isinstance(chain, str):
+                n = len(ln.users)
+                return NearMiss(self.name, node, chain if n == 1 else f"one of the LN output's {n} users: {chain}")
+            chains.append(chain)
 
-        nodes: list[fx.Node] = [node, ln, mul]
-        last = mul
-        shift = None
-        add = single_user(mul)
-        if is_op(add, aten.add.Tensor) and add.kwargs.get("alpha", 1) == 1 and len(add.args) == 2:
-            cand = other_operand(add, mul) if mul in add.args else None
-            if isinstance(cand, fx.Node) and not depends_on(cand, node) and (val(add) is None or same_shape(add, mul)):
-                shift = cand
-                nodes.append(add)
-                last = add
-        out_dtype = None
-        cast = single_user(last)
-        if cast is not None and cast_dtype(cast) is not None:
-            out_dtype = cast_dtype(cast)
-            nodes.append(cast)
-            last = cast
-
+        nodes: list[fx.Node] = [node, ln]
         # A dtype cast feeding the LN (Wan's x.float()) is folded in when nothing else reads it.
         x, ln_dtype = x_in, None
         if cast_dtype(x_in) is not None and len(x_in.users) == 1:
             x, ln_dtype = x_in.args[0], cast_dtype(x_in)
             nodes.insert(0, x_in)
-
-        inputs = [x, scale]
-        if isinstance(weight, fx.Node):
-            inputs.append(weight)
-        if isinstance(bias, fx.Node):
-            inputs.append(bias)
-        if shift is not None:
-            inputs.append(shift)
-        has_w, has_b, has_shift = isinstance(weight, fx.Node), isinstance(bias, fx.Node), shift is not None
+        has_w, has_b = isinstance(weight, fx.Node), isinstance(bias, fx.Node)
+        inputs = [x] + ([weight] if has_w else []) + ([bias] if has_b else [])
+        for c in chains:
+            nodes += c.nodes
+            inputs.append(c.scale)
+            if c.shift is not None:
+                inputs.append(c.shift)
 
         def emit(graph: fx.Graph, ins):
             it = iter(ins)
-            x_n, scale_n = next(it), next(it)
+            x_n = next(it)
             w_n = next(it) if has_w else None
             b_n = next(it) if has_b else None
-            shift_n = next(it) if has_shift else None
-            if unsqueeze_dim is not None:
-                scale_n = graph.call_function(aten.unsqueeze.default, (scale_n, unsqueeze_dim))
-            out = graph.call_function(
-                torch.ops.diffusion_fuse.ln_modulate.default,
-                (x_n, w_n, b_n, float(eps), scale_n, shift_n, ln_dtype, out_dtype),
-            )
-            return [out]
+            results = []
+            for c in chains:
+                scale_n = next(it)
+                shift_n = next(it) if c.shift is not None else None
+                if c.unsqueeze_dim is not None:
+                    scale_n = graph.call_function(aten.unsqueeze.default, (scale_n, c.unsqueeze_dim))
+                results.append(graph.call_function(
+                    torch.ops.diffusion_fuse.ln_modulate.default,
+                    (x_n, w_n, b_n, float(eps), scale_n, shift_n, ln_dtype, c.out_dtype),
+                ))
+            return results
 
         return Site(
             pattern=self.name,
             anchor=node,
             nodes=nodes,
             inputs=inputs,
-            outputs=[last],
+            outputs=[c.last for c in chains],
             emit=emit,
             op="diffusion_fuse::ln_modulate",
         )
 
+
+class _Chain:
+    """One modulate reading the LN output: ``ln * (1 + scale) [+ shift] [→ cast]``."""
+
+    def __init__(self, nodes, scale, unsqueeze_dim, shift, out_dtype) -> None:
+        self.nodes, self.scale, self.unsqueeze_dim = nodes, scale, unsqueeze_dim
+        self.shift, self.out_dtype, self.last = shift, out_dtype, nodes[-1]
+
+
+def _modulate_chain(ln: fx.Node, mul: fx.Node, anchor: fx.Node) -> _Chain | str:
+    """The modulate chain starting at ``mul``, or why it is not one."""
+    if not is_op(mul, aten.mul.Tensor):
+        return f"LN output feeds {mul.target}, not a mul by (1 + scale)"
+    if list(mul.args[:2]).count(ln) != 1:
+        return "LN output multiplied by itself"
+    found = _scale_of(other_operand(mul, ln))
+    if found is None:
+        return "mul operand is not (1 + scale) (scalar not 1, or another expression)"
+    scale, unsqueeze_dim = found
+    if val(mul) is not None and not same_shape(mul, ln):
+        return "the modulate broadcasts the LN output to a larger shape"
+    nodes, last, shift = [mul], mul, None
+    add = single_user(mul)
+    if is_op(add, aten.add.Tensor) and add.kwargs.get("alpha", 1) == 1 and len(add.args) == 2 and mul in add.args:
+        cand = other_operand(add, mul)
+        if isinstance(cand, fx.Node) and not depends_on(cand, anchor) and (val(add) is None or same_shape(add, mul)):
+            shift = cand
+            nodes.append(add)
+            last = add
+    out_dtype = None
+    cast = single_user(last)
+    if cast is not None and cast_dtype(cast) is not None:
+        out_dtype = cast_dtype(cast)
+        nodes.append(cast)
+    return _Chain(nodes, scale, unsqueeze_dim, shift, out_dtype)

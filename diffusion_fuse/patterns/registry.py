@@ -38,10 +38,15 @@ class Site:
     emit: EmitFn
     op: str  # the op the site becomes, for the report
     exact: bool = True  # False: the replacement is not bit-exact (tier high only)
+    key: str | None = None  # set by the fuse pass: pattern@source-line#ordinal
 
     @property
     def id(self) -> str:
-        return f"{self.pattern}@{self.anchor.name}"
+        """Stable across re-traces of the same model: pattern, source line, ordinal there.
+
+        Falls back to the anchor node's name when the graph carries no stack traces.
+        """
+        return self.key or f"{self.pattern}@{self.anchor.name}"
 
 
 @dataclasses.dataclass(frozen=True)

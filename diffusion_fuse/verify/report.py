@@ -25,6 +25,7 @@ class SiteRecord:
     before: list[str]  # ATen ops the site replaced
     after: str  # the op it became
     shapes: str
+    ops: int = 1  # ops the site became (an LN read by two modulates becomes two)
     status: str = "matched"  # matched | kept | rejected | unverified | excluded
     reason: str = ""
 
@@ -46,6 +47,7 @@ class GraphReport:
     near_misses: list[NearMissRecord] = dataclasses.field(default_factory=list)
     verifications: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
+    inductor_sites: list[str] = dataclasses.field(default_factory=list)  # tier high: applied inside Inductor
 
 
 class Report:
@@ -123,8 +125,17 @@ class Report:
 
 
 _DEFAULT = Report()
+_BY_PATH: dict[str, Report] = {}
+_BY_PATH_LOCK = threading.Lock()
 
 
-def default_report() -> Report:
-    """The process-wide report every compile without its own report adds to."""
-    return _DEFAULT
+def default_report(path: str | None = None) -> Report:
+    """The report a compile without its own ``Report`` adds to.
+
+    With ``options={"report": path}`` every graph compiled with that path goes to one report
+    (the file then holds exactly those graphs); otherwise to the process-wide one.
+    """
+    if path is None:
+        return _DEFAULT
+    with _BY_PATH_LOCK:
+        return _BY_PATH.setdefault(path, Report())

@@ -74,6 +74,7 @@ def site_record(site: Site, tier: str) -> SiteRecord:
         before=describe(site.nodes),
         after=site.op,
         shapes=" ".join(shape(n) for n in site.inputs[:1] + site.outputs),
+        ops=len(site.outputs),
     )
 
 
@@ -192,6 +193,7 @@ class VerifiedGraph:
         self.rejected: set[str] = set()
         self._chosen: dict[tuple, Callable[..., Any]] = {}
         self._mutated = mutated_placeholders(ref)
+        self.mutated_inputs = bool(self._mutated)
         self._signature = _signature_fn(ref)
 
         fused, ctx = self.pm.rewrite(ref)

@@ -2,11 +2,11 @@
 
 Importable helper (no pytest dependency)::
 
-    from tests.tiny_models import MODEL_NAMES, build
+    from diffusion_fuse.testing.tiny_models import MODEL_NAMES, build
     model, kwargs = build("flux", dtype=torch.bfloat16)
     out = model(**kwargs)[0]
 
-Every model is built from the tiny configs listed in /work/shared/REFERENCE.md section 2, with random weights
+Every model is built from the tiny configs listed in ../shared/REFERENCE.md section 2, with random weights
 drawn after ``torch.manual_seed(seed)``, in eval mode, and takes well under a second to build on CPU.
 
 Dtype handling mirrors ``ModelMixin.from_pretrained(torch_dtype=dtype)`` (diffusers 0.42.1,

@@ -1,0 +1,179 @@
+"""The verifier: wrong replacements are rejected, named and put back; inputs mutated once."""
+
+import pytest
+import torch
+from torch import Tensor
+
+import diffusion_fuse
+from diffusion_fuse.verify.compare import compare_bitwise, compare_close
+from helpers import bitwise_equal
+
+
+@torch.library.custom_op("df_test::sigmoid_modulate", mutates_args=())
+def sigmoid_modulate(x: Tensor, s: Tensor, b: Tensor, poison_index: int) -> Tensor:
+    """sigmoid(x) * (s + 1) + b, computed as eager does; poison_index >= 0 perturbs that element."""
+    out = torch.sigmoid(x) * (s + 1) + b
+    if poison_index >= 0:
+        out.view(-1)[poison_index] += 1
+    return out
+
+
+@sigmoid_modulate.register_fake
+def _(x, s, b, poison_index):
+    return torch.empty_like(x)
+
+
+class SigmoidModulate(torch.nn.Module):
+    def forward(self, x, s, b, buf=None):
+        if buf is not None:
+            buf.add_(1)  # an input the graph mutates
+        return torch.sigmoid(x) * (s + 1) + b
+
+
+def search(x, s, b):
+    return torch.sigmoid(x) * (s + 1) + b
+
+
+def inputs():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(2, 8, 16, generator=g), torch.randn(2, 1, 16, generator=g), torch.randn(2, 1, 16, generator=g)]
+
+
+@pytest.fixture
+def pattern():
+    registered = []
+
+    def register(name, poison_index):
+        fam = diffusion_fuse.register_pattern(
+            name, search, lambda x, s, b: torch.ops.df_test.sigmoid_modulate(x, s, b, poison_index), inputs())
+        registered.append(name)
+        return fam
+
+    yield register
+    for name in registered:
+        diffusion_fuse.unregister_pattern(name)
+
+
+def run(model, args, options=None):
+    report = diffusion_fuse.Report()
+    compiled = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(options, report), fullgraph=True)
+    with torch.no_grad():
+        return compiled(*args), report
+
+
+def test_exact_user_pattern_is_kept(pattern):
+    pattern("sigmoid_modulate_ok", -1)
+    args = inputs()
+    out, report = run(SigmoidModulate(), args)
+    assert bitwise_equal(SigmoidModulate()(*args), out)
+    (site,) = report.sites()
+    assert site.status == "kept" and site.pattern == "sigmoid_modulate_ok"
+    assert site.before == ["sigmoid", "add.Tensor", "mul.Tensor", "add.Tensor"]
+
+
+def test_wrong_replacement_is_rejected_named_and_put_back(pattern):
+    pattern("sigmoid_modulate_bad", 37)
+    args = inputs()
+    out, report = run(SigmoidModulate(), args)
+    assert bitwise_equal(SigmoidModulate()(*args), out)
+    (site,) = report.sites()
+    assert site.status == "rejected"
+    assert site.id.startswith("sigmoid_modulate_bad@")
+    assert site.location.endswith(".py:" + site.location.rsplit(":", 1)[1]) and "test_verifier.py" in site.location
+    # element 37 of a [2, 8, 16] tensor is [0, 2, 5]
+    assert "1/256 elements differ; first at [0, 2, 5]" in site.reason, site.reason
+    assert "rejected" in report.table() and "[0, 2, 5]" in report.table()
+
+
+def test_rejection_is_remembered_and_logged(pattern, caplog):
+    pattern("sigmoid_modulate_bad", 0)
+    args = inputs()
+    model = SigmoidModulate()
+    report = diffusion_fuse.Report()
+    compiled = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(None, report))
+    with torch.no_grad(), caplog.at_level("WARNING", logger="diffusion_fuse"):
+        for _ in range(3):
+            assert bitwise_equal(model(*args), compiled(*args))
+    assert len(report.graphs[0].verifications) == 1  # judged once per input signature
+    assert any("rejected by the verifier" in r.message for r in caplog.records)
+
+
+def test_mutated_input_is_mutated_exactly_once(pattern):
+    pattern("sigmoid_modulate_bad", 5)
+    args = inputs()
+    buf = torch.zeros(4)
+    out, report = run(SigmoidModulate(), args + [buf])
+    assert torch.equal(buf, torch.ones(4))
+    assert report.sites()[0].status == "rejected"
+    with torch.no_grad():
+        assert bitwise_equal(SigmoidModulate()(*args), out)
+
+
+class _Flaky:
+    """Right when the verifier checks the site alone, wrong in the fused graph that follows."""
+
+    calls = 0
+
+
+@torch.library.custom_op("df_test::flaky_modulate", mutates_args=())
+def flaky_modulate(x: Tensor, s: Tensor, b: Tensor) -> Tensor:
+    _Flaky.calls += 1
+    out = torch.sigmoid(x) * (s + 1) + b
+    if _Flaky.calls > 1:
+        out.view(-1)[0] = float("nan")
+    return out
+
+
+@flaky_modulate.register_fake
+def _(x, s, b):
+    return torch.empty_like(x)
+
+
+def test_end_to_end_mismatch_puts_every_site_back_and_restores_inputs():
+    diffusion_fuse.register_pattern("flaky", search, lambda x, s, b: torch.ops.df_test.flaky_modulate(x, s, b), inputs())
+    try:
+        _Flaky.calls = 0
+        args = inputs()
+        buf = torch.zeros(4)
+        out, report = run(SigmoidModulate(), args + [buf])
+        with torch.no_grad():
+            assert bitwise_equal(SigmoidModulate()(*args), out)
+        assert torch.equal(buf, torch.ones(4))  # restored, then mutated once by the reference graph
+        assert report.sites()[0].status == "rejected"
+        assert report.sites()[0].reason == "end-to-end mismatch"
+        assert "every site put back" in report.table()
+    finally:
+        diffusion_fuse.unregister_pattern("flaky")
+
+
+def test_verify_false_runs_the_fused_graph_unchecked(pattern):
+    pattern("sigmoid_modulate_bad", 3)
+    args = inputs()
+    out, report = run(SigmoidModulate(), args, {"verify": False})
+    assert report.sites()[0].status == "unverified"
+    assert not bitwise_equal(SigmoidModulate()(*args), out)  # the user turned the safety net off
+
+
+def test_lossless_pattern_cannot_claim_to_be_inexact():
+    with pytest.raises(ValueError, match="exact=False needs tier='high'"):
+        diffusion_fuse.register_pattern("x", search, search, inputs(), exact=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_bitwise_compare_is_right_for_floats(dtype):
+    a = torch.tensor([0.0, float("nan"), float("inf"), 1.0], dtype=dtype)
+    assert compare_bitwise(a, a.clone())  # same NaN bits are equal
+    b = a.clone()
+    b[0] = -0.0
+    v = compare_bitwise(a, b)
+    assert not v and "first at [0]" in v.detail  # -0.0 is not +0.0
+    assert not compare_bitwise(a, a.double())
+
+
+def test_close_compare():
+    r = torch.randn(1000)
+    assert compare_close(r, r + 1e-4, rtol=1e-2, atol=0)
+    assert not compare_close(r, r + 1.0, rtol=1e-2, atol=1e-3)
+    n = r.clone()
+    n[3] = float("nan")
+    assert not compare_close(r, n, rtol=1.0, atol=1.0)
