@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..kernels import triton_interpret
 from .dispatch import dispatch
 
 OP = "ln_modulate"
@@ -56,7 +57,7 @@ def _broadcast_ok(t: Tensor | None, x: Tensor) -> bool:
 
 def can_use_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype) -> tuple[bool, str]:
     """Whether the Triton kernel reproduces eager for these inputs; else the reason."""
-    if x.device.type != "cuda":
+    if x.device.type != "cuda" and not (x.device.type == "cpu" and triton_interpret()):
         return False, f"device is {x.device.type}"
     tensors = [t for t in (weight, bias, scale, shift) if t is not None]
     if any(t.device != x.device for t in tensors):

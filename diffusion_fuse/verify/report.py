@@ -96,9 +96,9 @@ class Report:
     def table(self) -> str:
         out = [tabulate(self.summary_rows(),
                         headers=["pattern", "matched", "kept", "rejected", "unverified", "kernel hits", "fallbacks"])]
-        site_rows = [[s.id, s.status, s.location, s.shapes, s.reason] for s in self.sites()]
+        site_rows = [[s.id, s.status, s.shapes, s.reason] for s in self.sites()]
         if site_rows:
-            out.append(tabulate(site_rows, headers=["site", "status", "source", "shapes", "why"]))
+            out.append(tabulate(site_rows, headers=["site (pattern@source#n)", "status", "shapes (in, out)", "why"]))
         fb_rows = [[op, reason, n] for op, rs in self.counters()["fallback"].items() for reason, n in rs.items()]
         if fb_rows:
             out.append(tabulate(fb_rows, headers=["op", "reference path because", "calls"]))

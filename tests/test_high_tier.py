@@ -1,0 +1,64 @@
+"""Tier high: Inductor with the pattern pass inside, sites verified on the first call."""
+
+import pytest
+import torch
+
+import diffusion_fuse
+from diffusion_fuse.fxpasses.inductor_pass import InductorFusePass
+from diffusion_fuse.testing.tiny_models import build
+from helpers import compile_and_run
+from test_models_lossless import EXPECTED_SITES
+from test_verifier import SigmoidModulate, inputs, search
+
+
+@pytest.mark.parametrize("name", ["flux", "wan22_ti2v", "sd35"])
+def test_high_tier_compiles_through_inductor_with_the_pattern_applied(name):
+    model, kwargs = build(name, torch.float32)
+    ref, out, report = compile_and_run(model, kwargs, {"quality": "high"})
+    g = report.graphs[0]
+    assert g.quality == "high"
+    # The pass ran inside Inductor and took the same sites the verifier judged.
+    assert sorted(g.inductor_sites) == sorted(g.sites) and len(g.sites) == EXPECTED_SITES[name]
+    assert all(s.status == "kept" for s in g.sites.values())
+    assert g.verifications[-1]["inductor_within_tolerance"], g.verifications
+    torch.testing.assert_close(out[0], ref[0], rtol=1e-4, atol=1e-4)
+
+
+def test_pass_has_a_real_uuid():
+    opts = diffusion_fuse.parse_options({"quality": "high"})
+    a, b = InductorFusePass(opts), InductorFusePass(opts)
+    assert a.uuid() == b.uuid() and len(a.uuid()) > 32
+    assert InductorFusePass(opts, exclude=frozenset({"x"})).uuid() != a.uuid()
+    other = diffusion_fuse.parse_options({"quality": "high", "patterns": {"norm_modulate": False}})
+    assert InductorFusePass(other).uuid() != a.uuid()
+
+
+def test_high_tier_recompiles_without_a_site_the_verifier_rejected():
+    diffusion_fuse.register_pattern(
+        "bad_high", search, lambda x, s, b: torch.ops.df_test.sigmoid_modulate(x, s, b, 2), inputs(), tier="high",
+        exact=False)
+    try:
+        args = inputs()
+        report = diffusion_fuse.Report()
+        c = torch.compile(SigmoidModulate(), backend=diffusion_fuse.DiffusionFuseBackend({"quality": "high"}, report))
+        with torch.no_grad():
+            out = c(*args)
+        (site,) = report.sites()
+        assert site.status == "rejected" and "rel L2 err" in site.reason
+        assert report.graphs[0].inductor_sites == []  # recompiled without it
+        torch.testing.assert_close(out, SigmoidModulate()(*args))
+    finally:
+        diffusion_fuse.unregister_pattern("bad_high")
+
+
+def test_high_only_pattern_is_off_in_lossless():
+    diffusion_fuse.register_pattern(
+        "high_only", search, lambda x, s, b: torch.ops.df_test.sigmoid_modulate(x, s, b, -1), inputs(), tier="high")
+    try:
+        report = diffusion_fuse.Report()
+        c = torch.compile(SigmoidModulate(), backend=diffusion_fuse.DiffusionFuseBackend(None, report))
+        with torch.no_grad():
+            c(*inputs())
+        assert report.sites() == []
+    finally:
+        diffusion_fuse.unregister_pattern("high_only")
