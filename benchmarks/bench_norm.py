@@ -1,0 +1,105 @@
+"""LN + modulate at real shapes: eager vs Inductor vs diffusion_fuse vs the HBM floor, in one run.
+
+Workloads (issue #3): FLUX [1,4608,3072] bf16; Wan2.1-14B [1,32760,5120] (FP32LayerNorm form,
+fp32 [1,1,D] modulation, bf16 out); Wan2.2-5B [1,27280,3072] (per-token modulation: strided
+slices of a [1,S,6,D] fp32 table). Times are medians of ``triton.testing.do_bench`` (CUDA
+events, warm-up, L2 flushed between runs). The floor is the bytes that must move (inputs read
+once, output written once) over the device-to-device copy bandwidth measured in the same run.
+
+    python benchmarks/bench_norm.py [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+from tabulate import tabulate
+from triton.testing import do_bench
+
+from diffusion_fuse.kernels.ln_modulate import ln_modulate_triton
+from diffusion_fuse.lowering.norm_modulate import ln_modulate_reference
+
+
+def copy_bandwidth() -> float:
+    """Bytes/s of a large device-to-device copy (read + write counted)."""
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    ms = do_bench(lambda: b.copy_(a), warmup=25, rep=200, return_mode="median")
+    return 2 * n / (ms * 1e-3)
+
+
+def workloads():
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def rn(*shape, dtype):
+        return torch.randn(*shape, device="cuda", generator=g).to(dtype)
+
+    x = rn(1, 4608, 3072, dtype=torch.bfloat16)
+    yield "FLUX LN+mod [1,4608,3072] bf16", (x, None, None, 1e-6, rn(1, 1, 3072, dtype=torch.bfloat16),
+                                             rn(1, 1, 3072, dtype=torch.bfloat16), None, None)
+    x = rn(1, 32760, 5120, dtype=torch.bfloat16)
+    yield "Wan2.1 LN+mod [1,32760,5120] f32 LN", (x, None, None, 1e-6, rn(1, 1, 5120, dtype=torch.float32),
+                                                  rn(1, 1, 5120, dtype=torch.float32), torch.float32, torch.bfloat16)
+    x = rn(1, 27280, 3072, dtype=torch.bfloat16)
+    table = rn(1, 27280, 6, 3072, dtype=torch.float32)
+    yield "Wan2.2 LN+mod per-token [1,27280,3072]", (x, None, None, 1e-6, table[:, :, 1], table[:, :, 0],
+                                                     torch.float32, torch.bfloat16)
+
+
+def floor_bytes(args, out) -> int:
+    x, _w, _b, _eps, sc, sh, *_ = args
+    n = x.numel() * x.element_size() + out.numel() * out.element_size()
+    for t in (sc, sh):
+        if t is not None:
+            n += _distinct(t, x) * t.element_size()
+    return n
+
+
+def _distinct(t, x) -> int:
+    """Elements of ``t`` that must be read once when broadcast to ``x`` (broadcast dims count once)."""
+    e = t.expand(x.shape)
+    n = x.shape[-1]
+    for d in range(x.dim() - 1):
+        n *= e.shape[d] if e.stride(d) else 1
+    return n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_norm.json"))
+    args_ = ap.parse_args()
+    bw = copy_bandwidth()
+    rows, records = [], []
+    for name, args in workloads():
+        eager = lambda: ln_modulate_reference(*args)  # noqa: E731 - the ATen chain eager runs
+        ind = torch.compile(ln_modulate_reference)
+        ours = lambda: ln_modulate_triton(*args)  # noqa: E731
+        op = lambda: torch.ops.diffusion_fuse.ln_modulate(*args)  # noqa: E731
+        ref = eager()
+        exact = torch.equal(ref.view(torch.int16), ours().view(torch.int16))
+        ind_exact = torch.equal(ref.view(torch.int16), ind(*args).view(torch.int16))
+        t = {k: do_bench(f, warmup=25, rep=200, return_mode="median") * 1e3
+             for k, f in (("eager", eager), ("inductor", lambda: ind(*args)), ("ours", ours), ("ours_op", op))}
+        fb = floor_bytes(args, ref)
+        floor_us = fb / bw * 1e6
+        rec = dict(workload=name, **{f"{k}_us": v for k, v in t.items()}, floor_us=floor_us, floor_bytes=fb,
+                   ours_over_floor=t["ours"] / floor_us, eager_over_ours=t["eager"] / t["ours"],
+                   inductor_over_ours=t["inductor"] / t["ours"], bit_exact=exact, inductor_bit_exact=ind_exact)
+        records.append(rec)
+        rows.append([name, f"{t['eager']:.1f}", f"{t['inductor']:.1f}", f"{t['ours']:.1f}", f"{t['ours_op']:.1f}",
+                     f"{floor_us:.1f}", f"{rec['ours_over_floor']:.2f}", f"{rec['eager_over_ours']:.2f}",
+                     f"{rec['inductor_over_ours']:.2f}", exact, ind_exact])
+    with open(args_.json, "w") as f:
+        json.dump({"copy_GBps": bw / 1e9, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                   "records": records}, f, indent=2)
+    print(f"\ncopy bandwidth {bw / 1e9:.0f} GB/s ({torch.cuda.get_device_name()}, torch {torch.__version__})")
+    print(tabulate(rows, headers=["workload", "eager us", "inductor us", "ours us", "ours (op) us", "floor us",
+                                  "ours/floor", "eager/ours", "inductor/ours", "bit-exact", "inductor exact"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One command for the GPU machine: GPU tests, the demo on CUDA, benchmarks, SASS of eager's LayerNorm.
+# Logs and JSON go to a work folder packed as $OUT/results.tgz (the device tool brings back few
+# files); summary.txt and the benchmark JSON are also copied to $OUT. A short table is printed last.
+#   bash benchmarks/run_gpu.sh [quick|tests|bench]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+FINAL="${OUT:-$PWD/out}"; mkdir -p "$FINAL"
+export OUT=/tmp/df_results; rm -rf "$OUT"; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then  # diffusers is not on the GPU image: carry .whl (shared/tools/gpu_wheels.sh)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" | tee "$OUT/env.txt"
+status=0
+: >"$OUT/summary.txt"
+step() {
+  local name=$1 limit=$2; shift 2
+  echo "== $name"
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc ($((SECONDS - t0)) s)" >>"$OUT/summary.txt"
+  [ $rc -eq 0 ] || status=1
+  tail -n 30 "$OUT/$name.log"
+}
+what="${1:-all}"
+if [ "$what" != bench ]; then
+  step gpu_tests 420 python3 -m pytest -q -s -p no:cacheprovider tests/gpu
+  step demo 120 python3 examples/flux_pipeline.py --device cuda
+fi
+if [ "$what" = all ] || [ "$what" = bench ]; then
+  step bench_norm 300 python3 benchmarks/bench_norm.py --json "$OUT/bench_norm.json"
+fi
+[ "$what" = all ] && step sass 240 bash benchmarks/sass_layer_norm.sh
+tar -czf "$FINAL/results.tgz" -C /tmp df_results
+cp "$OUT/summary.txt" "$FINAL/"; cp "$OUT"/*.json "$FINAL/" 2>/dev/null
+echo "== summary"
+cat "$OUT/summary.txt"
+[ -f "$OUT/bench_norm.log" ] && tail -n 8 "$OUT/bench_norm.log"
+exit $status
