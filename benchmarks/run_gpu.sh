@@ -2,7 +2,7 @@
 # One command for the GPU machine: GPU tests, the demo on CUDA, benchmarks, SASS of eager's LayerNorm.
 # Logs and JSON go to a work folder packed as $OUT/results.tgz (the device tool brings back few
 # files); summary.txt and the benchmark JSON are also copied to $OUT. A short table is printed last.
-#   bash benchmarks/run_gpu.sh [quick|tests|bench]
+#   bash benchmarks/run_gpu.sh [all|tests|bench]   (all: tests, demo, benchmarks, SASS)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL="${OUT:-$PWD/out}"; mkdir -p "$FINAL"
@@ -33,12 +33,14 @@ if [ "$what" != bench ]; then
   step demo 120 python3 examples/flux_pipeline.py --device cuda
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
-  step bench_norm 300 python3 benchmarks/bench_norm.py --json "$OUT/bench_norm.json"
+  step bench_norm 200 python3 benchmarks/bench_norm.py --json "$OUT/bench_norm.json"
+  step bench_e2e 400 python3 benchmarks/bench_e2e.py --json "$OUT/bench_e2e.json"
 fi
 [ "$what" = all ] && step sass 240 bash benchmarks/sass_layer_norm.sh
 tar -czf "$FINAL/results.tgz" -C /tmp df_results
 cp "$OUT/summary.txt" "$FINAL/"; cp "$OUT"/*.json "$FINAL/" 2>/dev/null
 echo "== summary"
 cat "$OUT/summary.txt"
-[ -f "$OUT/bench_norm.log" ] && tail -n 8 "$OUT/bench_norm.log"
+[ -f "$OUT/bench_norm.log" ] && tail -n 6 "$OUT/bench_norm.log"
+[ -f "$OUT/bench_e2e.log" ] && tail -n 4 "$OUT/bench_e2e.log"
 exit $status

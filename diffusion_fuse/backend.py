@@ -158,3 +158,15 @@ def diffusion_fuse(gm: fx.GraphModule, example_inputs: Sequence[Any], mode: str 
                    options: Mapping[str, Any] | None = None):
     """The entry point torch.compile calls (registered as ``torch_dynamo_backends.diffusion_fuse``)."""
     return DiffusionFuseBackend(parse_options(options, mode))(gm, example_inputs)
+
+
+def _register_by_name() -> None:
+    # The entry point finds the backend when the package is installed; registering on import
+    # also covers a checkout on PYTHONPATH.
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+
+    if _BACKENDS.get("diffusion_fuse") is None:
+        register_backend(name="diffusion_fuse")(diffusion_fuse)
+
+
+_register_by_name()

@@ -11,9 +11,11 @@ order, with no FMA contraction (launched with ``enable_fp_fusion=False``)::
     v = round_v(u + shift)       # promote(u, shift)
     out = round_out(v)           # final cast (Wan: bf16)
 
-Inputs: x [M, D] or [B, S, D] contiguous, D % 4 == 0 (the guard in lowering/norm_modulate.py
-routes everything else to the reference); scale/shift anything that broadcasts to x with
-unit stride along D ([B,1,D], [B,S,D], strided per-token slices of [B,S,6,D]).
+Inputs: x [M, D] or [B, S, D] with unit stride along D (any row strides: eager LayerNorm
+copies a non-contiguous input to a fresh, aligned buffer and normalizes the same values),
+D % 4 == 0 (the guard in lowering/norm_modulate.py routes everything else to the
+reference); scale/shift anything that broadcasts to x with unit stride along D ([B,1,D],
+[B,S,D], strided per-token slices of [B,S,6,D]).
 Verified shapes: see tests/gpu/test_ln_modulate_gpu.py and BENCHMARKS.md.
 """
 
@@ -40,11 +42,11 @@ def round_to(x, CODE: tl.constexpr):
         return x
 
 
-@triton.jit(do_not_specialize=["S", "sc_sb", "sc_ss", "sh_sb", "sh_ss"])
+@triton.jit(do_not_specialize=["S", "x_sb", "x_ss", "sc_sb", "sc_ss", "sh_sb", "sh_ss"])
 def _ln_modulate_kernel(
     X, W, B, SCALE, SHIFT, OUT,
     N, S, eps,
-    sc_sb, sc_ss, sh_sb, sh_ss,
+    x_sb, x_ss, sc_sb, sc_ss, sh_sb, sh_ss,
     N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_SHIFT: tl.constexpr,
     LN_DT: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr, V_DT: tl.constexpr,
@@ -54,7 +56,7 @@ def _ln_modulate_kernel(
     row = tl.program_id(0).to(tl.int64)
     bi = row // S
     si = row % S
-    x_row = X + row * N
+    x_row = X + bi * x_sb + si * x_ss
     mean, rstd = welford_row_stats(x_row, N, eps, N_ITERS, LANES, VEC,
                                    PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA)
     sc_row = SCALE + bi * sc_sb + si * sc_ss
@@ -95,13 +97,14 @@ def ln_modulate_triton(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, 
     ln_dt, t_dt, u_dt, v_dt, final = result_dtypes(
         x.dtype, scale.dtype, None if shift is None else shift.dtype, ln_dtype, out_dtype)
     out = torch.empty(x.shape, dtype=final, device=x.device)
+    x_sb, x_ss = _row_strides(x, x)
     sc_sb, sc_ss = _row_strides(scale, x)
     sh_sb, sh_ss = _row_strides(shift, x)
     rows = x.numel() // D
     _ln_modulate_kernel[(rows,)](
         x, weight if weight is not None else x, bias if bias is not None else x, scale,
         shift if shift is not None else scale, out,
-        D, S, float(eps), sc_sb, sc_ss, sh_sb, sh_ss,
+        D, S, float(eps), x_sb, x_ss, sc_sb, sc_ss, sh_sb, sh_ss,
         N_ITERS=n_iters_for(D), LANES=LANES, VEC=VEC,
         HAS_W=weight is not None, HAS_B=bias is not None, HAS_SHIFT=shift is not None,
         LN_DT=_DT_CODE[ln_dt], T_DT=_DT_CODE[t_dt], U_DT=_DT_CODE[u_dt], V_DT=_DT_CODE[v_dt],

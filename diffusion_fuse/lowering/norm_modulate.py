@@ -73,11 +73,15 @@ def can_use_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype)
     D = x.shape[-1]
     if D % VEC or D > MAX_D:
         return False, f"D={D} (kernel takes multiples of {VEC} up to {MAX_D}: eager's vectorized LayerNorm)"
-    if not x.is_contiguous():
-        return False, "x is not contiguous"
+    if x.stride(-1) != 1:
+        return False, "x is not contiguous along D"
     ln_in = ln_dtype or x.dtype
-    if ln_dtype is None and x.data_ptr() % (VEC * x.element_size()):
+    # Eager normalizes a contiguous x in place of memory, and a non-contiguous one (or the
+    # x.float() copy) from a fresh aligned buffer: only the first can miss the vectorized kernel.
+    if ln_dtype is None and x.is_contiguous() and x.data_ptr() % (VEC * x.element_size()):
         return False, "x is not 16-byte aligned (eager takes its non-vectorized LayerNorm)"
+    if bias is not None and weight is None:
+        return False, "LayerNorm with bias but no weight (its output rounding is not reproduced)"
     for name, p in (("weight", weight), ("bias", bias)):
         if p is not None:
             if p.dtype != ln_in or p.shape != (D,) or not p.is_contiguous():

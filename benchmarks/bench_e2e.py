@@ -1,0 +1,148 @@
+"""End to end at real shapes: eager vs Inductor vs diffusion_fuse lossless, in one run.
+
+Models (random weights, bf16, real widths; issue #3):
+- flux_stack: FLUX.1-dev-sized FluxTransformer2DModel with 2 double + 4 single blocks, 1024²
+  (4096 image + 512 text tokens).
+- wan22_block: Wan2.2-TI2V-5B-sized WanTransformer3DModel with 1 block at 704p/121f
+  (27,280 tokens, per-token timesteps), fp32 modules kept as from_pretrained keeps them.
+Each forward is timed with CUDA events after warm-up (median of --reps); outputs are compared
+bitwise with eager. Prints a table; writes JSON (--json).
+
+    python benchmarks/bench_e2e.py [--models flux_stack,wan22_block] [--reps 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+import warnings
+
+import torch
+from tabulate import tabulate
+
+import diffusion_fuse
+from diffusion_fuse.testing.tiny_models import cast_like_from_pretrained
+
+warnings.filterwarnings("ignore")
+
+
+def flux_stack():
+    from diffusers import FluxTransformer2DModel
+
+    with torch.device("cuda"):
+        m = FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=2, num_single_layers=4,
+                                   attention_head_dim=128, num_attention_heads=24, joint_attention_dim=4096,
+                                   pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=(16, 56, 56))
+    m = m.eval().to(torch.bfloat16)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    ids = torch.zeros(64, 64, 3, device="cuda")
+    ids[..., 1] = torch.arange(64, device="cuda")[:, None]
+    ids[..., 2] = torch.arange(64, device="cuda")[None, :]
+    kw = dict(hidden_states=torch.randn(1, 4096, 64, device="cuda", generator=g).bfloat16(),
+              encoder_hidden_states=torch.randn(1, 512, 4096, device="cuda", generator=g).bfloat16(),
+              pooled_projections=torch.randn(1, 768, device="cuda", generator=g).bfloat16(),
+              timestep=torch.tensor([0.5], device="cuda").bfloat16(), img_ids=ids.reshape(-1, 3),
+              txt_ids=torch.zeros(512, 3, device="cuda"), guidance=torch.tensor([3.5], device="cuda").bfloat16(),
+              return_dict=False)
+    return m, kw
+
+
+def wan22_block():
+    from diffusers import WanTransformer3DModel
+
+    with torch.device("cuda"):
+        m = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=24, attention_head_dim=128,
+                                  in_channels=48, out_channels=48, text_dim=4096, freq_dim=256, ffn_dim=14336,
+                                  num_layers=1, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
+                                  rope_max_seq_len=1024)
+    m = cast_like_from_pretrained(m.eval(), torch.bfloat16)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    ts = torch.full((31, 22, 40), 500, dtype=torch.int64, device="cuda")
+    ts[0] = 0  # TI2V: the conditioning frame has timestep 0
+    kw = dict(hidden_states=torch.randn(1, 48, 31, 44, 80, device="cuda", generator=g).bfloat16(),
+              timestep=ts.flatten().unsqueeze(0),
+              encoder_hidden_states=torch.randn(1, 512, 4096, device="cuda", generator=g).bfloat16(),
+              return_dict=False)
+    return m, kw
+
+
+MODELS = {"flux_stack": flux_stack, "wan22_block": wan22_block}
+
+
+def timed(fn, reps: int) -> tuple[float, list[float]]:
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times), times
+
+
+def bits(t):
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="flux_stack,wan22_block")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--skip-inductor", action="store_true")
+    ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_e2e.json"))
+    args = ap.parse_args()
+    rows, records = [], []
+    for name in args.models.split(","):
+        torch._dynamo.reset()
+        model, kw = MODELS[name]()
+        variants = {"eager": model}
+        report = diffusion_fuse.Report()
+        variants["lossless"] = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(None, report))
+        if not args.skip_inductor:
+            variants["inductor"] = torch.compile(model)
+        rec: dict = {"model": name}
+        outs = {}
+        with torch.no_grad():
+            for k, fn in variants.items():
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                outs[k] = fn(**kw)[0]
+                torch.cuda.synchronize()
+                rec[f"{k}_first_call_s"] = time.perf_counter() - t0
+                fn(**kw)  # warm-up
+                torch.cuda.reset_peak_memory_stats()
+                rec[f"{k}_ms"], rec[f"{k}_times"] = timed(lambda: fn(**kw), args.reps)
+                rec[f"{k}_peak_GiB"] = torch.cuda.max_memory_allocated() / 2**30
+            # a second round of eager and ours, interleaved, to show the spread
+            rec["eager_ms_2"], _ = timed(lambda: model(**kw), args.reps)
+            rec["lossless_ms_2"], _ = timed(lambda: variants["lossless"](**kw), args.reps)
+        rec["lossless_equal"] = torch.equal(bits(outs["eager"]), bits(outs["lossless"]))
+        rec["inductor_equal"] = torch.equal(bits(outs["eager"]), bits(outs["inductor"])) if "inductor" in outs else None
+        rec["sites"] = len(report.sites())
+        rec["kept"] = report.count(status="kept")
+        rec["counters"] = report.counters()
+        rec["report"] = report.table()
+        records.append(rec)
+        ind = rec.get("inductor_ms")
+        rows.append([name, f"{rec['eager_ms']:.2f} / {rec['eager_ms_2']:.2f}", f"{ind:.2f}" if ind else "-",
+                     f"{rec['lossless_ms']:.2f} / {rec['lossless_ms_2']:.2f}",
+                     f"{rec['eager_ms'] / rec['lossless_ms']:.3f}", f"{ind / rec['lossless_ms']:.3f}" if ind else "-",
+                     f"{rec['kept']}/{rec['sites']}", rec["lossless_equal"], rec["inductor_equal"],
+                     f"{rec['lossless_first_call_s']:.1f}", f"{rec.get('inductor_first_call_s', 0):.1f}"])
+        print(rec["report"])
+        del model, variants, outs
+        torch.cuda.empty_cache()
+    with open(args.json, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "records": records}, f,
+                  indent=2, default=str)
+    print(tabulate(rows, headers=["model", "eager ms (2 rounds)", "inductor ms", "lossless ms (2 rounds)",
+                                  "eager/lossless", "inductor/lossless", "sites kept", "lossless exact",
+                                  "inductor exact", "lossless 1st call s", "inductor 1st call s"]))
+
+
+if __name__ == "__main__":
+    main()
