@@ -33,6 +33,7 @@ if [ "$what" != bench ]; then
   step demo 120 python3 examples/flux_pipeline.py --device cuda
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
+  step profile 120 python3 benchmarks/profile_ln_modulate.py
   step bench_norm 200 python3 benchmarks/bench_norm.py --json "$OUT/bench_norm.json"
   step bench_e2e 400 python3 benchmarks/bench_e2e.py --json "$OUT/bench_e2e.json"
 fi
@@ -41,6 +42,7 @@ tar -czf "$FINAL/results.tgz" -C /tmp df_results
 cp "$OUT/summary.txt" "$FINAL/"; cp "$OUT"/*.json "$FINAL/" 2>/dev/null
 echo "== summary"
 cat "$OUT/summary.txt"
+[ -f "$OUT/profile.log" ] && tail -n 9 "$OUT/profile.log"
 [ -f "$OUT/bench_norm.log" ] && tail -n 6 "$OUT/bench_norm.log"
 [ -f "$OUT/bench_e2e.log" ] && tail -n 4 "$OUT/bench_e2e.log"
 exit $status

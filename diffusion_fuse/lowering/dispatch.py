@@ -1,8 +1,12 @@
 """Shared dispatch: run a Triton kernel when its guard accepts the inputs, else the reference.
 
+``GuardedKernel`` keeps, per input layout (shapes, strides, dtypes, alignment), the guard's
+verdict and a prepared launch, so the per-call cost is one dict lookup plus the launch: the
+guard and the launch constants are computed once per layout, not per call.
+
 Every path is counted (lowering/counters.py). A kernel that raises (Triton compile error,
-launch failure) is disabled for that input key, counted and logged, and the reference
-result is returned: the user's forward never sees the exception.
+launch failure) is disabled for that layout, counted and logged, and the reference result
+is returned: the user's forward never sees the exception.
 """
 
 from __future__ import annotations
@@ -16,48 +20,63 @@ from ..log import get_logger
 from . import counters
 
 _log = get_logger("lowering")
-_broken: dict[tuple, str] = {}
-_broken_lock = threading.Lock()
 
 # Forces the reference path for every op (debugging, A/B checks).
 DISABLE_KERNELS_ENV = "DIFFUSION_FUSE_DISABLE_KERNELS"
+_MAX_PLANS = 4096
 
 
 def kernels_disabled() -> bool:
     return os.environ.get(DISABLE_KERNELS_ENV, "") not in ("", "0")
 
 
-def dispatch(
-    op: str,
-    guard: Callable[[], tuple[bool, str]],
-    key: tuple,
-    kernel: Callable[[], Any],
-    reference: Callable[[], Any],
-) -> Any:
-    if kernels_disabled():
-        counters.fallback(op, f"kernels disabled by {DISABLE_KERNELS_ENV}")
-        return reference()
-    ok, reason = guard()
-    if not ok:
-        counters.fallback(op, reason)
-        return reference()
-    broken = _broken.get((op, key))
-    if broken is not None:
-        counters.fallback(op, f"kernel disabled after error: {broken}")
-        return reference()
-    try:
-        out = kernel()
-    except Exception as e:  # noqa: BLE001 - any kernel failure must fall back, not break the forward
-        msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
-        with _broken_lock:
-            _broken[(op, key)] = msg
-        _log.warning("%s: kernel failed for %s, using the reference path: %s", op, key, msg)
-        counters.fallback(op, f"kernel error: {msg}")
-        return reference()
-    counters.kernel_hit(op)
-    return out
+class GuardedKernel:
+    """``op(*args)``: the kernel for layouts ``guard`` accepts, the reference for the rest.
 
+    layout_key(*args) -> hashable   everything the guard and the launch plan depend on
+    guard(*args) -> (ok, reason)
+    plan(*args) -> launch           launch(*args) -> output, with per-layout constants baked in
+    reference(*args) -> output      the ATen composition the op replaced
+    """
 
-def clear_broken() -> None:
-    with _broken_lock:
-        _broken.clear()
+    def __init__(self, op: str, layout_key: Callable[..., tuple], guard: Callable[..., tuple[bool, str]],
+                 plan: Callable[..., Callable[..., Any]], reference: Callable[..., Any]) -> None:
+        self.op, self.layout_key, self.guard, self.plan, self.reference = op, layout_key, guard, plan, reference
+        self._plans: dict[tuple, tuple[str, Callable[..., Any] | None]] = {}
+        self._lock = threading.Lock()
+
+    def _entry(self, args: tuple) -> tuple[str, Callable[..., Any] | None]:
+        key = self.layout_key(*args)
+        entry = self._plans.get(key)
+        if entry is None:
+            ok, reason = self.guard(*args)
+            entry = ("", self.plan(*args)) if ok else (reason, None)
+            with self._lock:
+                if len(self._plans) >= _MAX_PLANS:
+                    self._plans.clear()
+                self._plans[key] = entry
+        return entry
+
+    def __call__(self, *args: Any) -> Any:
+        if kernels_disabled():
+            counters.fallback(self.op, f"kernels disabled by {DISABLE_KERNELS_ENV}")
+            return self.reference(*args)
+        reason, launch = self._entry(args)
+        if launch is None:
+            counters.fallback(self.op, reason)
+            return self.reference(*args)
+        try:
+            out = launch(*args)
+        except Exception as e:  # noqa: BLE001 - any kernel failure must fall back, not break the forward
+            msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+            with self._lock:
+                self._plans[self.layout_key(*args)] = (f"kernel disabled after error: {msg}", None)
+            _log.warning("%s: kernel failed, using the reference path: %s", self.op, msg)
+            counters.fallback(self.op, f"kernel error: {msg}")
+            return self.reference(*args)
+        counters.kernel_hit(self.op)
+        return out
+
+    def clear(self) -> None:
+        with self._lock:
+            self._plans.clear()
