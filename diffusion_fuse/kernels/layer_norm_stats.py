@@ -158,6 +158,11 @@ ALL_VARIANTS: tuple[WelfordVariant, ...] = tuple(
 )
 
 
+def is_uniform(n: int, n_iters: int, lanes: int = LANES, vec: int = VEC) -> bool:
+    """Whether every lane gets a vector on every trip (the UNIFORM fast path applies)."""
+    return n == n_iters * lanes * vec
+
+
 def n_iters_for(n: int, lanes: int = LANES, vec: int = VEC) -> int:
     """Loop trips each lane makes over a row of n elements (the N_ITERS constexpr)."""
     return max(1, triton.cdiv(n // vec, lanes))
@@ -194,7 +199,7 @@ def eager_uses_vectorized_kernel(
 
 @triton.jit
 def _welford_push(mean, m2, cnt, v, valid, N_NEW: tl.constexpr, PUSH_MEAN_FMA: tl.constexpr,
-                  PUSH_M2_FMA: tl.constexpr):
+                  PUSH_M2_FMA: tl.constexpr, UNIFORM: tl.constexpr = False):
     # cuWelfordOnlineSum; lanes with no vector this trip keep their state. N_NEW is the
     # count after this push on every lane that has data (see "Performance" above).
     delta = v - mean
@@ -208,6 +213,8 @@ def _welford_push(mean, m2, cnt, v, valid, N_NEW: tl.constexpr, PUSH_MEAN_FMA: t
         m2_new = tl.fma(delta, v - mean_new, m2)
     else:
         m2_new = m2 + delta * (v - mean_new)
+    if UNIFORM:
+        return mean_new, m2_new, cnt_new
     return (tl.where(valid, mean_new, mean), tl.where(valid, m2_new, m2), tl.where(valid, cnt_new, cnt))
 
 
@@ -238,6 +245,40 @@ def _welford_combine(
 
 
 @triton.jit
+def _welford_combine_uniform(mean_b, m2_b, mean_a, m2_a, CNT: tl.constexpr, COMB_MEAN: tl.constexpr,
+                             COMB_M2_FMA: tl.constexpr):
+    # _welford_combine when both sides hold CNT elements (every lane had a vector on every
+    # trip). The same fp32 operations on scalars: coef = rn(1/(2*CNT)), n = rn(CNT*coef).
+    delta = mean_b - mean_a
+    coef = tl.full([], 1.0 / (2 * CNT), tl.float32)
+    cnt_a = tl.full([], CNT, tl.float32)
+    n_a = cnt_a * coef
+    n_b = n_a
+    if COMB_MEAN == 0:
+        mean = tl.fma(n_a, mean_a, n_b * mean_b)
+    elif COMB_MEAN == 1:
+        mean = tl.fma(n_b, mean_b, n_a * mean_a)
+    else:
+        mean = n_a * mean_a + n_b * mean_b
+    s = m2_a + m2_b
+    t = delta * delta * cnt_a
+    if COMB_M2_FMA:
+        m2 = tl.fma(t, n_b, s)
+    else:
+        m2 = s + t * n_b
+    return mean, m2
+
+
+@triton.jit
+def _tree_step_uniform(mean, m2, OUTER: tl.constexpr, HALF: tl.constexpr, CNT: tl.constexpr,
+                       COMB_MEAN: tl.constexpr, COMB_M2_FMA: tl.constexpr):
+    mean_lo, mean_hi = tl.split(tl.permute(tl.reshape(mean, [OUTER, 2, HALF]), [0, 2, 1]))
+    m2_lo, m2_hi = tl.split(tl.permute(tl.reshape(m2, [OUTER, 2, HALF]), [0, 2, 1]))
+    mean, m2 = _welford_combine_uniform(mean_lo, m2_lo, mean_hi, m2_hi, CNT, COMB_MEAN, COMB_M2_FMA)
+    return tl.reshape(mean, [OUTER * HALF]), tl.reshape(m2, [OUTER * HALF])
+
+
+@triton.jit
 def _tree_step(mean, m2, cnt, OUTER: tl.constexpr, HALF: tl.constexpr, COMB_MEAN: tl.constexpr, COMB_M2_FMA: tl.constexpr):
     # One shfl_down(HALF) level: flat state [OUTER*2*HALF]; slot j of each group of 2*HALF
     # combines with slot j+HALF. split() needs the pair on a trailing dim of size 2.
@@ -259,10 +300,13 @@ def welford_row_moments(
     PUSH_M2_FMA: tl.constexpr = True,
     COMB_MEAN: tl.constexpr = 0,
     COMB_M2_FMA: tl.constexpr = True,
+    UNIFORM: tl.constexpr = False,
 ):
     """(mean, m2) of row_ptr[0:N] in compute_stats order; m2 is the sum of squared deviations.
 
     N_ITERS >= cdiv(N // VEC, LANES); extra trips are masked out and change nothing.
+    UNIFORM (only when N == N_ITERS * LANES * VEC, see ``is_uniform``): no masks, and the
+    combine tree's counts are compile-time constants (same bits, fewer instructions).
     """
     tl.static_assert(VEC == 4, "the column split below is written for vec_size 4")
     tl.static_assert(LANES % 32 == 0, "LANES is whole warps")
@@ -278,16 +322,37 @@ def welford_row_moments(
     for it in tl.static_range(N_ITERS):
         vidx = it * LANES + lane
         valid = vidx < nvec
-        xv = tl.load(row_ptr + (vidx[:, None] * VEC + col[None, :]), mask=valid[:, None], other=0.0)
+        if UNIFORM:  # N == N_ITERS * LANES * VEC: every lane has a vector on every trip
+            xv = tl.load(row_ptr + (vidx[:, None] * VEC + col[None, :]))
+        else:
+            xv = tl.load(row_ptr + (vidx[:, None] * VEC + col[None, :]), mask=valid[:, None], other=0.0)
         xv = xv.to(tl.float32)
         # [LANES, 4] -> columns 0..3 without arithmetic: (t, a, b) = col 2a+b.
         even, odd = tl.split(tl.reshape(xv, [LANES, 2, 2]))
         c0, c2 = tl.split(even)
         c1, c3 = tl.split(odd)
-        mean, m2, cnt = _welford_push(mean, m2, cnt, c0, valid, 4 * it + 1, PUSH_MEAN_FMA, PUSH_M2_FMA)
-        mean, m2, cnt = _welford_push(mean, m2, cnt, c1, valid, 4 * it + 2, PUSH_MEAN_FMA, PUSH_M2_FMA)
-        mean, m2, cnt = _welford_push(mean, m2, cnt, c2, valid, 4 * it + 3, PUSH_MEAN_FMA, PUSH_M2_FMA)
-        mean, m2, cnt = _welford_push(mean, m2, cnt, c3, valid, 4 * it + 4, PUSH_MEAN_FMA, PUSH_M2_FMA)
+        mean, m2, cnt = _welford_push(mean, m2, cnt, c0, valid, 4 * it + 1, PUSH_MEAN_FMA, PUSH_M2_FMA, UNIFORM)
+        mean, m2, cnt = _welford_push(mean, m2, cnt, c1, valid, 4 * it + 2, PUSH_MEAN_FMA, PUSH_M2_FMA, UNIFORM)
+        mean, m2, cnt = _welford_push(mean, m2, cnt, c2, valid, 4 * it + 3, PUSH_MEAN_FMA, PUSH_M2_FMA, UNIFORM)
+        mean, m2, cnt = _welford_push(mean, m2, cnt, c3, valid, 4 * it + 4, PUSH_MEAN_FMA, PUSH_M2_FMA, UNIFORM)
+
+    if UNIFORM:
+        # Counts are 4*N_ITERS per lane and double at every level: constants, no divisions.
+        C: tl.constexpr = 4 * N_ITERS
+        mean, m2 = _tree_step_uniform(mean, m2, NW, 16, C, COMB_MEAN, COMB_M2_FMA)
+        mean, m2 = _tree_step_uniform(mean, m2, NW, 8, 2 * C, COMB_MEAN, COMB_M2_FMA)
+        mean, m2 = _tree_step_uniform(mean, m2, NW, 4, 4 * C, COMB_MEAN, COMB_M2_FMA)
+        mean, m2 = _tree_step_uniform(mean, m2, NW, 2, 8 * C, COMB_MEAN, COMB_M2_FMA)
+        mean, m2 = _tree_step_uniform(mean, m2, NW, 1, 16 * C, COMB_MEAN, COMB_M2_FMA)
+        if NW >= 16:
+            mean, m2 = _tree_step_uniform(mean, m2, 1, 8, 32 * C * NW // 16, COMB_MEAN, COMB_M2_FMA)
+        if NW >= 8:
+            mean, m2 = _tree_step_uniform(mean, m2, 1, 4, 32 * C * NW // 8, COMB_MEAN, COMB_M2_FMA)
+        if NW >= 4:
+            mean, m2 = _tree_step_uniform(mean, m2, 1, 2, 32 * C * NW // 4, COMB_MEAN, COMB_M2_FMA)
+        if NW >= 2:
+            mean, m2 = _tree_step_uniform(mean, m2, 1, 1, 32 * C * NW // 2, COMB_MEAN, COMB_M2_FMA)
+        return tl.reshape(mean, []), tl.reshape(m2, [])
 
     # intra-warp shfl_down tree: lane l < off takes (l, l+off)
     mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 16, COMB_MEAN, COMB_M2_FMA)
@@ -319,6 +384,7 @@ def welford_row_stats(
     PUSH_M2_FMA: tl.constexpr = True,
     COMB_MEAN: tl.constexpr = 0,
     COMB_M2_FMA: tl.constexpr = True,
+    UNIFORM: tl.constexpr = False,
 ):
     """fp32 (mean, rstd) of one contiguous row, bit-identical to vectorized_layer_norm_kernel.
 
@@ -326,7 +392,7 @@ def welford_row_stats(
     kernel argument is).
     """
     mean, m2 = welford_row_moments(
-        row_ptr, N, N_ITERS, LANES, VEC, PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA
+        row_ptr, N, N_ITERS, LANES, VEC, PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, UNIFORM
     )
     var = tl.math.div_rn(m2, tl.cast(N, tl.float32))
     rstd = tl.math.rsqrt(var + eps)
@@ -386,12 +452,13 @@ def _layer_norm_exact_kernel(
     PUSH_M2_FMA: tl.constexpr,
     COMB_MEAN: tl.constexpr,
     COMB_M2_FMA: tl.constexpr,
+    UNIFORM: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     x_row = X + row * N
     y_row = Y + row * N
     mean, rstd = welford_row_stats(
-        x_row, N, eps, N_ITERS, LANES, VEC, PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA
+        x_row, N, eps, N_ITERS, LANES, VEC, PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, UNIFORM
     )
     lane = tl.arange(0, LANES)
     col = tl.arange(0, VEC)
@@ -465,6 +532,7 @@ def layer_norm_exact(
         HAS_B=bias is not None,
         AFFINE_FMA=affine_fma,
         **variant.constexprs(),
+        UNIFORM=is_uniform(n, n_iters),
         num_warps=LANES // WARP,
         enable_fp_fusion=False,
     )

@@ -97,10 +97,14 @@ def can_use_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype)
 
 
 def layout_key(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype) -> tuple:
-    """Everything ``can_use_ln_modulate`` and the launch plan depend on (eps is a kernel argument)."""
+    """Everything ``can_use_ln_modulate`` and the launch plan depend on (eps is a kernel argument).
+
+    Pointer alignment is part of it: the plan launches a kernel Triton specialized on it.
+    """
     return (
-        x.device, x.dtype, x.shape, x.stride(), x.data_ptr() & 15, scale.dtype, scale.shape, scale.stride(),
-        None if shift is None else (shift.dtype, shift.shape, shift.stride()),
+        x.device, x.dtype, x.shape, x.stride(), x.data_ptr() & 15,
+        scale.dtype, scale.shape, scale.stride(), scale.data_ptr() & 15,
+        None if shift is None else (shift.dtype, shift.shape, shift.stride(), shift.data_ptr() & 15),
         None if weight is None else (weight.dtype, weight.shape, weight.stride(), weight.data_ptr() & 15),
         None if bias is None else (bias.dtype, bias.shape, bias.stride(), bias.data_ptr() & 15),
         ln_dtype, out_dtype,

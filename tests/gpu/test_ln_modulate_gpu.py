@@ -133,6 +133,17 @@ def test_guard_routes_what_the_kernel_cannot_take():
         assert list(fb)[0].startswith(reason), fb
 
 
+@pytest.mark.parametrize("form", ["flux_bf16", "wan22_per_token", "affine_bf16"])
+def test_registered_op_repeated_calls_are_exact(form):
+    # The op launches a layout's compiled kernel directly after the first call.
+    _, ln_dtype, out_dtype, *_ = FORMS[form]
+    for seed in range(4):
+        x, w, b, sc, sh = make(form, 2, 300, 3072, 10.0 ** (seed - 2), seed)
+        out = torch.ops.diffusion_fuse.ln_modulate(x, w, b, 1e-6, sc, sh, ln_dtype, out_dtype)
+        ref = ln_modulate_reference(x, w, b, 1e-6, sc, sh, ln_dtype, out_dtype)
+        assert torch.equal(_bits(out), _bits(ref)), seed
+
+
 def test_cuda_graph_capture_and_replay_after_input_mutation():
     x, _, _, sc, sh = make("flux_bf16", 1, 512, 3072, 1.0, 0)
     op = torch.ops.diffusion_fuse.ln_modulate
