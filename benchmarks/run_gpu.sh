@@ -2,7 +2,7 @@
 # One command for the GPU machine: GPU tests, the demo on CUDA, benchmarks, SASS of eager's LayerNorm.
 # Logs and JSON go to a work folder packed as $OUT/results.tgz (the device tool brings back few
 # files); summary.txt and the benchmark JSON are also copied to $OUT. A short table is printed last.
-#   bash benchmarks/run_gpu.sh [all|tests|bench]   (all: tests, demo, benchmarks, SASS)
+#   bash benchmarks/run_gpu.sh [all|tests|bench|nosass]   (all: tests, demo, benchmarks, SASS)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL="${OUT:-$PWD/out}"; mkdir -p "$FINAL"
@@ -32,7 +32,7 @@ if [ "$what" != bench ]; then
   step gpu_tests 420 python3 -m pytest -q -s -p no:cacheprovider tests/gpu
   step demo 120 python3 examples/flux_pipeline.py --device cuda
 fi
-if [ "$what" = all ] || [ "$what" = bench ]; then
+if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = nosass ]; then
   step profile 120 python3 benchmarks/profile_ln_modulate.py
   step bench_norm 200 python3 benchmarks/bench_norm.py --json "$OUT/bench_norm.json"
   step bench_e2e 400 python3 benchmarks/bench_e2e.py --json "$OUT/bench_e2e.json"
