@@ -352,23 +352,22 @@ def welford_row_moments(
             mean, m2 = _tree_step_uniform(mean, m2, 1, 2, 32 * C * NW // 4, COMB_MEAN, COMB_M2_FMA)
         if NW >= 2:
             mean, m2 = _tree_step_uniform(mean, m2, 1, 1, 32 * C * NW // 2, COMB_MEAN, COMB_M2_FMA)
-        return tl.reshape(mean, []), tl.reshape(m2, [])
-
-    # intra-warp shfl_down tree: lane l < off takes (l, l+off)
-    mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 16, COMB_MEAN, COMB_M2_FMA)
-    mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 8, COMB_MEAN, COMB_M2_FMA)
-    mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 4, COMB_MEAN, COMB_M2_FMA)
-    mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 2, COMB_MEAN, COMB_M2_FMA)
-    mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 1, COMB_MEAN, COMB_M2_FMA)
-    # inter-warp tree through shared memory: warp y < off takes (y, y+off)
-    if NW >= 16:
-        mean, m2, cnt = _tree_step(mean, m2, cnt, 1, 8, COMB_MEAN, COMB_M2_FMA)
-    if NW >= 8:
-        mean, m2, cnt = _tree_step(mean, m2, cnt, 1, 4, COMB_MEAN, COMB_M2_FMA)
-    if NW >= 4:
-        mean, m2, cnt = _tree_step(mean, m2, cnt, 1, 2, COMB_MEAN, COMB_M2_FMA)
-    if NW >= 2:
-        mean, m2, cnt = _tree_step(mean, m2, cnt, 1, 1, COMB_MEAN, COMB_M2_FMA)
+    else:
+        # intra-warp shfl_down tree: lane l < off takes (l, l+off)
+        mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 16, COMB_MEAN, COMB_M2_FMA)
+        mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 8, COMB_MEAN, COMB_M2_FMA)
+        mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 4, COMB_MEAN, COMB_M2_FMA)
+        mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 2, COMB_MEAN, COMB_M2_FMA)
+        mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 1, COMB_MEAN, COMB_M2_FMA)
+        # inter-warp tree through shared memory: warp y < off takes (y, y+off)
+        if NW >= 16:
+            mean, m2, cnt = _tree_step(mean, m2, cnt, 1, 8, COMB_MEAN, COMB_M2_FMA)
+        if NW >= 8:
+            mean, m2, cnt = _tree_step(mean, m2, cnt, 1, 4, COMB_MEAN, COMB_M2_FMA)
+        if NW >= 4:
+            mean, m2, cnt = _tree_step(mean, m2, cnt, 1, 2, COMB_MEAN, COMB_M2_FMA)
+        if NW >= 2:
+            mean, m2, cnt = _tree_step(mean, m2, cnt, 1, 1, COMB_MEAN, COMB_M2_FMA)
     return tl.reshape(mean, []), tl.reshape(m2, [])
 
 
