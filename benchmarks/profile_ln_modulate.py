@@ -19,15 +19,16 @@ from tabulate import tabulate
 from triton.testing import do_bench
 
 import diffusion_fuse  # noqa: F401  (registers the op)
-from diffusion_fuse.kernels.layer_norm_stats import LANES, VEC, n_iters_for, welford_row_stats
+from diffusion_fuse.kernels.layer_norm_stats import LANES, VEC, is_uniform, n_iters_for, welford_row_stats
 from diffusion_fuse.kernels.ln_modulate import plan_ln_modulate
 from diffusion_fuse.lowering.norm_modulate import ln_modulate_reference
 
 
 @triton.jit
-def _stats_only(X, Mean, Rstd, N, eps, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr):
+def _stats_only(X, Mean, Rstd, N, eps, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
+                UNIFORM: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    mean, rstd = welford_row_stats(X + row * N, N, eps, N_ITERS, LANES, VEC)
+    mean, rstd = welford_row_stats(X + row * N, N, eps, N_ITERS, LANES, VEC, UNIFORM=UNIFORM)
     tl.store(Mean + row, mean)
     tl.store(Rstd + row, rstd)
 
@@ -85,7 +86,8 @@ def main() -> None:
     full = plan_ln_modulate(*big)
     t_full = do_bench(lambda: full(*big), return_mode="median") * 1e3
     t_stats = do_bench(lambda: _stats_only[(M,)](x, mean, rstd, D, 1e-6, N_ITERS=it, LANES=LANES, VEC=VEC,
-                                                  num_warps=4, enable_fp_fusion=False), return_mode="median") * 1e3
+                                                  UNIFORM=is_uniform(D, it), num_warps=4, enable_fp_fusion=False),
+                       return_mode="median") * 1e3
     t_apply = do_bench(lambda: _apply_only[(M,)](x, mean, rstd, sc, sh, out, D, N_ITERS=it, LANES=LANES, VEC=VEC,
                                                  num_warps=4, enable_fp_fusion=False), return_mode="median") * 1e3
     floor_read = x.numel() * 2 / 4.2e12 * 1e6

@@ -253,7 +253,8 @@ def _dump_ptx(v) -> None:
     k = lns._layer_norm_exact_kernel[(2,)](
         x, None, None, y, mean, rstd, 3072, 1e-6,
         N_ITERS=lns.n_iters_for(3072), LANES=lns.LANES, VEC=lns.VEC, HAS_W=False, HAS_B=False,
-        AFFINE_FMA=True, **v.constexprs(), num_warps=4, enable_fp_fusion=False,
+        AFFINE_FMA=True, **v.constexprs(), UNIFORM=lns.is_uniform(3072, lns.n_iters_for(3072)),
+        num_warps=4, enable_fp_fusion=False,
     )  # fmt: skip
     asm = getattr(k, "asm", None)  # the launch returns the CompiledKernel
     if asm:
