@@ -28,9 +28,13 @@ __version__ = "0.1.0"
 def explain(model: torch.nn.Module, *args: Any, options: dict[str, Any] | None = None, **kwargs: Any) -> Report:
     """Compile ``model`` with diffusion_fuse, run it once on ``args``/``kwargs``, return the report.
 
-    The report lists each site matched (pattern, source line), the verifier's verdicts
-    (with the first differing element of a rejected site), near misses, and the kernel
-    hits vs reference fallbacks of that run.
+    The report (``print`` it, ``save_html``, ``to_dict``) has, per pattern family, the sites
+    matched, kept and rejected and the kernel hits, guard fallbacks and kernel errors of that
+    run; per site its source line, the ATen nodes it replaced, the op it became, input and
+    output shapes and dtypes, and the verifier's verdict (with the first differing element
+    of a rejected site); the near misses (anchors no pattern took, and why); and per graph
+    the data of the before/after diff (``diffusion_fuse.verify.graph_diff``).
+    ``python -m diffusion_fuse inspect`` prints the same for a tiny model or a script.
     """
     report = Report()
     base = getattr(model, "_orig_mod", model)

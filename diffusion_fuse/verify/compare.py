@@ -18,6 +18,9 @@ class Verdict:
     equal: bool
     detail: str = ""
     max_abs_err: float | None = None
+    # The first differing element of a bitwise mismatch, as plain data (None otherwise):
+    # {"output": i or None, "index": [..], "expected": v, "got": v, "count": n, "numel": N}
+    first_diff: dict | None = None
 
     def __bool__(self) -> bool:
         return self.equal
@@ -32,15 +35,25 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(_INT_VIEW[t.element_size()])
 
 
-def first_difference(ref: torch.Tensor, got: torch.Tensor) -> str:
+def first_difference_info(ref: torch.Tensor, got: torch.Tensor) -> dict | None:
+    """The first bitwise-differing element of two same-shape tensors as plain data, or None."""
     diff = (_bits(ref) != _bits(got)).flatten()
     idx = int(diff.nonzero()[0, 0]) if diff.any() else -1
     if idx < 0:
-        return ""
-    multi = tuple(int(i) for i in torch.unravel_index(torch.tensor(idx), ref.shape)) if ref.dim() else ()
-    n = int(diff.sum())
+        return None
+    multi = [int(i) for i in torch.unravel_index(torch.tensor(idx), ref.shape)] if ref.dim() else []
     r, g = ref.flatten()[idx].item(), got.flatten()[idx].item()
-    return f"{n}/{ref.numel()} elements differ; first at {list(multi)}: expected {r!r}, got {g!r}"
+    return {"output": None, "index": multi, "expected": r, "got": g, "count": int(diff.sum()), "numel": ref.numel()}
+
+
+def describe_difference(info: dict) -> str:
+    return (f"{info['count']}/{info['numel']} elements differ; first at {info['index']}: "
+            f"expected {info['expected']!r}, got {info['got']!r}")
+
+
+def first_difference(ref: torch.Tensor, got: torch.Tensor) -> str:
+    info = first_difference_info(ref, got)
+    return "" if info is None else describe_difference(info)
 
 
 def compare_bitwise(ref: object, got: object) -> Verdict:
@@ -53,14 +66,16 @@ def compare_bitwise(ref: object, got: object) -> Verdict:
             got = got.to(ref.device)
         if torch.equal(_bits(ref), _bits(got)):
             return Verdict(True)
-        return Verdict(False, first_difference(ref, got))
+        info = first_difference_info(ref, got)
+        return Verdict(False, describe_difference(info), first_diff=info)
     if isinstance(ref, (list, tuple)) and isinstance(got, (list, tuple)):
         if len(ref) != len(got):
             return Verdict(False, f"expected {len(ref)} values, got {len(got)}")
         for i, (r, g) in enumerate(zip(ref, got)):
             v = compare_bitwise(r, g)
             if not v:
-                return Verdict(False, f"output {i}: {v.detail}")
+                info = None if v.first_diff is None else {**v.first_diff, "output": i}
+                return Verdict(False, f"output {i}: {v.detail}", first_diff=info)
         return Verdict(True)
     return Verdict(ref == got, "" if ref == got else f"expected {ref!r}, got {got!r}")
 

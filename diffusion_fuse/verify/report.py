@@ -1,6 +1,9 @@
 """The report: what the backend did, per graph and per site, and which kernels ran.
 
-Printable as tables (tabulate), serialisable to JSON.
+Printable as tables (tabulate), serialisable to JSON, renderable as one self-contained HTML
+file (``save_html``; verify/html.py). Everything in it is plain data (strings, numbers,
+lists, dicts): the graph-level data the before/after diff needs (verify/graph_diff.py) is
+stored as node lists, edges and code strings, never as GraphModules.
 """
 
 from __future__ import annotations
@@ -13,6 +16,13 @@ from typing import Any
 from tabulate import tabulate
 
 from ..lowering import counters
+
+# Fallback reasons that mean "the kernel failed" rather than "the guard sent it to the reference".
+KERNEL_ERROR_PREFIXES = ("kernel error", "kernel disabled after error")
+
+
+def is_kernel_error(reason: str) -> bool:
+    return reason.startswith(KERNEL_ERROR_PREFIXES)
 
 
 @dataclasses.dataclass
@@ -28,6 +38,16 @@ class SiteRecord:
     ops: int = 1  # ops the site became (an LN read by two modulates becomes two)
     status: str = "matched"  # matched | kept | rejected | unverified | excluded
     reason: str = ""
+    # Graph-level detail (node names are those of the reference ATen graph, ``created`` those of
+    # the rewritten graph whose nodes carry ``meta["diffusion_fuse_site"] == id``).
+    nodes: list[str] = dataclasses.field(default_factory=list)  # matched nodes, removed by the rewrite
+    input_nodes: list[str] = dataclasses.field(default_factory=list)
+    output_nodes: list[str] = dataclasses.field(default_factory=list)
+    input_shapes: list[str] = dataclasses.field(default_factory=list)  # "bfloat16[1, 16, 32]", per input
+    output_shapes: list[str] = dataclasses.field(default_factory=list)
+    created: list[str] = dataclasses.field(default_factory=list)
+    verdict: str = ""  # "bitwise equal" | "within tolerance" | the first difference | "" (not judged)
+    first_diff: dict | None = None  # {"output", "index", "expected", "got", "count", "numel"} of a mismatch
 
 
 @dataclasses.dataclass
@@ -36,6 +56,8 @@ class NearMissRecord:
     anchor: str
     location: str
     reason: str
+    target: str = ""  # the anchor's op
+    shape: str = ""  # the anchor's output shape(s)
 
 
 @dataclasses.dataclass
@@ -48,6 +70,29 @@ class GraphReport:
     verifications: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
     inductor_sites: list[str] = dataclasses.field(default_factory=list)  # tier high: applied inside Inductor
+    families: list[str] = dataclasses.field(default_factory=list)  # the families searched for in this graph
+    # Before/after, as plain data (graph_diff.graph_data): {"nodes": [...], "edges": [[src, dst], ...]}
+    ref_graph: dict | None = None  # the ATen graph as traced
+    fused_graph: dict | None = None  # with every matched site rewritten
+    ref_code: str = ""
+    fused_code: str = ""
+    final_code: str = ""  # the graph that runs after the verifier put back rejected sites ("" until judged)
+
+
+def _fmt_before_after(s: SiteRecord) -> str:
+    return f"{' '.join(s.before)} → {s.after.split('::')[-1]}" + (f" ×{s.ops}" if s.ops > 1 else "")
+
+
+def _fmt_shapes(s: SiteRecord) -> str:
+    if s.input_shapes or s.output_shapes:
+        return f"{s.input_shapes[0] if s.input_shapes else '?'} → {', '.join(s.output_shapes)}"
+    return s.shapes
+
+
+def _fmt_verdict(s: SiteRecord) -> str:
+    if s.status == "rejected":
+        return s.reason
+    return s.verdict or {"unverified": "not verified (verify=False)", "matched": "not judged yet"}.get(s.status, "")
 
 
 class Report:
@@ -74,31 +119,57 @@ class Report:
     def counters(self) -> dict:
         return counters.diff(counters.snapshot(), self._counters_start)
 
+    def families(self) -> list[str]:
+        """Families searched for in any graph, then any other pattern a site came from, in order."""
+        names: dict[str, None] = {}
+        for g in self.graphs:
+            names.update(dict.fromkeys(g.families))
+        for s in self.sites():
+            names.setdefault(s.pattern, None)
+        return list(names)
+
+    SUMMARY_HEADERS = ["family", "matched", "kept", "rejected", "unverified", "kernel hits", "guard fallbacks",
+                       "kernel errors"]
+
     def summary_rows(self) -> list[list[Any]]:
+        """Per family: sites matched / kept / rejected / unverified, then the calls of its op(s)
+        that ran the kernel, took the reference path because a guard said so, or because the
+        kernel failed (counted since the report was made, verifier checks included)."""
         ctr = self.counters()
-        patterns = sorted({s.pattern for s in self.sites()})
         rows = []
-        for p in patterns:
+        for p in self.families():
             sites = [s for s in self.sites() if s.pattern == p]
-            op = sites[0].after.split("::")[-1]
+            ops = sorted({s.after.split("::")[-1] for s in sites})
+            fb = {r: n for op in ops for r, n in ctr["fallback"].get(op, {}).items()}
             rows.append([
                 p,
                 len(sites),
                 sum(s.status == "kept" for s in sites),
                 sum(s.status == "rejected" for s in sites),
                 sum(s.status == "unverified" for s in sites),
-                ctr["kernel"].get(op, 0),
-                sum(ctr["fallback"].get(op, {}).values()),
+                sum(ctr["kernel"].get(op, 0) for op in ops),
+                sum(n for r, n in fb.items() if not is_kernel_error(r)),
+                sum(n for r, n in fb.items() if is_kernel_error(r)),
             ])
         return rows
 
+    def summary(self) -> list[dict[str, Any]]:
+        """``summary_rows`` as dicts keyed by ``SUMMARY_HEADERS``."""
+        return [dict(zip(self.SUMMARY_HEADERS, row)) for row in self.summary_rows()]
+
     # --- rendering -----------------------------------------------------------------------
+    def total_row(self) -> list[Any]:
+        rows = self.summary_rows()
+        return ["(total)"] + [sum(r[i] for r in rows) for i in range(1, len(self.SUMMARY_HEADERS))]
+
     def table(self) -> str:
-        out = [tabulate(self.summary_rows(),
-                        headers=["pattern", "matched", "kept", "rejected", "unverified", "kernel hits", "fallbacks"])]
-        site_rows = [[s.id, s.status, s.shapes, s.reason] for s in self.sites()]
+        rows = self.summary_rows()
+        out = [tabulate(rows + ([self.total_row()] if len(rows) > 1 else []), headers=self.SUMMARY_HEADERS)]
+        site_rows = [[s.id, s.status, _fmt_before_after(s), _fmt_shapes(s), _fmt_verdict(s)] for s in self.sites()]
         if site_rows:
-            out.append(tabulate(site_rows, headers=["site (pattern@source#n)", "status", "shapes (in, out)", "why"]))
+            out.append(tabulate(site_rows, headers=["site (pattern@source#n)", "status", "ATen ops → op",
+                                                    "in → out", "verdict"],
+                                maxcolwidths=[None, None, 44, 44, 60]))
         fb_rows = [[op, reason, n] for op, rs in self.counters()["fallback"].items() for reason, n in rs.items()]
         if fb_rows:
             out.append(tabulate(fb_rows, headers=["op", "reference path because", "calls"]))
@@ -114,13 +185,28 @@ class Report:
 
     def to_dict(self) -> dict:
         return {
+            "summary": self.summary(),
             "graphs": [dataclasses.asdict(g) for g in self.graphs],
             "counters": self.counters(),
         }
 
+    def to_html(self, title: str = "diffusion_fuse report") -> str:
+        from .html import render
+
+        return render(self, title=title)
+
+    def save_html(self, path: str, title: str = "diffusion_fuse report") -> None:
+        """One self-contained HTML file: summary, sites, near misses, kernel calls, per-site diffs."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.to_html(title))
+
     def save(self, path: str) -> None:
+        """``.json``: ``to_dict``; ``.html``/``.htm``: ``save_html``; anything else: ``table``."""
+        if path.endswith((".html", ".htm")):
+            self.save_html(path)
+            return
         text = json.dumps(self.to_dict(), indent=2, default=str) if path.endswith(".json") else self.table()
-        with open(path, "w") as f:
+        with open(path, "w", encoding="utf-8") as f:
             f.write(text + "\n")
 
 

@@ -30,9 +30,10 @@ from ..config import Options
 from ..fxpasses import PassManager
 from ..log import get_logger
 from ..patterns.match_utils import describe, source_location
-from ..patterns.registry import Site
+from ..patterns.registry import REGISTRY, Site
 from .compare import Verdict, compare_bitwise, compare_close
-from .report import GraphReport, Report, SiteRecord
+from .graph_diff import graph_data, value_str
+from .report import GraphReport, NearMissRecord, Report, SiteRecord
 
 _log = get_logger("verify")
 
@@ -62,8 +63,7 @@ def build_site_check(site: Site) -> SiteCheck:
 
 def site_record(site: Site, tier: str) -> SiteRecord:
     def shape(n: fx.Node) -> str:
-        v = n.meta.get("val")
-        return f"{str(v.dtype).replace('torch.', '')}{list(v.shape)}" if isinstance(v, torch.Tensor) else "?"
+        return value_str(n.meta.get("val")) or "?"
 
     return SiteRecord(
         id=site.id,
@@ -74,8 +74,19 @@ def site_record(site: Site, tier: str) -> SiteRecord:
         before=describe(site.nodes),
         after=site.op,
         shapes=" ".join(shape(n) for n in site.inputs[:1] + site.outputs),
-        ops=len(site.outputs),
+        ops=site.n_ops if site.n_ops is not None else len(site.outputs),
+        nodes=[n.name for n in site.nodes],
+        input_nodes=[n.name for n in site.inputs],
+        output_nodes=[n.name for n in site.outputs],
+        input_shapes=[shape(n) for n in site.inputs],
+        output_shapes=[shape(n) for n in site.outputs],
     )
+
+
+def searched_families(options: Options) -> list[str]:
+    """The families the fuse pass looks for under ``options`` (registry order)."""
+    return [f.name for f in REGISTRY.enabled(options.pattern_enabled)
+            if options.quality != "lossless" or f.tier == "lossless"]
 
 
 def mutated_placeholders(gm: fx.GraphModule) -> list[int]:
@@ -200,16 +211,28 @@ class VerifiedGraph:
         self._builds[frozenset()] = fused
         self.checks = {s.id: build_site_check(s) for s in ctx.sites}
         status = "matched" if options.verify else "unverified"
+        created: dict[str, list[str]] = collections.defaultdict(list)
+        for n in fused.graph.nodes:
+            if "diffusion_fuse_site" in n.meta:
+                created[n.meta["diffusion_fuse_site"]].append(n.name)
         for s in ctx.sites:
             rec = site_record(s, "lossless" if s.exact else "high")
             rec.status = status
+            rec.created = created.get(s.id, [])
             graph_report.sites[s.id] = rec
-        from .report import NearMissRecord
-
         for m in ctx.near_misses:
             graph_report.near_misses.append(
-                NearMissRecord(m.pattern, m.anchor.name, source_location(m.anchor), m.reason)
+                NearMissRecord(m.pattern, m.anchor.name, source_location(m.anchor), m.reason,
+                               target=describe([m.anchor])[0], shape=value_str(m.anchor.meta.get("val")))
             )
+        # What the before/after diff needs, as plain data (verify/graph_diff.py, verify/html.py).
+        graph_report.families = searched_families(options)
+        graph_report.ref_graph, graph_report.fused_graph = graph_data(ref), graph_data(fused)
+        graph_report.ref_code, graph_report.fused_code = ref.code, fused.code
+        if not self.checks:
+            graph_report.final_code = ref.code
+        elif not options.verify:
+            graph_report.final_code = fused.code
         _log.info("graph %d: %d site(s) rewritten, %d near miss(es)", graph_report.graph_id, len(ctx.sites),
                   len(ctx.near_misses))
 
@@ -241,14 +264,18 @@ class VerifiedGraph:
         return self._verify_and_run(sig, list(args))
 
     def _judge(self, check: SiteCheck, refs: list[Any], got: list[Any]) -> Verdict:
-        for r, g in zip(refs, got):
+        max_err = 0.0
+        for i, (r, g) in enumerate(zip(refs, got)):
             if check.exact:
                 v = compare_bitwise(r, g)
             else:
                 v = compare_close(r, g, self.options.rtol, self.options.atol)
+                max_err = max(max_err, v.max_abs_err or 0.0)
             if not v:
+                if v.first_diff is not None and len(refs) > 1:
+                    v.first_diff = {**v.first_diff, "output": i}
                 return v
-        return Verdict(True)
+        return Verdict(True, "bitwise equal" if check.exact else f"within tolerance (max |err| {max_err:.3g})")
 
     def _verify_and_run(self, sig: tuple, args: list[Any]) -> Any:
         live = [c for cid, c in self.checks.items() if cid not in self.rejected]
@@ -261,6 +288,7 @@ class VerifiedGraph:
         del ref_args
         for cid, v in verdicts.items():
             rec = self.greport.sites[cid]
+            rec.verdict, rec.first_diff = v.detail, v.first_diff
             if v:
                 rec.status, rec.reason = "kept", ""
             else:
@@ -286,6 +314,7 @@ class VerifiedGraph:
                 args[i].copy_(t)
             gm = self.ref
             out = gm(*args)
+        self.greport.final_code = gm.code
         self.greport.verifications.append(entry)
         self._chosen[sig] = gm
         if self.options.report:
