@@ -7,6 +7,9 @@ guard and the launch constants are computed once per layout, not per call.
 Every path is counted (lowering/counters.py). A kernel that raises (Triton compile error,
 launch failure) is disabled for that layout, counted and logged, and the reference result
 is returned: the user's forward never sees the exception.
+
+Faults can be injected into an op's output or its kernel (lowering/faults.py,
+``DIFFUSION_FUSE_FAULT``) to check that the verifier and this fallback catch them.
 """
 
 from __future__ import annotations
@@ -17,13 +20,17 @@ from collections.abc import Callable
 from typing import Any
 
 from ..log import get_logger
-from . import counters
+from . import counters, faults
 
 _log = get_logger("lowering")
 
 # Forces the reference path for every op (debugging, A/B checks).
 DISABLE_KERNELS_ENV = "DIFFUSION_FUSE_DISABLE_KERNELS"
 _MAX_PLANS = 4096
+
+
+def error_message(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
 
 
 def kernels_disabled() -> bool:
@@ -58,6 +65,9 @@ class GuardedKernel:
         return entry
 
     def __call__(self, *args: Any) -> Any:
+        fault = faults.active(self.op)  # None unless a fault is injected (lowering/faults.py)
+        if fault is not None:
+            return self._call_with_fault(fault, args)
         if kernels_disabled():
             counters.fallback(self.op, f"kernels disabled by {DISABLE_KERNELS_ENV}")
             return self.reference(*args)
@@ -68,14 +78,48 @@ class GuardedKernel:
         try:
             out = launch(*args)
         except Exception as e:  # noqa: BLE001 - any kernel failure must fall back, not break the forward
-            msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
-            with self._lock:
-                self._plans[self.layout_key(*args)] = (f"kernel disabled after error: {msg}", None)
-            _log.warning("%s: kernel failed, using the reference path: %s", self.op, msg)
-            counters.fallback(self.op, f"kernel error: {msg}")
-            return self.reference(*args)
+            return self._kernel_failed(e, args)
         counters.kernel_hit(self.op)
         return out
+
+    def _kernel_failed(self, e: Exception, args: tuple, disable: bool = True) -> Any:
+        msg = error_message(e)
+        if disable:
+            with self._lock:
+                self._plans[self.layout_key(*args)] = (f"kernel disabled after error: {msg}", None)
+        _log.warning("%s: kernel failed, using the reference path: %s", self.op, msg)
+        counters.fallback(self.op, f"kernel error: {msg}")
+        return self.reference(*args)
+
+    def _call_with_fault(self, fault: faults.Fault, args: tuple) -> Any:
+        """``__call__`` with an injected fault (lowering/faults.py).
+
+        perturb: the output of whichever path runs is altered. raise: the kernel fails and is
+        handled as a real kernel error (reference result, counted, logged, the layout's kernel
+        disabled). Where no kernel would run (CPU, guard rejection) the reference path stands
+        in for it: it fails once per layout, then counts as disabled while the fault lasts.
+        """
+        if kernels_disabled():
+            reason, launch = f"kernels disabled by {DISABLE_KERNELS_ENV}", None
+        else:
+            reason, launch = self._entry(args)
+        if fault.kind == "raise" and not reason.startswith("kernel disabled after error"):
+            if launch is not None:
+                return self._kernel_failed(fault.error(), args)
+            key = self.layout_key(*args)
+            if key not in fault.failed:
+                fault.failed.add(key)
+                return self._kernel_failed(fault.error(), args, disable=False)
+            reason = f"kernel disabled after error: {error_message(fault.error())}"
+        if launch is None:
+            counters.fallback(self.op, reason)
+            return fault.apply(self.reference(*args))
+        try:
+            out = launch(*args)
+        except Exception as e:  # noqa: BLE001 - as in __call__
+            return fault.apply(self._kernel_failed(e, args))
+        counters.kernel_hit(self.op)
+        return fault.apply(out)
 
     def clear(self) -> None:
         with self._lock:

@@ -1,0 +1,181 @@
+"""Fault injection (lowering/faults.py): a wrong kernel is rejected site by site, a failing one falls back."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+import diffusion_fuse
+from diffusion_fuse.lowering import counters, faults
+from diffusion_fuse.lowering.dispatch import GuardedKernel
+from diffusion_fuse.testing.tiny_models import build
+from helpers import bitwise_equal, compile_and_run
+from html_report import parse, select
+
+LN_OP = "diffusion_fuse::ln_modulate"
+
+
+# --- the spec -------------------------------------------------------------------------------
+def test_parse_spec():
+    assert faults.parse("ln_modulate") == {"ln_modulate": faults.Fault("ln_modulate", "perturb", 0)}
+    assert faults.parse("diffusion_fuse::ln_modulate:raise, other:perturb:7") == {
+        "ln_modulate": faults.Fault("ln_modulate", "raise", 0), "other": faults.Fault("other", "perturb", 7)}
+    for bad in ("ln_modulate:explode", "ln_modulate:perturb:-1", "ln_modulate:perturb:x", ":raise", "a:raise:1:2"):
+        with pytest.raises(ValueError, match="op:kind"):
+            faults.parse(bad)
+    with pytest.raises(ValueError, match="kind"):
+        with faults.inject("ln_modulate", kind="explode"):
+            pass
+
+
+def test_context_manager_nests_and_wins_over_env(monkeypatch):
+    monkeypatch.setenv(faults.ENV_VAR, "ln_modulate:raise")
+    assert faults.active("ln_modulate").kind == "raise"
+    with faults.inject("ln_modulate", "perturb", 3):
+        assert faults.active("ln_modulate") == faults.Fault("ln_modulate", "perturb", 3)
+        with faults.inject("diffusion_fuse::ln_modulate", "perturb", 4):
+            assert faults.active("ln_modulate").index == 4
+        assert faults.active("ln_modulate").index == 3
+    assert faults.active("ln_modulate").kind == "raise"
+    monkeypatch.delenv(faults.ENV_VAR)
+    assert faults.active("ln_modulate") is None
+
+
+# --- GuardedKernel, with a stand-in kernel ----------------------------------------------------
+def make_op(name: str, kernel_ok: bool) -> GuardedKernel:
+    def reference(x):
+        return x * 2
+
+    def guard(x):
+        return (True, "") if kernel_ok else (False, "guard says no")
+
+    return GuardedKernel(name, lambda x: (x.shape, x.dtype), guard, lambda x: (lambda y: y + y), reference)
+
+
+def calls(op: str, since: dict) -> dict:
+    d = counters.diff(counters.snapshot(), since)
+    return {"kernel": d["kernel"].get(op, 0), **d["fallback"].get(op, {})}
+
+
+def test_perturb_alters_kernel_and_reference_outputs():
+    x = torch.arange(6.0).reshape(2, 3)
+    for ok in (True, False):
+        name = f"df_test_perturb_{ok}"
+        op, since = make_op(name, ok), counters.snapshot()
+        with faults.inject(name, "perturb", 4):
+            out = op(x)
+        assert torch.equal(out - x * 2, torch.tensor([[0.0, 0, 0], [0, 1, 0]]))
+        assert torch.equal(op(x), x * 2)  # gone with the context
+        assert calls(name, since) == ({"kernel": 2} if ok else {"kernel": 0, "guard says no": 2})
+
+
+def test_raise_on_kernel_path_is_a_kernel_error(caplog):
+    name = "df_test_raise_kernel"
+    op, since = make_op(name, True), counters.snapshot()
+    x = torch.ones(3)
+    msg = f"RuntimeError: injected fault ({name}:raise)"
+    with caplog.at_level(logging.WARNING, logger="diffusion_fuse"), faults.inject(name, "raise"):
+        assert torch.equal(op(x), x * 2)  # the reference result
+        assert torch.equal(op(x), x * 2)
+    assert any("kernel failed, using the reference path" in r.message and msg in r.getMessage()
+               for r in caplog.records)
+    # As after a real failure, the kernel stays disabled for that layout.
+    assert torch.equal(op(x), x * 2)
+    assert calls(name, since) == {"kernel": 0, f"kernel error: {msg}": 1, f"kernel disabled after error: {msg}": 2}
+
+
+def test_raise_where_no_kernel_runs_stands_in_for_one(caplog):
+    name = "df_test_raise_ref"
+    op, since = make_op(name, False), counters.snapshot()
+    x = torch.ones(3)
+    msg = f"RuntimeError: injected fault ({name}:raise)"
+    with caplog.at_level(logging.WARNING, logger="diffusion_fuse"), faults.inject(name, "raise"):
+        op(x), op(x)
+        op(torch.ones(4))  # another layout fails once too
+    assert torch.equal(op(x), x * 2)
+    assert calls(name, since) == {"kernel": 0, f"kernel error: {msg}": 2, f"kernel disabled after error: {msg}": 1,
+                           "guard says no": 1}
+    assert sum("kernel failed" in r.message for r in caplog.records) == 2
+
+
+# --- whole models -----------------------------------------------------------------------------
+class AdaLN(torch.nn.Module):
+    def __init__(self, dim=32):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.proj = torch.nn.Linear(dim, 2 * dim)
+
+    def forward(self, x, emb):
+        scale, shift = self.proj(emb).chunk(2, dim=-1)
+        return self.norm(x) * (1 + scale[:, None]) + shift[:, None]
+
+
+def adaln_kwargs():
+    g = torch.Generator().manual_seed(0)
+    return {"x": torch.randn(2, 8, 32, generator=g), "emb": torch.randn(2, 32, generator=g)}
+
+
+def test_perturbed_kernel_rejects_every_site_of_the_op_on_tiny_flux(tmp_path):
+    model, kwargs = build("flux", torch.bfloat16)
+    with faults.inject("ln_modulate", "perturb", 37):
+        ref, out, report = compile_and_run(model, kwargs)
+    assert bitwise_equal(ref, out)  # the verifier put every bad site back
+    sites = report.sites()
+    assert len(sites) == 6
+    ln_sites = [s for s in sites if s.after == LN_OP]
+    assert ln_sites and all(s.status == "rejected" for s in ln_sites)
+    assert all(s.status == "kept" for s in sites if s.after != LN_OP)  # other ops are untouched
+    for s in ln_sites:
+        assert s.first_diff["index"] == [0, 1, 5] and s.first_diff["count"] == 1  # element 37 of [1, S, 32]
+        assert s.first_diff["got"] != s.first_diff["expected"]
+        assert "1/" in s.reason and "first at [0, 1, 5]" in s.reason
+    report.save_html(str(tmp_path / "r.html"))
+    els = parse((tmp_path / "r.html").read_text(encoding="utf-8"))
+    rows = {r.data("site-id"): r for r in select(els, "tr", "site")}
+    assert len(rows) == 6
+    for s in ln_sites:
+        row = rows[s.id]
+        assert row.data("status") == "rejected" and json.loads(row.data("first-diff-index")) == [0, 1, 5]
+        assert float(row.data("expected")) == s.first_diff["expected"] and float(row.data("got")) == s.first_diff["got"]
+        assert f"expected {s.first_diff['expected']!r}, got {s.first_diff['got']!r}" in row.text
+    rejected = [d for d in select(els, "section", "site-detail") if d.data("status") == "rejected"]
+    assert sorted(d.data("site-id") for d in rejected) == sorted(s.id for s in ln_sites)
+    fam = {f.data("family"): f for f in select(els, "tr", "family")}
+    assert int(fam["norm_modulate"].data("rejected")) == sum(s.pattern == "norm_modulate" for s in ln_sites)
+
+
+def test_raise_keeps_the_sites_and_counts_kernel_errors(caplog):
+    kwargs = adaln_kwargs()
+    with caplog.at_level(logging.WARNING, logger="diffusion_fuse"), faults.inject("ln_modulate", "raise"):
+        ref, out, report = compile_and_run(AdaLN().eval(), kwargs)
+    assert bitwise_equal(ref, out)
+    (site,) = report.sites()
+    assert site.status == "kept"  # the reference result is what a failing kernel returns
+    # One call in the verifier's check, one in the fused run: the first fails, the second finds
+    # the stand-in kernel disabled for that layout (or fails too if its layout differs).
+    errors = report.counters()["fallback"]["ln_modulate"]
+    msg = "RuntimeError: injected fault (ln_modulate:raise)"
+    assert set(errors) <= {f"kernel error: {msg}", f"kernel disabled after error: {msg}"}
+    assert errors[f"kernel error: {msg}"] >= 1 and sum(errors.values()) == 2
+    (row,) = [r for r in report.summary() if r["family"] == "norm_modulate"]
+    assert row["kernel errors"] == 2 and row["guard fallbacks"] == 0 and row["kernel hits"] == 0
+    assert any("kernel failed" in r.message for r in caplog.records)
+
+
+def test_env_var_injects_too(monkeypatch):
+    monkeypatch.setenv(faults.ENV_VAR, "ln_modulate:perturb:0")
+    ref, out, report = compile_and_run(AdaLN().eval(), adaln_kwargs())
+    assert bitwise_equal(ref, out)
+    (site,) = report.sites()
+    assert site.status == "rejected" and site.first_diff["index"] == [0, 0, 0]
+    assert "rejected" in report.table() and "first at [0, 0, 0]" in report.table()
+
+
+def test_explain_under_fault_lists_the_rejection():
+    with faults.inject("ln_modulate", "perturb", 5):
+        report = diffusion_fuse.explain(AdaLN().eval(), **adaln_kwargs())
+    (row,) = [r for r in report.summary() if r["family"] == "norm_modulate"]
+    assert row["matched"] == 1 and row["rejected"] == 1 and row["kept"] == 0
