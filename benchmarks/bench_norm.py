@@ -1,6 +1,6 @@
 """LN + modulate at real shapes: eager vs Inductor vs diffusion_fuse vs the HBM floor, in one run.
 
-Workloads (issue #3): FLUX [1,4608,3072] bf16; Wan2.1-14B [1,32760,5120] (FP32LayerNorm form,
+Workloads (issue #3): FLUX [1,4608,3072] bf16 (LN + modulate, and gated residual + LN + modulate); Wan2.1-14B [1,32760,5120] (FP32LayerNorm form,
 fp32 [1,1,D] modulation, bf16 out); Wan2.2-5B [1,27280,3072] (per-token modulation: strided
 slices of a [1,S,6,D] fp32 table). Times are medians of ``triton.testing.do_bench`` (CUDA
 events, warm-up, L2 flushed between runs). The floor is the bytes that must move (inputs read
@@ -19,7 +19,9 @@ import torch
 from tabulate import tabulate
 from triton.testing import do_bench
 
+from diffusion_fuse.kernels.gated_residual_ln import gated_residual_ln_modulate_triton
 from diffusion_fuse.kernels.ln_modulate import ln_modulate_triton
+from diffusion_fuse.lowering.gated_residual import gated_residual_ln_modulate_reference
 from diffusion_fuse.lowering.norm_modulate import ln_modulate_reference
 
 
@@ -41,6 +43,9 @@ def workloads():
     x = rn(1, 4608, 3072, dtype=torch.bfloat16)
     yield "FLUX LN+mod [1,4608,3072] bf16", (x, None, None, 1e-6, rn(1, 1, 3072, dtype=torch.bfloat16),
                                              rn(1, 1, 3072, dtype=torch.bfloat16), None, None)
+    res, y = rn(1, 4608, 3072, dtype=torch.bfloat16), rn(1, 4608, 3072, dtype=torch.bfloat16)
+    gate, sc, sh = (rn(1, 1, 3072, dtype=torch.bfloat16) for _ in range(3))
+    yield "FLUX gated res+LN+mod [1,4608,3072] bf16", ("gated", (res, y, gate, None, None, 1e-6, sc, sh, None))
     x = rn(1, 32760, 5120, dtype=torch.bfloat16)
     yield "Wan2.1 LN+mod [1,32760,5120] f32 LN", (x, None, None, 1e-6, rn(1, 1, 5120, dtype=torch.float32),
                                                   rn(1, 1, 5120, dtype=torch.float32), torch.float32, torch.bfloat16)
@@ -51,6 +56,10 @@ def workloads():
 
 
 def floor_bytes(args, out) -> int:
+    if args[0] == "gated":  # reads residual, x, gate, scale, shift; writes r and out
+        res, x, gate, _w, _b, _eps, sc, sh, _ = args[1]
+        n = 2 * res.numel() * res.element_size() + sum(o.numel() * o.element_size() for o in out)
+        return n + sum(_distinct(t, x) * t.element_size() for t in (gate, sc, sh))
     x, _w, _b, _eps, sc, sh, *_ = args
     n = x.numel() * x.element_size() + out.numel() * out.element_size()
     for t in (sc, sh):
@@ -68,23 +77,35 @@ def _distinct(t, x) -> int:
     return n
 
 
+def _equal(a, b) -> bool:
+    if isinstance(a, tuple):
+        return all(_equal(x, y) for x, y in zip(a, b))
+    return torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_norm.json"))
     args_ = ap.parse_args()
     bw = copy_bandwidth()
     rows, records = [], []
-    for name, args in workloads():
-        eager = lambda: ln_modulate_reference(*args)  # noqa: E731 - the ATen chain eager runs
-        ind = torch.compile(ln_modulate_reference)
-        ours = lambda: ln_modulate_triton(*args)  # noqa: E731
-        op = lambda: torch.ops.diffusion_fuse.ln_modulate(*args)  # noqa: E731
+    for name, spec in workloads():
+        if spec[0] == "gated":
+            args, reference, triton_fn = spec[1], gated_residual_ln_modulate_reference, gated_residual_ln_modulate_triton
+            op_fn = torch.ops.diffusion_fuse.gated_residual_ln_modulate
+        else:
+            args, reference, triton_fn, op_fn = spec, ln_modulate_reference, ln_modulate_triton, \
+                torch.ops.diffusion_fuse.ln_modulate
+        eager = lambda: reference(*args)  # noqa: E731 - the ATen chain eager runs
+        ind = torch.compile(reference)
+        ours = lambda: triton_fn(*args)  # noqa: E731
+        op = lambda: op_fn(*args)  # noqa: E731
         ref = eager()
-        exact = torch.equal(ref.view(torch.int16), ours().view(torch.int16))
-        ind_exact = torch.equal(ref.view(torch.int16), ind(*args).view(torch.int16))
+        exact = _equal(ref, ours())
+        ind_exact = _equal(ref, ind(*args))
         t = {k: do_bench(f, warmup=25, rep=200, return_mode="median") * 1e3
              for k, f in (("eager", eager), ("inductor", lambda: ind(*args)), ("ours", ours), ("ours_op", op))}
-        fb = floor_bytes(args, ref)
+        fb = floor_bytes(spec, ref)
         floor_us = fb / bw * 1e6
         rec = dict(workload=name, **{f"{k}_us": v for k, v in t.items()}, floor_us=floor_us, floor_bytes=fb,
                    ours_over_floor=t["ours"] / floor_us, eager_over_ours=t["eager"] / t["ours"],

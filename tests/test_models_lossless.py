@@ -1,15 +1,19 @@
 """Acceptance: tiny diffusers models compiled with the lossless tier equal eager, every AdaLN site matched.
 
-Expected counts are those of tests/SITE_CENSUS.md (read off the ATen graphs):
-- flux: 2 AdaLayerNormZero (img/txt) + 2 norm2 modulates + 1 single-block + 1 norm_out = 6
+Expected counts are those of tests/SITE_CENSUS.md (read off the ATen graphs); a LayerNorm whose
+input is a gated residual ``residual + gate * x`` goes to family gated_residual_norm_modulate:
+- flux: 2 AdaLayerNormZero (img/txt) + 2 norm2 modulates (gated) + 1 single-block + 1 norm_out = 6
 - flux2: same places = 6
 - wan21 / wan22_ti2v: norm1 + norm3 + norm_out = 3; norm2 is the cross-attention LayerNorm
-  with weight and bias and no modulate (reported as a near miss, correctly not a site)
+  with weight and bias and no modulate (reported as a near miss, correctly not a site). In fp32
+  the ``.float()``/``.type_as`` casts vanish, so norm_out reads the last block's gated FFN
+  residual directly and becomes a gated site; in bf16 a cast stands between them.
 - sana: norm1 + norm2 + norm_out = 3
 - qwen_image: img_norm1, txt_norm1, img_norm2 + norm_out = 4; the last block's txt_norm2 feeds
   only the (unused) text stream and is dead code in the graph
 - sd35: 8 LayerNorms with 9 modulates: the dual-attention block's SD35AdaLayerNormZeroX
-  normalizes once for two modulates (one site, two ops)
+  normalizes once for two modulates (one site, two ops); 6 LayerNorms read a gated residual
+  (norm2 and norm2_context of both blocks, and block 1's norm1/norm1_context)
 """
 
 import pytest
@@ -18,8 +22,21 @@ import torch
 from diffusion_fuse.testing.tiny_models import MODEL_NAMES, build
 from helpers import bitwise_equal, compile_and_run
 
-EXPECTED_SITES = {"flux": 6, "flux2": 6, "wan21": 3, "wan22_ti2v": 3, "sana": 3, "qwen_image": 4, "sd35": 8}
-EXPECTED_OPS = {**EXPECTED_SITES, "sd35": 9}
+N, G = "norm_modulate", "gated_residual_norm_modulate"
+EXPECTED_BY_FAMILY = {
+    "flux": {N: 4, G: 2}, "flux2": {N: 4, G: 2}, "wan21": {N: 3}, "wan22_ti2v": {N: 3}, "sana": {N: 2, G: 1},
+    "qwen_image": {N: 2, G: 2}, "sd35": {N: 2, G: 6},
+}
+FP32_EXPECTED_BY_FAMILY = {**EXPECTED_BY_FAMILY, "wan21": {N: 2, G: 1}, "wan22_ti2v": {N: 2, G: 1}}
+EXPECTED_SITES = {name: sum(c.values()) for name, c in EXPECTED_BY_FAMILY.items()}
+
+
+def expected(name, dtype):
+    """(sites per family, op calls per op) for one model and dtype."""
+    fams = (FP32_EXPECTED_BY_FAMILY if dtype == torch.float32 else EXPECTED_BY_FAMILY)[name]
+    # an SD3.5 AdaLayerNormZeroX site is two ln_modulate calls
+    calls = {"ln_modulate": fams.get(N, 0) + (name == "sd35"), "gated_residual_ln_modulate": fams.get(G, 0)}
+    return fams, calls
 PLAIN_LAYER_NORMS = {"wan21": 1, "wan22_ti2v": 1}  # near misses that are not AdaLN sites
 
 
@@ -29,18 +46,20 @@ def test_lossless_equals_eager_and_matches_every_site(name, dtype):
     model, kwargs = build(name, dtype)
     ref, out, report = compile_and_run(model, kwargs)
     assert bitwise_equal(ref, out)
+    fams, calls = expected(name, dtype)
     sites = report.sites()
     assert len(sites) == EXPECTED_SITES[name], report.table()
-    assert sum(s.ops for s in sites) == EXPECTED_OPS[name]
+    assert {f: report.count(f) for f in (N, G)} == {N: fams.get(N, 0), G: fams.get(G, 0)}, report.table()
+    assert sum(s.ops for s in sites) == sum(calls.values())
     assert all(s.status == "kept" for s in sites), report.table()
     near = [m for g in report.graphs for m in g.near_misses]
     assert len(near) == PLAIN_LAYER_NORMS.get(name, 0), report.table()
     # On CPU every op call takes the reference path, and says so (verifier check + fused run).
-    assert report.counters()["fallback"]["ln_modulate"] == {"device is cpu": 2 * EXPECTED_OPS[name]}
+    assert report.counters()["fallback"] == {op: {"device is cpu": 2 * n} for op, n in calls.items() if n}
 
 
 def test_wan_fp32_layernorm_cast_is_folded_into_the_site():
     model, kwargs = build("wan22_ti2v", torch.bfloat16)
     _, _, report = compile_and_run(model, kwargs)
-    befores = [s.before for s in report.sites()]
+    befores = [s.before for s in report.sites() if s.pattern == N]
     assert all(b[0] == "_to_copy" and b[-1] == "_to_copy" for b in befores), befores

@@ -17,7 +17,8 @@ def test_defaults():
         ({"qualty": "high"}, "unknown option(s) ['qualty']; allowed options: ['atol', 'patterns', 'quality'"),
         ({"quality": "fast"}, "option quality='fast' is not allowed; allowed: ['lossless', 'high']"),
         ({"verify": "yes"}, "option verify='yes' is not allowed; allowed: [True, False]"),
-        ({"patterns": {"no_such": True}}, "option patterns='no_such' is not allowed; allowed: ['norm_modulate'"),
+        ({"patterns": {"no_such": True}}, "option patterns='no_such' is not allowed; allowed: "
+                                          "['gated_residual_norm_modulate', 'norm_modulate'"),
         ({"patterns": {"norm_modulate": 1}}, "option patterns['norm_modulate']=1 is not allowed"),
         ({"report": 3}, "option report=3 is not allowed; allowed: a file path"),
         ({"rtol": -1}, "option rtol=-1 is not allowed"),
@@ -42,6 +43,16 @@ def test_bad_option_through_torch_compile_is_a_clear_error():
     assert "option quality='exact' is not allowed; allowed: ['lossless', 'high']" in str(e.value)
 
 
+def test_families_are_enabled_and_disabled_separately():
+    from diffusion_fuse.testing.tiny_models import build
+    from helpers import bitwise_equal, compile_and_run
+
+    model, kwargs = build("flux", torch.bfloat16)
+    ref, out, report = compile_and_run(model, kwargs, {"patterns": {"gated_residual_norm_modulate": False}})
+    assert bitwise_equal(ref, out)
+    assert {s.pattern for s in report.sites()} == {"norm_modulate"} and len(report.sites()) == 6
+
+
 def test_backend_found_by_name_through_the_entry_point():
     from torch._dynamo.backends.registry import lookup_backend
 
@@ -53,7 +64,8 @@ def test_disabling_the_family_leaves_the_graph_alone():
     from helpers import bitwise_equal, compile_and_run
 
     model, kwargs = build("flux", torch.bfloat16)
-    ref, out, report = compile_and_run(model, kwargs, {"patterns": {"norm_modulate": False}})
+    ref, out, report = compile_and_run(
+        model, kwargs, {"patterns": {"norm_modulate": False, "gated_residual_norm_modulate": False}})
     assert bitwise_equal(ref, out)
     assert report.sites() == []
 

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from ..lowering.norm_modulate import result_dtypes
+from .launch import CachedLaunch
 from .layer_norm_stats import (DEFAULT_VARIANT, LANES, VEC, is_uniform, layer_norm_apply_affine, n_iters_for,
                                welford_row_stats)
 
@@ -43,26 +44,18 @@ def round_to(x, CODE: tl.constexpr):
         return x
 
 
-@triton.jit(do_not_specialize=["S", "x_sb", "x_ss", "sc_sb", "sc_ss", "sh_sb", "sh_ss"])
-def _ln_modulate_kernel(
-    X, W, B, SCALE, SHIFT, OUT,
-    N, S, eps,
-    x_sb, x_ss, sc_sb, sc_ss, sh_sb, sh_ss,
+@triton.jit
+def ln_modulate_row(
+    x_row, W, B, sc_row, sh_row, out_row, N, eps,
     N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_SHIFT: tl.constexpr,
     LN_DT: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr, V_DT: tl.constexpr,
     PUSH_MEAN_FMA: tl.constexpr, PUSH_M2_FMA: tl.constexpr, COMB_MEAN: tl.constexpr,
     COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr, UNIFORM: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    bi = row // S
-    si = row % S
-    x_row = X + bi * x_sb + si * x_ss
+    """One row: eager's LayerNorm statistics, then normalize, modulate and store (the contract above)."""
     mean, rstd = welford_row_stats(x_row, N, eps, N_ITERS, LANES, VEC,
                                    PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, UNIFORM)
-    sc_row = SCALE + bi * sc_sb + si * sc_ss
-    sh_row = SHIFT + bi * sh_sb + si * sh_ss
-    out_row = OUT + row * N
     lane = tl.arange(0, LANES)
     col = tl.arange(0, VEC)
     for it in range(N_ITERS):
@@ -80,7 +73,26 @@ def _ln_modulate_kernel(
         v = round_to(y * t, U_DT)
         if HAS_SHIFT:
             v = round_to(v + tl.load(sh_row + offs, mask=mask, other=0.0).to(tl.float32), V_DT)
-        tl.store(out_row + offs, v.to(OUT.dtype.element_ty), mask=mask)
+        tl.store(out_row + offs, v.to(out_row.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["S", "x_sb", "x_ss", "sc_sb", "sc_ss", "sh_sb", "sh_ss"])
+def _ln_modulate_kernel(
+    X, W, B, SCALE, SHIFT, OUT,
+    N, S, eps,
+    x_sb, x_ss, sc_sb, sc_ss, sh_sb, sh_ss,
+    N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_SHIFT: tl.constexpr,
+    LN_DT: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr, V_DT: tl.constexpr,
+    PUSH_MEAN_FMA: tl.constexpr, PUSH_M2_FMA: tl.constexpr, COMB_MEAN: tl.constexpr,
+    COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr, UNIFORM: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    bi = row // S
+    si = row % S
+    ln_modulate_row(X + bi * x_sb + si * x_ss, W, B, SCALE + bi * sc_sb + si * sc_ss, SHIFT + bi * sh_sb + si * sh_ss,
+                    OUT + row * N, N, eps, N_ITERS, LANES, VEC, HAS_W, HAS_B, HAS_SHIFT, LN_DT, T_DT, U_DT, V_DT,
+                    PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA, UNIFORM)
 
 
 def _row_strides(t: torch.Tensor | None, x: torch.Tensor) -> tuple[int, int]:
@@ -88,6 +100,17 @@ def _row_strides(t: torch.Tensor | None, x: torch.Tensor) -> tuple[int, int]:
         return 0, 0
     e = t.expand(x.shape)
     return (e.stride(0), e.stride(1)) if x.dim() == 3 else (e.stride(0), 0)
+
+
+def modulate_constexprs(D, weight, bias, shift, ln_dt, t_dt, u_dt, v_dt, variant, affine_fma) -> dict:
+    """The constexprs of ``ln_modulate_row`` for one layout."""
+    n_iters = n_iters_for(D)
+    return dict(
+        N_ITERS=n_iters, LANES=LANES, VEC=VEC,
+        HAS_W=weight is not None, HAS_B=bias is not None, HAS_SHIFT=shift is not None,
+        LN_DT=_DT_CODE[ln_dt], T_DT=_DT_CODE[t_dt], U_DT=_DT_CODE[u_dt], V_DT=_DT_CODE[v_dt],
+        **variant.constexprs(), AFFINE_FMA=affine_fma, UNIFORM=is_uniform(D, n_iters),
+    )
 
 
 def plan_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, variant=DEFAULT_VARIANT,
@@ -98,31 +121,15 @@ def plan_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, va
     ln_dt, t_dt, u_dt, v_dt, final = result_dtypes(
         x.dtype, scale.dtype, None if shift is None else shift.dtype, ln_dtype, out_dtype)
     shape, device = x.shape, x.device
-    grid = (x.numel() // D,)
     strides = (*_row_strides(x, x), *_row_strides(scale, x), *_row_strides(shift, x))
-    n_iters = n_iters_for(D)
-    const = dict(
-        N_ITERS=n_iters, LANES=LANES, VEC=VEC,
-        HAS_W=weight is not None, HAS_B=bias is not None, HAS_SHIFT=shift is not None,
-        LN_DT=_DT_CODE[ln_dt], T_DT=_DT_CODE[t_dt], U_DT=_DT_CODE[u_dt], V_DT=_DT_CODE[v_dt],
-        AFFINE_FMA=affine_fma, **variant.constexprs(), UNIFORM=is_uniform(D, n_iters),
-    )
-    const_args = [const[name] for name in _ln_modulate_kernel.arg_names[15:]]  # positional, after sh_ss
-    compiled = None
+    kernel = CachedLaunch(_ln_modulate_kernel, (x.numel() // D,),
+                          modulate_constexprs(D, weight, bias, shift, ln_dt, t_dt, u_dt, v_dt, variant, affine_fma),
+                          num_warps=LANES // 32, enable_fp_fusion=False)
 
     def launch(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype):
-        nonlocal compiled
         out = torch.empty(shape, dtype=final, device=device)
-        args = (x, weight if weight is not None else x, bias if bias is not None else x, scale,
-                shift if shift is not None else scale, out, D, S, eps, *strides)
-        if compiled is not None:
-            # Triton's JIT launcher spends ~30 us per call binding and specializing arguments;
-            # this layout's kernel is known, so launch it directly (all args, constexprs too).
-            compiled[grid + (1, 1)](*args, *const_args)
-        else:
-            compiled = _ln_modulate_kernel[grid](*args, **const, num_warps=LANES // 32, enable_fp_fusion=False)
-            if not hasattr(compiled, "packed_metadata"):  # Triton's interpreter returns no compiled kernel
-                compiled = None
+        kernel(x, weight if weight is not None else x, bias if bias is not None else x, scale,
+               shift if shift is not None else scale, out, D, S, eps, *strides)
         return out
 
     return launch

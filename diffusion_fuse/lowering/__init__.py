@@ -5,5 +5,5 @@ its ``can_use_*`` guard and its dispatch to a Triton kernel. Importing this pack
 registers every op.
 """
 
-from . import norm_modulate  # noqa: F401  (registers diffusion_fuse::ln_modulate)
+from . import gated_residual, norm_modulate  # noqa: F401  (register the ops)
 from .counters import reset as reset_counters, snapshot as counters_snapshot  # noqa: F401

@@ -46,54 +46,76 @@ def result_dtypes(x_dtype, scale_dtype, shift_dtype, ln_dtype, out_dtype):
     return ln_dt, t_dt, u_dt, v_dt, out_dtype or v_dt
 
 
-def _broadcast_ok(t: Tensor | None, x: Tensor) -> bool:
+def _broadcast_ok(t: Tensor | None, shape) -> bool:
     if t is None:
         return True
     try:
-        return torch.broadcast_shapes(t.shape, x.shape) == x.shape
+        return torch.broadcast_shapes(t.shape, shape) == shape
     except RuntimeError:
         return False
 
 
-def can_use_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype) -> tuple[bool, str]:
-    """Whether the Triton kernel reproduces eager for these inputs; else the reason."""
+def check_device_and_dtypes(x: Tensor, others) -> str:
+    """'' if the kernels can run on these tensors' device and dtypes, else why not."""
     if x.device.type != "cuda" and not (x.device.type == "cpu" and triton_interpret()):
-        return False, f"device is {x.device.type}"
-    tensors = [t for t in (weight, bias, scale, shift) if t is not None]
+        return f"device is {x.device.type}"
+    tensors = [t for t in others if t is not None]
     if any(t.device != x.device for t in tensors):
-        return False, "inputs on different devices"
+        return "inputs on different devices"
     if x.dtype not in KERNEL_DTYPES or any(t.dtype not in KERNEL_DTYPES for t in tensors):
-        return False, f"unsupported dtype (x {x.dtype}; kernel takes {[str(d) for d in KERNEL_DTYPES]})"
-    if ln_dtype not in (None, torch.float32) or out_dtype not in (None,) + KERNEL_DTYPES:
-        return False, f"unsupported cast (ln_dtype {ln_dtype}, out_dtype {out_dtype})"
-    if x.dim() not in (2, 3):
-        return False, f"x has rank {x.dim()} (kernel takes 2 or 3)"
-    if x.numel() == 0:
-        return False, "empty input"
-    D = x.shape[-1]
+        return f"unsupported dtype (x {x.dtype}; kernel takes {[str(d) for d in KERNEL_DTYPES]})"
+    return ""
+
+
+def check_rows(name: str, t: Tensor) -> str:
+    """'' if ``t`` is a [M, D] or [B, S, D] tensor of rows the kernels can read (D as eager vectorizes)."""
+    if t.dim() not in (2, 3):
+        return f"{name} has rank {t.dim()} (kernel takes 2 or 3)"
+    if t.numel() == 0:
+        return "empty input"
+    D = t.shape[-1]
     if D % VEC or D > MAX_D:
-        return False, f"D={D} (kernel takes multiples of {VEC} up to {MAX_D}: eager's vectorized LayerNorm)"
-    if x.stride(-1) != 1:
-        return False, "x is not contiguous along D"
-    ln_in = ln_dtype or x.dtype
-    # Eager normalizes a contiguous x in place of memory, and a non-contiguous one (or the
-    # x.float() copy) from a fresh aligned buffer: only the first can miss the vectorized kernel.
-    if ln_dtype is None and x.is_contiguous() and x.data_ptr() % (VEC * x.element_size()):
-        return False, "x is not 16-byte aligned (eager takes its non-vectorized LayerNorm)"
+        return f"D={D} (kernel takes multiples of {VEC} up to {MAX_D}: eager's vectorized LayerNorm)"
+    if t.stride(-1) != 1:
+        return f"{name} is not contiguous along D"
+    return ""
+
+
+def check_ln_params(D: int, ln_in: torch.dtype, weight: Tensor | None, bias: Tensor | None) -> str:
     if bias is not None and weight is None:
-        return False, "LayerNorm with bias but no weight (its output rounding is not reproduced)"
+        return "LayerNorm with bias but no weight (its output rounding is not reproduced)"
     for name, p in (("weight", weight), ("bias", bias)):
         if p is not None:
             if p.dtype != ln_in or p.shape != (D,) or not p.is_contiguous():
-                return False, f"{name} is not a contiguous [{D}] {ln_in} tensor"
+                return f"{name} is not a contiguous [{D}] {ln_in} tensor"
             if p.data_ptr() % (VEC * p.element_size()):
-                return False, f"{name} is not 16-byte aligned"
-    for name, t in (("scale", scale), ("shift", shift)):
-        if not _broadcast_ok(t, x):
-            return False, f"{name} {tuple(t.shape)} does not broadcast to x {tuple(x.shape)}"
-        if t is not None and t.expand(x.shape).stride(-1) != 1:
-            return False, f"{name} is not contiguous along D"
-    return True, ""
+                return f"{name} is not 16-byte aligned"
+    return ""
+
+
+def check_broadcast(shape, **operands: Tensor | None) -> str:
+    """'' if every operand broadcasts to ``shape`` with unit stride along D."""
+    for name, t in operands.items():
+        if not _broadcast_ok(t, shape):
+            return f"{name} {tuple(t.shape)} does not broadcast to {tuple(shape)}"
+        if t is not None and t.expand(shape).stride(-1) != 1:
+            return f"{name} is not contiguous along D"
+    return ""
+
+
+def can_use_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype) -> tuple[bool, str]:
+    """Whether the Triton kernel reproduces eager for these inputs; else the reason."""
+    why = check_device_and_dtypes(x, (weight, bias, scale, shift))
+    if not why and (ln_dtype not in (None, torch.float32) or out_dtype not in (None,) + KERNEL_DTYPES):
+        why = f"unsupported cast (ln_dtype {ln_dtype}, out_dtype {out_dtype})"
+    why = why or check_rows("x", x)
+    # Eager normalizes a contiguous x in place of memory, and a non-contiguous one (or the
+    # x.float() copy) from a fresh aligned buffer: only the first can miss the vectorized kernel.
+    if not why and ln_dtype is None and x.is_contiguous() and x.data_ptr() % (VEC * x.element_size()):
+        why = "x is not 16-byte aligned (eager takes its non-vectorized LayerNorm)"
+    why = why or check_ln_params(x.shape[-1], ln_dtype or x.dtype, weight, bias)
+    why = why or check_broadcast(x.shape, scale=scale, shift=shift)
+    return not why, why
 
 
 def layout_key(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype) -> tuple:

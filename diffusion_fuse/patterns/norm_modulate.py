@@ -68,28 +68,11 @@ class NormModulate(PatternFamily):
     )
 
     def match(self, node: fx.Node) -> Site | NearMiss | None:
-        x_in, normalized_shape, weight, bias, eps = node.args[:5]
-        if len(normalized_shape) != 1:
-            return NearMiss(self.name, node, f"normalized_shape {list(normalized_shape)} spans more than the last dim")
-        try:
-            outs = getitem_users(node)
-        except LookupError as e:
-            return NearMiss(self.name, node, str(e))
-        if set(outs) != {0}:
-            return NearMiss(self.name, node, f"mean/rstd outputs are used (getitems {sorted(outs)})")
-        ln = outs[0]
-        if not ln.users:
-            return None
-        # Every reader of the LN output must be a modulate (SD3.5's AdaLayerNormZeroX has two):
-        # each becomes its own op, so the normalized tensor is never written.
-        chains = []
-        for user in ln.users:
-            chain = _modulate_chain(ln, user, node)
-            if isinstance(chain, str):
-                n = len(ln.users)
-                return NearMiss(self.name, node, chain if n == 1 else f"one of the LN output's {n} users: {chain}")
-            chains.append(chain)
-
+        x_in, _, weight, bias, eps = node.args[:5]
+        found = match_ln_chains(self.name, node)
+        if not isinstance(found, tuple):
+            return found
+        ln, chains = found
         nodes: list[fx.Node] = [node, ln]
         # A dtype cast feeding the LN (Wan's x.float()) is folded in when nothing else reads it.
         x, ln_dtype = x_in, None
@@ -111,10 +94,8 @@ class NormModulate(PatternFamily):
             b_n = next(it) if has_b else None
             results = []
             for c in chains:
-                scale_n = next(it)
+                scale_n = c.scale_arg(graph, next(it))
                 shift_n = next(it) if c.shift is not None else None
-                if c.unsqueeze_dim is not None:
-                    scale_n = graph.call_function(aten.unsqueeze.default, (scale_n, c.unsqueeze_dim))
                 results.append(graph.call_function(
                     torch.ops.diffusion_fuse.ln_modulate.default,
                     (x_n, w_n, b_n, float(eps), scale_n, shift_n, ln_dtype, c.out_dtype),
@@ -132,15 +113,47 @@ class NormModulate(PatternFamily):
         )
 
 
-class _Chain:
+def match_ln_chains(pattern: str, node: fx.Node) -> tuple[fx.Node, list[ModulateChain]] | NearMiss | None:
+    """The LN output node and the modulate chains reading it, or why not (shared by families)."""
+    normalized_shape = node.args[1]
+    if len(normalized_shape) != 1:
+        return NearMiss(pattern, node, f"normalized_shape {list(normalized_shape)} spans more than the last dim")
+    try:
+        outs = getitem_users(node)
+    except LookupError as e:
+        return NearMiss(pattern, node, str(e))
+    if set(outs) != {0}:
+        return NearMiss(pattern, node, f"mean/rstd outputs are used (getitems {sorted(outs)})")
+    ln = outs[0]
+    if not ln.users:
+        return None
+    # Every reader of the LN output must be a modulate (SD3.5's AdaLayerNormZeroX has two):
+    # each becomes its own op, so the normalized tensor is never written.
+    chains = []
+    for user in ln.users:
+        chain = _modulate_chain(ln, user, node)
+        if isinstance(chain, str):
+            n = len(ln.users)
+            return NearMiss(pattern, node, chain if n == 1 else f"one of the LN output's {n} users: {chain}")
+        chains.append(chain)
+    return ln, chains
+
+
+class ModulateChain:
     """One modulate reading the LN output: ``ln * (1 + scale) [+ shift] [→ cast]``."""
 
     def __init__(self, nodes, scale, unsqueeze_dim, shift, out_dtype) -> None:
         self.nodes, self.scale, self.unsqueeze_dim = nodes, scale, unsqueeze_dim
         self.shift, self.out_dtype, self.last = shift, out_dtype, nodes[-1]
 
+    def scale_arg(self, graph: fx.Graph, scale: fx.Node) -> fx.Node:
+        """The scale as the op takes it (broadcastable to x): re-adds an unsqueeze the +1 sat inside."""
+        if self.unsqueeze_dim is None:
+            return scale
+        return graph.call_function(aten.unsqueeze.default, (scale, self.unsqueeze_dim))
 
-def _modulate_chain(ln: fx.Node, mul: fx.Node, anchor: fx.Node) -> _Chain | str:
+
+def _modulate_chain(ln: fx.Node, mul: fx.Node, anchor: fx.Node) -> ModulateChain | str:
     """The modulate chain starting at ``mul``, or why it is not one."""
     if not is_op(mul, aten.mul.Tensor):
         return f"LN output feeds {mul.target}, not a mul by (1 + scale)"
@@ -165,4 +178,4 @@ def _modulate_chain(ln: fx.Node, mul: fx.Node, anchor: fx.Node) -> _Chain | str:
     if cast is not None and cast_dtype(cast) is not None:
         out_dtype = cast_dtype(cast)
         nodes.append(cast)
-    return _Chain(nodes, scale, unsqueeze_dim, shift, out_dtype)
+    return ModulateChain(nodes, scale, unsqueeze_dim, shift, out_dtype)

@@ -39,6 +39,7 @@ class Site:
     op: str  # the op the site becomes, for the report
     exact: bool = True  # False: the replacement is not bit-exact (tier high only)
     key: str | None = None  # set by the fuse pass: pattern@source-line#ordinal
+    n_ops: int | None = None  # op calls the site becomes (default: one per output)
 
     @property
     def id(self) -> str:
@@ -63,6 +64,7 @@ class PatternFamily:
 
     name: ClassVar[str]
     tier: ClassVar[str] = "lossless"
+    priority: ClassVar[int] = 0  # families sharing an anchor are tried highest first (larger patterns first)
     anchors: ClassVar[tuple[Callable, ...]] = ()
     variants: ClassVar[tuple[str, ...]] = ()
     description: ClassVar[str] = ""
@@ -105,7 +107,7 @@ class Registry:
 
     def by_anchor(self, families: Iterable[PatternFamily]) -> dict[object, list[PatternFamily]]:
         table: dict[object, list[PatternFamily]] = {}
-        for fam in families:
+        for fam in sorted(families, key=lambda f: -getattr(f, "priority", 0)):
             for anchor in fam.anchors:
                 table.setdefault(anchor, []).append(fam)
         return table

@@ -74,7 +74,7 @@ def site_record(site: Site, tier: str) -> SiteRecord:
         before=describe(site.nodes),
         after=site.op,
         shapes=" ".join(shape(n) for n in site.inputs[:1] + site.outputs),
-        ops=len(site.outputs),
+        ops=site.n_ops if site.n_ops is not None else len(site.outputs),
         nodes=[n.name for n in site.nodes],
         input_nodes=[n.name for n in site.inputs],
         output_nodes=[n.name for n in site.outputs],

@@ -44,3 +44,21 @@ def test_ln_modulate_compiles_for_sm90(D, form):
     assert ".approx" not in ptx.replace("rsqrt.approx", "").replace("ex2.approx", "")
     if lns.is_uniform(D, lns.n_iters_for(D)):
         assert "div.rn.f32" in ptx  # only var = m2 / N remains a division
+
+
+@pytest.mark.parametrize("D", [1000, 3072])
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_gated_residual_ln_modulate_compiles_for_sm90(D, dtype):
+    from diffusion_fuse.kernels import gated_residual_ln as gr
+
+    k = gr._gated_residual_ln_modulate_kernel
+    n_iters = lns.n_iters_for(D)
+    const = dict(M_DT=CODE[dtype], N_ITERS=n_iters, LANES=lns.LANES, VEC=lns.VEC, HAS_W=False, HAS_B=False,
+                 HAS_SHIFT=True, LN_DT=CODE[dtype], T_DT=CODE[dtype], U_DT=CODE[dtype], V_DT=CODE[dtype],
+                 AFFINE_FMA=True, **lns.DEFAULT_VARIANT.constexprs(), UNIFORM=lns.is_uniform(D, n_iters))
+    ptrs = ["RES", "X", "GATE", "W", "B", "SCALE", "SHIFT", "R_OUT", "OUT"]
+    sig = {**{p: PTR[dtype] for p in ptrs}, "N": "i32", "S": "i32", "eps": "fp32",
+           **{n: "i64" for n in k.arg_names[12:22]}, **{n: "constexpr" for n in const}}
+    src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(n),): v for n, v in const.items()})
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": False})
+    assert ck.asm.get("cubin") and "bar.sync" in ck.asm["ptx"]

@@ -1,0 +1,97 @@
+"""Triton kernel for ``diffusion_fuse::gated_residual_ln_modulate``.
+
+Numerics contract (lossless tier): per element, in fp32 and rounded as eager rounds each op::
+
+    m = round_m(gate * x)           # promote(gate, x)
+    r = round_r(residual + m)       # promote(residual, m): stored, it is the next residual
+
+then, on the stored ``r``, exactly ``kernels/ln_modulate.py``'s row (eager's LayerNorm
+statistics, normalize, modulate). The row of ``r`` is written, a CTA barrier makes it visible
+to every thread of the program, and the LayerNorm pass reads it back (from L1/L2): the
+normalized tensor is never written.
+
+Inputs: residual and x [M, D] or [B, S, D] of one shape with unit stride along D (any row
+strides), D % 4 == 0; gate/scale/shift broadcast to x with unit stride along D.
+Verified shapes: see tests/gpu/test_gated_residual_gpu.py (written; not yet run on a GPU).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..lowering.gated_residual import residual_dtypes
+from ..lowering.norm_modulate import result_dtypes
+from .layer_norm_stats import DEFAULT_VARIANT, LANES
+from .launch import CachedLaunch
+from .ln_modulate import _DT_CODE, _row_strides, ln_modulate_row, modulate_constexprs, round_to
+
+
+@triton.jit(do_not_specialize=["S", "res_sb", "res_ss", "x_sb", "x_ss", "g_sb", "g_ss", "sc_sb", "sc_ss", "sh_sb",
+                               "sh_ss"])
+def _gated_residual_ln_modulate_kernel(
+    RES, X, GATE, W, B, SCALE, SHIFT, R_OUT, OUT,
+    N, S, eps,
+    res_sb, res_ss, x_sb, x_ss, g_sb, g_ss, sc_sb, sc_ss, sh_sb, sh_ss,
+    M_DT: tl.constexpr,
+    N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_SHIFT: tl.constexpr,
+    LN_DT: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr, V_DT: tl.constexpr,
+    PUSH_MEAN_FMA: tl.constexpr, PUSH_M2_FMA: tl.constexpr, COMB_MEAN: tl.constexpr,
+    COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr, UNIFORM: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    bi = row // S
+    si = row % S
+    res_row = RES + bi * res_sb + si * res_ss
+    x_row = X + bi * x_sb + si * x_ss
+    g_row = GATE + bi * g_sb + si * g_ss
+    r_row = R_OUT + row * N
+    lane = tl.arange(0, LANES)
+    col = tl.arange(0, VEC)
+    for it in range(N_ITERS):
+        offs = (it * LANES + lane)[:, None] * VEC + col[None, :]
+        mask = offs < N
+        g = tl.load(g_row + offs, mask=mask, other=0.0).to(tl.float32)
+        xv = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+        m = round_to(g * xv, M_DT)
+        r = tl.load(res_row + offs, mask=mask, other=0.0).to(tl.float32) + m
+        tl.store(r_row + offs, r.to(R_OUT.dtype.element_ty), mask=mask)
+    tl.debug_barrier()  # the whole row of r is in memory before any thread reads it back
+    ln_modulate_row(r_row, W, B, SCALE + bi * sc_sb + si * sc_ss, SHIFT + bi * sh_sb + si * sh_ss, OUT + row * N,
+                    N, eps, N_ITERS, LANES, VEC, HAS_W, HAS_B, HAS_SHIFT, LN_DT, T_DT, U_DT, V_DT,
+                    PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA, UNIFORM)
+
+
+def plan_gated_residual_ln_modulate(residual, x, gate, weight, bias, eps, scale, shift, out_dtype,
+                                    variant=DEFAULT_VARIANT, affine_fma: bool = True):
+    """A launch for inputs of this layout (they must satisfy ``can_use_gated_residual_ln_modulate``)."""
+    D = x.shape[-1]
+    S = x.shape[1] if x.dim() == 3 else 1
+    m_dt, r_dt = residual_dtypes(residual.dtype, x.dtype, gate.dtype)
+    ln_dt, t_dt, u_dt, v_dt, final = result_dtypes(
+        r_dt, scale.dtype, None if shift is None else shift.dtype, None, out_dtype)
+    shape, device = x.shape, x.device
+    strides = (*_row_strides(residual, x), *_row_strides(x, x), *_row_strides(gate, x), *_row_strides(scale, x),
+               *_row_strides(shift, x))
+    const = dict(M_DT=_DT_CODE[m_dt],
+                 **modulate_constexprs(D, weight, bias, shift, ln_dt, t_dt, u_dt, v_dt, variant, affine_fma))
+    kernel = CachedLaunch(_gated_residual_ln_modulate_kernel, (x.numel() // D,), const, num_warps=LANES // 32,
+                          enable_fp_fusion=False)
+
+    def launch(residual, x, gate, weight, bias, eps, scale, shift, out_dtype):
+        r = torch.empty(shape, dtype=r_dt, device=device)
+        out = torch.empty(shape, dtype=final, device=device)
+        kernel(residual, x, gate, weight if weight is not None else x, bias if bias is not None else x, scale,
+               shift if shift is not None else scale, r, out, D, S, eps, *strides)
+        return r, out
+
+    return launch
+
+
+def gated_residual_ln_modulate_triton(*args, **kwargs):
+    """Plan and launch once (tests, benchmarks); the op caches plans per layout instead."""
+    return plan_gated_residual_ln_modulate(*args, **kwargs)(*args)
+
+
