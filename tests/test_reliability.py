@@ -1,0 +1,178 @@
+"""Reliability: the backend never gives a wrong answer and never breaks the forward (issue #8, CPU part)."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
+import torch
+
+import diffusion_fuse
+from diffusion_fuse.lowering import counters, faults
+from diffusion_fuse.testing.tiny_models import build
+from helpers import bitwise_equal
+
+
+class AdaLN(torch.nn.Module):
+    """LayerNorm + AdaLN modulate as diffusers writes it, with a learnable modulation."""
+
+    def __init__(self, d: int = 64) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(d, elementwise_affine=False, eps=1e-6)
+        self.mod = torch.nn.Linear(d, 2 * d)
+        self.out = torch.nn.Linear(d, d)
+
+    def forward(self, x, t):
+        shift, scale = self.mod(t).chunk(2, dim=-1)
+        return self.out(self.norm(x) * (1 + scale[:, None]) + shift[:, None])
+
+
+def compiled(model, options=None, **kw):
+    report = diffusion_fuse.Report()
+    return torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(options, report), **kw), report
+
+
+def test_nan_and_inf_in_eager_output_do_not_reject_sites():
+    model = AdaLN()
+    x, t = torch.randn(2, 8, 64), torch.randn(2, 64)
+    x[0, 0, 0] = float("inf")  # that row's LayerNorm is NaN in eager too
+    x[1, 3, 5] = float("nan")
+    c, report = compiled(model)
+    with torch.no_grad():
+        ref, out = model(x, t), c(x, t)
+    assert torch.isnan(ref).any() and bitwise_equal(ref, out)
+    assert [s.status for s in report.sites()] == ["kept"]
+
+
+def test_new_input_signature_is_verified_again_and_a_late_fault_is_caught():
+    model = AdaLN()
+    c, report = compiled(model, dynamic=True)
+    with torch.no_grad():
+        for S in (8, 8):
+            x, t = torch.randn(2, S, 64), torch.randn(2, 64)
+            assert bitwise_equal(model(x, t), c(x, t))
+        # The kernel goes wrong only for a shape the graph has not seen yet.
+        x, t = torch.randn(2, 16, 64), torch.randn(2, 64)
+        with faults.inject("ln_modulate", "perturb", 5):
+            out = c(x, t)
+        assert bitwise_equal(model(x, t), out)
+    (graph,) = report.graphs
+    assert [len(v["rejected"]) for v in graph.verifications] == [0, 1]  # one check per signature
+    assert report.sites()[0].status == "rejected" and "first at [0, 0, 5]" in report.sites()[0].reason
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_inference_contexts(mode):
+    model = AdaLN()
+    x, t = torch.randn(2, 8, 64), torch.randn(2, 64)
+    c, report = compiled(model)
+    ctx = torch.no_grad() if mode == "no_grad" else torch.inference_mode()
+    with ctx:
+        assert bitwise_equal(model(x, t), c(x, t))
+    assert report.count(status="kept") == 1
+
+
+def test_grad_enabled_call_runs_unrewritten_and_gives_exact_grads():
+    torch.manual_seed(0)
+    model = AdaLN()
+    x, t = torch.randn(2, 8, 64, requires_grad=True), torch.randn(2, 64)
+    ref = model(x, t)
+    ref.square().sum().backward()
+    grads_ref = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+    model.zero_grad()
+    x.grad = None
+    c, report = compiled(model)
+    out = c(x, t)
+    out.square().sum().backward()
+    grads = [p.grad for p in model.parameters()] + [x.grad]
+    assert bitwise_equal(ref, out) and all(bitwise_equal(a, b) for a, b in zip(grads_ref, grads))
+    assert report.sites() == [] and any("grad-enabled" in n for g in report.graphs for n in g.notes)
+
+
+def test_batch_resolution_and_dtype_changes_recompile_and_reverify():
+    report = diffusion_fuse.Report()
+    for dtype in (torch.bfloat16, torch.float32):
+        model, kwargs = build("sana", dtype)
+        c = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(None, report))
+        with torch.no_grad():
+            for hw in (8, 4):  # a second resolution
+                kw = dict(kwargs, hidden_states=torch.randn(1, 4, hw, hw, dtype=dtype))
+                assert bitwise_equal(model(**kw), c(**kw))
+    # Each (dtype, resolution) is verified once, in a recompiled graph or in the dynamic-shape
+    # graph Dynamo switches to after the resolution change (a new input signature).
+    checks = [v for g in report.graphs for v in g.verifications]
+    assert len(checks) == 4 and all(v["end_to_end_equal"] for v in checks)
+    assert all(s.status == "kept" for s in report.sites())
+
+
+def test_one_hundred_calls_verify_once_and_hold_no_extra_objects():
+    model = AdaLN()
+    x, t = torch.randn(2, 8, 64), torch.randn(2, 64)
+    c, report = compiled(model)
+    with torch.no_grad():
+        c(x, t)
+        gc.collect()
+        before = len(gc.get_objects())
+        tensors_before = sum(isinstance(o, torch.Tensor) for o in gc.get_objects())
+        for _ in range(100):
+            c(x, t)
+        gc.collect()
+        tensors_after = sum(isinstance(o, torch.Tensor) for o in gc.get_objects())
+        after = len(gc.get_objects())
+    assert len(report.graphs[0].verifications) == 1
+    assert tensors_after <= tensors_before and after - before < 200, (before, after)
+
+
+def test_counters_are_thread_safe():
+    counters.reset()
+
+    def hammer():
+        for _ in range(2000):
+            counters.kernel_hit("op_x")
+            counters.fallback("op_x", "device is cpu")
+
+    threads = [threading.Thread(target=hammer) for _ in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    snap = counters.snapshot()
+    assert snap["kernel"]["op_x"] == 16000 and snap["fallback"]["op_x"]["device is cpu"] == 16000
+    counters.reset()
+
+
+def test_verifier_frees_reference_values_as_it_goes():
+    """The reference run keeps a value only while a later node or a site check needs it."""
+    from diffusion_fuse.verify.verifier import run_with_site_checks
+
+    class Chain(torch.nn.Module):
+        def forward(self, x):
+            for _ in range(20):
+                x = torch.sin(x) + 1
+            return x
+
+    gm = torch.fx.symbolic_trace(Chain())
+    alive = []
+    x = torch.randn(1000)
+
+    class Probe:  # count tensors that are still referenced while the run is in progress
+        def __call__(self, *args):
+            alive.append(sum(isinstance(o, torch.Tensor) and o.numel() == 1000 for o in gc.get_objects()))
+            return True
+
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is torch.sin:
+            n.target = _probed_sin(Probe())
+    gm.recompile()
+    out, verdicts = run_with_site_checks(gm, [x], [], lambda *a: None)
+    assert torch.equal(out, Chain()(x)) and verdicts == {}
+    assert max(alive) <= 4, alive  # the input, one or two live intermediates, nothing that piles up
+
+
+def _probed_sin(probe):
+    def sin(x):
+        probe()
+        return torch.sin(x)
+
+    return sin
