@@ -31,8 +31,21 @@ def test_parse_spec():
             pass
 
 
-def test_context_manager_nests_and_wins_over_env(monkeypatch):
-    monkeypatch.setenv(faults.ENV_VAR, "ln_modulate:raise")
+@pytest.fixture
+def fault_env(monkeypatch):
+    """Set DIFFUSION_FUSE_FAULT for one test (re-read now, and again when the test is done)."""
+
+    def set_env(value: str) -> None:
+        monkeypatch.setenv(faults.ENV_VAR, value)
+        faults.refresh()
+
+    yield set_env
+    monkeypatch.delenv(faults.ENV_VAR, raising=False)
+    faults.refresh()
+
+
+def test_context_manager_nests_and_wins_over_env(fault_env):
+    fault_env("ln_modulate:raise")
     assert faults.active("ln_modulate").kind == "raise"
     with faults.inject("ln_modulate", "perturb", 3):
         assert faults.active("ln_modulate") == faults.Fault("ln_modulate", "perturb", 3)
@@ -40,7 +53,7 @@ def test_context_manager_nests_and_wins_over_env(monkeypatch):
             assert faults.active("ln_modulate").index == 4
         assert faults.active("ln_modulate").index == 3
     assert faults.active("ln_modulate").kind == "raise"
-    monkeypatch.delenv(faults.ENV_VAR)
+    fault_env("")
     assert faults.active("ln_modulate") is None
 
 
@@ -165,8 +178,8 @@ def test_raise_keeps_the_sites_and_counts_kernel_errors(caplog):
     assert any("kernel failed" in r.message for r in caplog.records)
 
 
-def test_env_var_injects_too(monkeypatch):
-    monkeypatch.setenv(faults.ENV_VAR, "ln_modulate:perturb:0")
+def test_env_var_injects_too(fault_env):
+    fault_env("ln_modulate:perturb:0")
     ref, out, report = compile_and_run(AdaLN().eval(), adaln_kwargs())
     assert bitwise_equal(ref, out)
     (site,) = report.sites()

@@ -7,6 +7,8 @@ Two ways to turn a fault on, for ops dispatched through ``GuardedKernel`` (lower
 
     DIFFUSION_FUSE_FAULT=ln_modulate:perturb:3 python ...      # op:kind[:index], comma-separated list
 
+(the variable is read when the package is imported; ``faults.refresh()`` re-reads it).
+
 Kinds:
 
 - ``perturb``: add 1 to element ``index`` (flat, modulo the element count) of the op's output,
@@ -86,29 +88,29 @@ def parse(spec: str) -> dict[str, Fault]:
 
 _lock = threading.Lock()
 _injected: dict[str, list[Fault]] = {}  # op → stack of context-manager faults
-_env_cache: tuple[str, dict[str, Fault]] = ("", {})
+_env_faults: dict[str, Fault] = {}
 
 
-def _from_env(raw: str) -> dict[str, Fault]:
-    global _env_cache
-    if _env_cache[0] != raw:
-        _env_cache = (raw, parse(raw))
-    return _env_cache[1]
+def refresh() -> dict[str, Fault]:
+    """Re-read ``DIFFUSION_FUSE_FAULT`` (read once when the package is imported, like
+    ``DIFFUSION_FUSE_LOG``, so that dispatch pays no environment lookup per call)."""
+    global _env_faults
+    _env_faults = parse(os.environ.get(ENV_VAR, ""))
+    return _env_faults
 
 
 def active(op: str) -> Fault | None:
-    """The fault in force for ``op``, or None (the common case costs one env lookup)."""
+    """The fault in force for ``op``, or None (two dict checks when none is)."""
     if _injected:
         stack = _injected.get(op)
         if stack:
             return stack[-1]
-    raw = os.environ.get(ENV_VAR)
-    if not raw:
-        return None
-    return _from_env(raw).get(op)
+    if _env_faults:
+        return _env_faults.get(op)
+    return None
 
 
-_from_env(os.environ.get(ENV_VAR, ""))  # a bad value fails at import, like DIFFUSION_FUSE_LOG
+refresh()  # a bad value fails at import, like DIFFUSION_FUSE_LOG
 
 
 @contextlib.contextmanager
