@@ -2,7 +2,7 @@
 
 Everything logs through ``logging.getLogger("diffusion_fuse")`` and its children, one per
 component: ``diffusion_fuse.backend``, ``.verify`` (verdicts, rejected sites), ``.lowering``
-(kernel fallbacks and errors), ``.fxpasses``, ``.patterns``, ``.kernels``, ``.cli``.
+(kernel fallbacks and errors), ``.fxpasses``, ``.patterns``, ``.kernels``.
 
 ``DIFFUSION_FUSE_LOG`` sets levels when the package is first imported. It takes what
 ``TORCH_LOGS`` takes for a component, comma-separated, plus plain level names:
@@ -26,7 +26,7 @@ import os
 
 LOGGER_NAME = "diffusion_fuse"
 ENV_VAR = "DIFFUSION_FUSE_LOG"
-COMPONENTS = ("backend", "verify", "lowering", "fxpasses", "patterns", "kernels", "cli")
+COMPONENTS = ("backend", "verify", "lowering", "fxpasses", "patterns", "kernels")
 _LEVELS = {
     "debug": logging.DEBUG,
     "+": logging.DEBUG,

@@ -313,7 +313,8 @@ def _graph_section(g: Any) -> str:
                    f'removed {_node_list(u["before"]["nodes"], u["removed"], "removed")}'
                    f'added {_node_list(u["after"]["nodes"], u["added"], "added")}</section>')
     text = graph_diff.code_diff(g)
-    out.append(f"<details><summary>graph code diff (ATen graph → graph that runs)</summary>"
+    runs = "graph that runs" if g.quality == "lossless" else "the verifier's ATen view (Inductor compiles the same sites)"
+    out.append(f"<details><summary>graph code diff (ATen graph → {runs})</summary>"
                f"{_diff_pre(text or '(no change)', 'code-diff', graph=g.graph_id)}</details>")
     out.append("</section>")
     return "".join(out)
