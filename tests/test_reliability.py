@@ -176,3 +176,20 @@ def _probed_sin(probe):
         return torch.sin(x)
 
     return sin
+
+
+def test_outputs_that_alias_inputs_and_each_other():
+    class Aliasing(AdaLN):
+        def forward(self, x, t):
+            y = super().forward(x, t)
+            return x[:, :1], y, y.view(-1)  # a view of an input, an output and a view of it
+
+    model = Aliasing()
+    x, t = torch.randn(2, 8, 64), torch.randn(2, 64)
+    c, report = compiled(model)
+    with torch.no_grad():
+        ref, out = model(x, t), c(x, t)
+    assert bitwise_equal(ref, out)
+    assert out[0].data_ptr() == x.data_ptr()  # still a view of the input, as in eager
+    assert out[2].data_ptr() == out[1].data_ptr()
+    assert report.count(status="kept") == 1
