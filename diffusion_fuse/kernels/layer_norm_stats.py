@@ -219,41 +219,10 @@ def _welford_push(mean, m2, cnt, v, valid, N_NEW: tl.constexpr, PUSH_MEAN_FMA: t
 
 
 @triton.jit
-def _welford_combine(
-    mean_b, m2_b, cnt_b, mean_a, m2_a, cnt_a, COMB_MEAN: tl.constexpr, COMB_M2_FMA: tl.constexpr
-):
-    # cuWelfordCombine(dataB, dataA): B is the receiving (lower) lane, A the shuffled-in one.
+def _combined_moments(mean_b, m2_b, mean_a, m2_a, cnt_a, n_a, n_b, COMB_MEAN: tl.constexpr,
+                      COMB_M2_FMA: tl.constexpr):
+    # The arithmetic of cuWelfordCombine once the weights n_a = cnt_a/cnt, n_b = cnt_b/cnt exist.
     delta = mean_b - mean_a
-    cnt = cnt_a + cnt_b
-    coef = tl.math.div_rn(tl.full(cnt.shape, 1.0, tl.float32), cnt)
-    n_a = cnt_a * coef
-    n_b = cnt_b * coef
-    if COMB_MEAN == 0:
-        mean = tl.fma(n_a, mean_a, n_b * mean_b)
-    elif COMB_MEAN == 1:
-        mean = tl.fma(n_b, mean_b, n_a * mean_a)
-    else:
-        mean = n_a * mean_a + n_b * mean_b
-    s = m2_a + m2_b
-    t = delta * delta * cnt_a
-    if COMB_M2_FMA:
-        m2 = tl.fma(t, n_b, s)
-    else:
-        m2 = s + t * n_b
-    nonempty = cnt > 0.0
-    return tl.where(nonempty, mean, 0.0), tl.where(nonempty, m2, 0.0), cnt
-
-
-@triton.jit
-def _welford_combine_uniform(mean_b, m2_b, mean_a, m2_a, CNT: tl.constexpr, COMB_MEAN: tl.constexpr,
-                             COMB_M2_FMA: tl.constexpr):
-    # _welford_combine when both sides hold CNT elements (every lane had a vector on every
-    # trip). The same fp32 operations on scalars: coef = rn(1/(2*CNT)), n = rn(CNT*coef).
-    delta = mean_b - mean_a
-    coef = tl.full([], 1.0 / (2 * CNT), tl.float32)
-    cnt_a = tl.full([], CNT, tl.float32)
-    n_a = cnt_a * coef
-    n_b = n_a
     if COMB_MEAN == 0:
         mean = tl.fma(n_a, mean_a, n_b * mean_b)
     elif COMB_MEAN == 1:
@@ -267,6 +236,30 @@ def _welford_combine_uniform(mean_b, m2_b, mean_a, m2_a, CNT: tl.constexpr, COMB
     else:
         m2 = s + t * n_b
     return mean, m2
+
+
+@triton.jit
+def _welford_combine(
+    mean_b, m2_b, cnt_b, mean_a, m2_a, cnt_a, COMB_MEAN: tl.constexpr, COMB_M2_FMA: tl.constexpr
+):
+    # cuWelfordCombine(dataB, dataA): B is the receiving (lower) lane, A the shuffled-in one.
+    cnt = cnt_a + cnt_b
+    coef = tl.math.div_rn(tl.full(cnt.shape, 1.0, tl.float32), cnt)
+    mean, m2 = _combined_moments(mean_b, m2_b, mean_a, m2_a, cnt_a, cnt_a * coef, cnt_b * coef, COMB_MEAN,
+                                 COMB_M2_FMA)
+    nonempty = cnt > 0.0
+    return tl.where(nonempty, mean, 0.0), tl.where(nonempty, m2, 0.0), cnt
+
+
+@triton.jit
+def _welford_combine_uniform(mean_b, m2_b, mean_a, m2_a, CNT: tl.constexpr, COMB_MEAN: tl.constexpr,
+                             COMB_M2_FMA: tl.constexpr):
+    # _welford_combine when both sides hold CNT elements (every lane had a vector on every
+    # trip). The same fp32 operations on scalars: coef = rn(1/(2*CNT)), n = rn(CNT*coef).
+    coef = tl.full([], 1.0 / (2 * CNT), tl.float32)
+    cnt_a = tl.full([], CNT, tl.float32)
+    n = cnt_a * coef
+    return _combined_moments(mean_b, m2_b, mean_a, m2_a, cnt_a, n, n, COMB_MEAN, COMB_M2_FMA)
 
 
 @triton.jit
