@@ -19,3 +19,16 @@ def test_register_pattern_example():
         exec(compile(_block("register_pattern("), "README.md", "exec"), {})
     finally:
         diffusion_fuse.unregister_pattern("gelu_tanh_mul")
+
+
+def test_guarantees_name_tests_that_exist():
+    text = README.read_text()
+    section = text.split("## Guarantees", 1)[1].split("\n## ", 1)[0]
+    root = README.parent
+    files = set(re.findall(r"`(tests/[\w/]+\.py)", section))
+    assert files, "the Guarantees table names no test file"
+    for f in files:
+        assert (root / f).exists(), f
+    sources = "\n".join(p.read_text() for p in (root / "tests").rglob("test_*.py"))
+    for name in set(re.findall(r"::(test_\w+)", section)) | set(re.findall(r"`(test_\w+)`", section)):
+        assert f"def {name}(" in sources, name
