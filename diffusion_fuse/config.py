@@ -27,7 +27,7 @@ class Options:
     patterns: {pattern name: bool} to enable or disable families; names not listed keep
               their default (enabled when the family's tier is allowed by ``quality``).
     report:   path of a file the report is written to after each verification (``.json``
-              for JSON, anything else for the text table), or None.
+              for JSON, ``.html`` for the HTML report, anything else for the text table), or None.
     rtol/atol: tolerance for non-exact sites and outputs in tier "high": relative L2 error
               at most ``rtol``, or largest absolute error at most ``atol``.
     """
