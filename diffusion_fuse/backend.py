@@ -98,9 +98,26 @@ class DiffusionFuseBackend:
 
         keep = {a for fam in REGISTRY.enabled(self.options.pattern_enabled) for a in fam.anchors}
         decomps = {op: fn for op, fn in select_decomp_table().items() if op not in keep}
+        _lower_kept_anchors_as_fallbacks(keep & set(select_decomp_table()))
         patches: dict[str, Any] = dict(list_mode_options(self.options.mode) if self.options.mode else {})
         patches["post_grad_custom_pre_pass"] = InductorFusePass(self.options, on_context, exclude)
         return compile_fx(gm, example_inputs, config_patches=patches, decompositions=decomps)
+
+
+def _lower_kept_anchors_as_fallbacks(ops) -> None:
+    """Give Inductor an explicit fallback lowering for anchor ops kept out of its decompositions.
+
+    An anchor no pattern took (a plain LayerNorm) reaches Inductor's lowering undecomposed;
+    Inductor would make an implicit fallback, which it refuses when the environment sets CI
+    (``make_fallback``: "a decomposition exists"). Registering the fallback explicitly is the
+    same lowering without that check; it only matters for graphs that still hold the op,
+    which only this backend produces.
+    """
+    from torch._inductor import lowering
+
+    for op in ops:
+        if op not in lowering.lowerings:
+            lowering.make_fallback(op, override_decomp=True)
 
 
 class _HighTierGraph:

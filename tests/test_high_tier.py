@@ -62,3 +62,16 @@ def test_high_only_pattern_is_off_in_lossless():
         assert report.sites() == []
     finally:
         diffusion_fuse.unregister_pattern("high_only")
+
+
+def test_unmatched_anchor_lowers_even_when_the_environment_says_ci(monkeypatch):
+    # Inductor refuses implicit fallbacks for ops with a decomposition when CI is set; a plain
+    # LayerNorm no pattern takes stays undecomposed in tier high and must still lower.
+    monkeypatch.setenv("CI", "true")
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 16))
+    x = torch.randn(4, 16)
+    report = diffusion_fuse.Report()
+    c = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend({"quality": "high"}, report))
+    with torch.no_grad():
+        torch.testing.assert_close(c(x), model(x))
+    assert report.sites() == []
