@@ -4,22 +4,18 @@ Random weights (nothing is downloaded): the prompt embeddings are passed directl
 tokenizer or text encoder is needed. Runs the full denoising loop eagerly and compiled,
 asserts the images are bit-identical, and prints what the backend did.
 
-    python examples/flux_pipeline.py [--steps 4] [--device cuda|cpu] [--dtype bf16|fp32]
+    python examples/flux_pipeline.py [--steps 3] [--device cuda|cpu] [--dtype bf16|fp32] [--repeated-blocks]
+
+Shapes: 16x16 image, 4x4 latent grid (16 image tokens of 16 channels after 2x2 packing), 8 text tokens,
+FluxTransformer2DModel from diffusion_fuse.testing.tiny_models (1 double + 1 single block, guidance-distilled).
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
-import warnings
-
 import torch
 
-import diffusion_fuse
+from _common import main, parse_args
 from diffusion_fuse.testing.tiny_models import build
-
-warnings.filterwarnings("ignore")
-logging.getLogger("diffusers").setLevel(logging.ERROR)
 
 
 def tiny_flux_pipeline(dtype: torch.dtype, device: str):
@@ -37,38 +33,18 @@ def tiny_flux_pipeline(dtype: torch.dtype, device: str):
                         text_encoder_2=None, tokenizer_2=None, transformer=transformer)
 
 
-def generate(pipe, steps: int, device: str, dtype: torch.dtype) -> torch.Tensor:
+def generate(pipe, args) -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
-    prompt_embeds = torch.randn(1, 8, 32, generator=g).to(device, dtype)
-    pooled = torch.randn(1, 32, generator=g).to(device, dtype)
+    prompt_embeds = torch.randn(1, 8, 32, generator=g).to(args.device, args.torch_dtype)
+    pooled = torch.randn(1, 32, generator=g).to(args.device, args.torch_dtype)
     with torch.no_grad():
         return pipe(prompt_embeds=prompt_embeds, pooled_prompt_embeds=pooled, height=16, width=16,
-                    num_inference_steps=steps, guidance_scale=3.5, output_type="pt",
+                    num_inference_steps=args.steps, guidance_scale=3.5, output_type="pt",
                     generator=torch.Generator().manual_seed(1)).images
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
-    args = ap.parse_args()
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-
-    pipe = tiny_flux_pipeline(dtype, args.device)
-    eager = generate(pipe, args.steps, args.device, dtype)
-
-    pipe.transformer = torch.compile(pipe.transformer, backend="diffusion_fuse")
-    fused = generate(pipe, args.steps, args.device, dtype)
-
-    equal = torch.equal(eager.view(torch.int16) if eager.dtype == torch.bfloat16 else eager,
-                        fused.view(torch.int16) if fused.dtype == torch.bfloat16 else fused)
-    print(diffusion_fuse.last_report().table())
-    print(f"\n{args.steps}-step tiny FLUX on {args.device} ({args.dtype}): image {tuple(fused.shape)}, "
-          f"bit-identical to eager: {equal}")
-    if not equal:
-        raise SystemExit("compiled output differs from eager")
-
-
 if __name__ == "__main__":
-    main()
+    from diffusers import FluxTransformer2DModel
+
+    main(parse_args(__doc__, FluxTransformer2DModel), name="FLUX.1 (FluxPipeline)",
+         build_pipeline=tiny_flux_pipeline, generate=generate)
