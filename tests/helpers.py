@@ -24,3 +24,22 @@ def bitwise_equal(a, b) -> bool:
         return bool(diffusion_fuse.verify.compare_bitwise(a, b))
     return a == b
 
+
+
+class AdaLN(torch.nn.Module):
+    """LayerNorm + AdaLN modulate as diffusers writes it: one norm_modulate site."""
+
+    def __init__(self, dim: int = 32, out_proj: bool = False) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.proj = torch.nn.Linear(dim, 2 * dim)
+        self.out = torch.nn.Linear(dim, dim) if out_proj else torch.nn.Identity()
+
+    def forward(self, x, emb):
+        scale, shift = self.proj(emb).chunk(2, dim=-1)
+        return self.out(self.norm(x) * (1 + scale[:, None]) + shift[:, None])
+
+
+def adaln_inputs(dim: int = 32, seq: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(2, seq, dim, generator=g), torch.randn(2, dim, generator=g)

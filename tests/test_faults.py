@@ -12,7 +12,7 @@ import diffusion_fuse
 from diffusion_fuse.lowering import counters, faults
 from diffusion_fuse.lowering.dispatch import GuardedKernel
 from diffusion_fuse.testing.tiny_models import build
-from helpers import bitwise_equal, compile_and_run
+from helpers import AdaLN, adaln_inputs, bitwise_equal, compile_and_run
 from html_report import parse, select
 
 LN_OP = "diffusion_fuse::ln_modulate"
@@ -115,20 +115,8 @@ def test_raise_where_no_kernel_runs_stands_in_for_one(caplog):
 
 
 # --- whole models -----------------------------------------------------------------------------
-class AdaLN(torch.nn.Module):
-    def __init__(self, dim=32):
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
-        self.proj = torch.nn.Linear(dim, 2 * dim)
-
-    def forward(self, x, emb):
-        scale, shift = self.proj(emb).chunk(2, dim=-1)
-        return self.norm(x) * (1 + scale[:, None]) + shift[:, None]
-
-
 def adaln_kwargs():
-    g = torch.Generator().manual_seed(0)
-    return {"x": torch.randn(2, 8, 32, generator=g), "emb": torch.randn(2, 32, generator=g)}
+    return dict(zip(("x", "emb"), adaln_inputs()))
 
 
 def test_perturbed_kernel_rejects_every_site_of_the_op_on_tiny_flux(tmp_path):

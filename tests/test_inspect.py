@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import diffusion_fuse
+from helpers import AdaLN, adaln_inputs
 from diffusion_fuse.log import parse_settings
 from diffusion_fuse.verify import graph_diff
 from diffusion_fuse.verify.html import svg_graph
@@ -211,20 +212,6 @@ def test_console_script_is_declared():
 
 
 # --- in process: explain, the structural diff, the HTML --------------------------------------
-class AdaLN(torch.nn.Module):
-    def __init__(self, dim=32):
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
-        self.proj = torch.nn.Linear(dim, 2 * dim)
-
-    def forward(self, x, emb):
-        scale, shift = self.proj(emb).chunk(2, dim=-1)
-        return self.norm(x) * (1 + scale[:, None]) + shift[:, None]
-
-
-def adaln_inputs():
-    g = torch.Generator().manual_seed(0)
-    return torch.randn(2, 8, 32, generator=g), torch.randn(2, 32, generator=g)
 
 
 def test_explain_report_has_the_graph_level_detail(tmp_path):
@@ -233,7 +220,7 @@ def test_explain_report_has_the_graph_level_detail(tmp_path):
     assert site.status == "kept" and site.verdict == "bitwise equal" and site.first_diff is None
     assert site.before[:2] == ["native_layer_norm", "getitem"] and site.after.endswith("ln_modulate")
     assert site.input_shapes[0] == "float32[2, 8, 32]" and site.output_shapes == ["float32[2, 8, 32]"]
-    assert "test_inspect.py:" in site.location
+    assert "tests/helpers.py:" in site.location  # where the modulate is written
     (g,) = report.graphs
     d = graph_diff.graph_diff(g)
     grp = d["sites"][site.id]
