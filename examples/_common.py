@@ -60,6 +60,10 @@ def parse_args(doc: str, transformer_cls: type, *, steps: int = 3,
         rb_help = (f"NOT SUPPORTED for this pipeline: {transformer_cls.__name__} has no _repeated_blocks in "
                    f"diffusers 0.42.1, so compile_repeated_blocks() raises; the flag is refused")
     ap.add_argument("--repeated-blocks", action="store_true", help=rb_help)
+    ap.add_argument("--quality", default="lossless", choices=["lossless", "high"],
+                    help="lossless (default): the output must be bit-identical to eager. high: Inductor plus "
+                         "non-exact families; the output must pass the tier-high quality gate (PSNR/SSIM vs eager, "
+                         "diffusion_fuse.verify.quality.QualityGate)")
     if add_arguments is not None:
         add_arguments(ap)
     args = ap.parse_args(argv)
@@ -115,12 +119,14 @@ def main(args: argparse.Namespace, *, name: str,
 
     eager, t_eager = _timed(lambda: generate(pipe, args), args.device)
 
+    options = {"quality": args.quality}
     if args.repeated_blocks:
-        pipe.transformer.compile_repeated_blocks(backend="diffusion_fuse")
+        pipe.transformer.compile_repeated_blocks(backend="diffusion_fuse", options=options)
         mode = f"compile_repeated_blocks ({', '.join(repeated_blocks_of(type(pipe.transformer)))})"
     else:
-        pipe.transformer = torch.compile(pipe.transformer, backend="diffusion_fuse")
+        pipe.transformer = torch.compile(pipe.transformer, backend="diffusion_fuse", options=options)
         mode = "torch.compile(transformer)"
+    mode += f", quality {args.quality}"
 
     fused, t_fused = _timed(lambda: generate(pipe, args), args.device)
 
@@ -132,6 +138,16 @@ def main(args: argparse.Namespace, *, name: str,
     if not report.graphs:  # nothing went through the backend: equality would prove nothing
         print("bit-identical to eager: not checked", file=sys.stderr)
         raise SystemExit("no graph was compiled with backend=\"diffusion_fuse\"")
+    if args.quality == "high":
+        from diffusion_fuse.verify.quality import QualityGate
+
+        gate = QualityGate()
+        m = gate.measure(eager.float(), fused.float())
+        print(f"vs eager: PSNR {m['psnr']:.1f} dB, SSIM {m['ssim']:.4f}; tier-high quality gate "
+              f"(PSNR >= {gate.min_psnr}, SSIM >= {gate.min_ssim}) passed: {m['passed']}")
+        if not m["passed"]:
+            raise SystemExit(1)
+        return
     print(f"bit-identical to eager: {diff is None}")
     if diff is not None:
         print(f"compiled output differs from eager: {diff}", file=sys.stderr)

@@ -168,7 +168,8 @@ def test_mismatch_exits_nonzero(common, capsys):
             out = pipe.transformer(torch.ones(2, 4))
         return out + (len(calls) - 1)  # the compiled (second) run differs
 
-    args = argparse.Namespace(steps=1, device="cpu", dtype="fp32", torch_dtype=torch.float32, repeated_blocks=False)
+    args = argparse.Namespace(steps=1, device="cpu", dtype="fp32", torch_dtype=torch.float32, repeated_blocks=False,
+                              quality="lossless")
     with pytest.raises(SystemExit) as e:
         common.main(args, name="toy", build_pipeline=lambda dtype, device: Pipe(), generate=generate)
     assert e.value.code == 1
