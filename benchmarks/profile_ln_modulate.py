@@ -28,7 +28,7 @@ from diffusion_fuse.lowering.norm_modulate import ln_modulate_reference
 def _stats_only(X, Mean, Rstd, N, eps, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
                 UNIFORM: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    mean, rstd = welford_row_stats(X + row * N, N, eps, N_ITERS, LANES, VEC, UNIFORM=UNIFORM)
+    mean, rstd = welford_row_stats(X + row * N, N, 1, eps, N_ITERS, LANES, VEC, UNIFORM=UNIFORM)
     tl.store(Mean + row, mean)
     tl.store(Rstd + row, rstd)
 

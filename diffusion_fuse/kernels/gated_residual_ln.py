@@ -59,7 +59,7 @@ def _gated_residual_ln_modulate_kernel(
         r = tl.load(res_row + offs, mask=mask, other=0.0).to(tl.float32) + m
         tl.store(r_row + offs, r.to(R_OUT.dtype.element_ty), mask=mask)
     tl.debug_barrier()  # the whole row of r is in memory before any thread reads it back
-    ln_modulate_row(r_row, W, B, SCALE + bi * sc_sb + si * sc_ss, SHIFT + bi * sh_sb + si * sh_ss, OUT + row * N,
+    ln_modulate_row(r_row, 1, W, B, SCALE + bi * sc_sb + si * sc_ss, SHIFT + bi * sh_sb + si * sh_ss, OUT + row * N,
                     N, eps, N_ITERS, LANES, VEC, HAS_W, HAS_B, HAS_SHIFT, LN_DT, T_DT, U_DT, V_DT,
                     PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA, UNIFORM)
 

@@ -286,6 +286,7 @@ def _tree_step(mean, m2, cnt, OUTER: tl.constexpr, HALF: tl.constexpr, COMB_MEAN
 def welford_row_moments(
     row_ptr,
     N,
+    stride_d,
     N_ITERS: tl.constexpr,
     LANES: tl.constexpr,
     VEC: tl.constexpr,
@@ -295,7 +296,9 @@ def welford_row_moments(
     COMB_M2_FMA: tl.constexpr = True,
     UNIFORM: tl.constexpr = False,
 ):
-    """(mean, m2) of row_ptr[0:N] in compute_stats order; m2 is the sum of squared deviations.
+    """(mean, m2) of the row row_ptr[0:N*stride_d:stride_d] in compute_stats order; m2 is the sum of
+    squared deviations. stride_d is the element stride along the row (1 when contiguous; Triton
+    specializes an integer argument equal to 1, so that case compiles to unit-stride loads).
 
     N_ITERS >= cdiv(N // VEC, LANES); extra trips are masked out and change nothing.
     UNIFORM (only when N == N_ITERS * LANES * VEC, see ``is_uniform``): no masks, and the
@@ -316,9 +319,9 @@ def welford_row_moments(
         vidx = it * LANES + lane
         valid = vidx < nvec
         if UNIFORM:  # N == N_ITERS * LANES * VEC: every lane has a vector on every trip
-            xv = tl.load(row_ptr + (vidx[:, None] * VEC + col[None, :]))
+            xv = tl.load(row_ptr + (vidx[:, None] * VEC + col[None, :]) * stride_d)
         else:
-            xv = tl.load(row_ptr + (vidx[:, None] * VEC + col[None, :]), mask=valid[:, None], other=0.0)
+            xv = tl.load(row_ptr + (vidx[:, None] * VEC + col[None, :]) * stride_d, mask=valid[:, None], other=0.0)
         xv = xv.to(tl.float32)
         # [LANES, 4] -> columns 0..3 without arithmetic: (t, a, b) = col 2a+b.
         even, odd = tl.split(tl.reshape(xv, [LANES, 2, 2]))
@@ -368,6 +371,7 @@ def welford_row_moments(
 def welford_row_stats(
     row_ptr,
     N,
+    stride_d,
     eps,
     N_ITERS: tl.constexpr,
     LANES: tl.constexpr,
@@ -384,7 +388,7 @@ def welford_row_stats(
     kernel argument is).
     """
     mean, m2 = welford_row_moments(
-        row_ptr, N, N_ITERS, LANES, VEC, PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, UNIFORM
+        row_ptr, N, stride_d, N_ITERS, LANES, VEC, PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, UNIFORM
     )
     var = tl.math.div_rn(m2, tl.cast(N, tl.float32))
     rstd = tl.math.rsqrt(var + eps)
@@ -450,7 +454,7 @@ def _layer_norm_exact_kernel(
     x_row = X + row * N
     y_row = Y + row * N
     mean, rstd = welford_row_stats(
-        x_row, N, eps, N_ITERS, LANES, VEC, PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, UNIFORM
+        x_row, N, 1, eps, N_ITERS, LANES, VEC, PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, UNIFORM
     )
     lane = tl.arange(0, LANES)
     col = tl.arange(0, VEC)

@@ -11,8 +11,9 @@ order, with no FMA contraction (launched with ``enable_fp_fusion=False``)::
     v = round_v(u + shift)       # promote(u, shift)
     out = round_out(v)           # final cast (Wan: bf16)
 
-Inputs: x [M, D] or [B, S, D] with unit stride along D (any row strides: eager LayerNorm
-copies a non-contiguous input to a fresh, aligned buffer and normalizes the same values),
+Inputs: x [M, D] or [B, S, D] with any strides (eager LayerNorm copies a non-contiguous input
+to a fresh, aligned buffer and normalizes the same values; a unit stride along D, the usual
+case, is specialized by Triton),
 D % 4 == 0 (the guard in lowering/norm_modulate.py routes everything else to the
 reference); scale/shift anything that broadcasts to x with unit stride along D ([B,1,D],
 [B,S,D], strided per-token slices of [B,S,6,D]).
@@ -46,7 +47,7 @@ def round_to(x, CODE: tl.constexpr):
 
 @triton.jit
 def ln_modulate_row(
-    x_row, W, B, sc_row, sh_row, out_row, N, eps,
+    x_row, x_sd, W, B, sc_row, sh_row, out_row, N, eps,
     N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_SHIFT: tl.constexpr,
     LN_DT: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr, V_DT: tl.constexpr,
@@ -54,14 +55,14 @@ def ln_modulate_row(
     COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr, UNIFORM: tl.constexpr,
 ):
     """One row: eager's LayerNorm statistics, then normalize, modulate and store (the contract above)."""
-    mean, rstd = welford_row_stats(x_row, N, eps, N_ITERS, LANES, VEC,
+    mean, rstd = welford_row_stats(x_row, N, x_sd, eps, N_ITERS, LANES, VEC,
                                    PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, UNIFORM)
     lane = tl.arange(0, LANES)
     col = tl.arange(0, VEC)
     for it in range(N_ITERS):
         offs = (it * LANES + lane)[:, None] * VEC + col[None, :]
         mask = offs < N
-        x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_row + offs * x_sd, mask=mask, other=0.0).to(tl.float32)
         w = x
         b = x
         if HAS_W:
@@ -80,7 +81,7 @@ def ln_modulate_row(
 def _ln_modulate_kernel(
     X, W, B, SCALE, SHIFT, OUT,
     N, S, eps,
-    x_sb, x_ss, sc_sb, sc_ss, sh_sb, sh_ss,
+    x_sb, x_ss, x_sd, sc_sb, sc_ss, sh_sb, sh_ss,
     N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_SHIFT: tl.constexpr,
     LN_DT: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr, V_DT: tl.constexpr,
@@ -90,7 +91,7 @@ def _ln_modulate_kernel(
     row = tl.program_id(0).to(tl.int64)
     bi = row // S
     si = row % S
-    ln_modulate_row(X + bi * x_sb + si * x_ss, W, B, SCALE + bi * sc_sb + si * sc_ss, SHIFT + bi * sh_sb + si * sh_ss,
+    ln_modulate_row(X + bi * x_sb + si * x_ss, x_sd, W, B, SCALE + bi * sc_sb + si * sc_ss, SHIFT + bi * sh_sb + si * sh_ss,
                     OUT + row * N, N, eps, N_ITERS, LANES, VEC, HAS_W, HAS_B, HAS_SHIFT, LN_DT, T_DT, U_DT, V_DT,
                     PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA, UNIFORM)
 
@@ -121,7 +122,7 @@ def plan_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, va
     ln_dt, t_dt, u_dt, v_dt, final = result_dtypes(
         x.dtype, scale.dtype, None if shift is None else shift.dtype, ln_dtype, out_dtype)
     shape, device = x.shape, x.device
-    strides = (*_row_strides(x, x), *_row_strides(scale, x), *_row_strides(shift, x))
+    strides = (*_row_strides(x, x), x.stride(-1), *_row_strides(scale, x), *_row_strides(shift, x))
     kernel = CachedLaunch(_ln_modulate_kernel, (x.numel() // D,),
                           modulate_constexprs(D, weight, bias, shift, ln_dt, t_dt, u_dt, v_dt, variant, affine_fma),
                           num_warps=LANES // 32, enable_fp_fusion=False)

@@ -67,7 +67,7 @@ def check_device_and_dtypes(x: Tensor, others) -> str:
     return ""
 
 
-def check_rows(name: str, t: Tensor) -> str:
+def check_rows(name: str, t: Tensor, unit_stride_d: bool = True) -> str:
     """'' if ``t`` is a [M, D] or [B, S, D] tensor of rows the kernels can read (D as eager vectorizes)."""
     if t.dim() not in (2, 3):
         return f"{name} has rank {t.dim()} (kernel takes 2 or 3)"
@@ -76,7 +76,7 @@ def check_rows(name: str, t: Tensor) -> str:
     D = t.shape[-1]
     if D % VEC or D > MAX_D:
         return f"D={D} (kernel takes multiples of {VEC} up to {MAX_D}: eager's vectorized LayerNorm)"
-    if t.stride(-1) != 1:
+    if unit_stride_d and t.stride(-1) != 1:
         return f"{name} is not contiguous along D"
     return ""
 
@@ -108,7 +108,7 @@ def can_use_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype)
     why = check_device_and_dtypes(x, (weight, bias, scale, shift))
     if not why and (ln_dtype not in (None, torch.float32) or out_dtype not in (None,) + KERNEL_DTYPES):
         why = f"unsupported cast (ln_dtype {ln_dtype}, out_dtype {out_dtype})"
-    why = why or check_rows("x", x)
+    why = why or check_rows("x", x, unit_stride_d=False)  # the kernel reads any x strides
     # Eager normalizes a contiguous x in place of memory, and a non-contiguous one (or the
     # x.float() copy) from a fresh aligned buffer: only the first can miss the vectorized kernel.
     if not why and ln_dtype is None and x.is_contiguous() and x.data_ptr() % (VEC * x.element_size()):

@@ -25,7 +25,7 @@ def compile_ln_modulate(D, x="bf16", mod="bf16", out="bf16", ln="bf16", affine=F
                  LN_DT=CODE[ln], T_DT=CODE[mod], U_DT=CODE[mod], V_DT=CODE[mod], AFFINE_FMA=True,
                  **lns.DEFAULT_VARIANT.constexprs(), UNIFORM=lns.is_uniform(D, n_iters))
     sig = {"X": PTR[x], "W": PTR[ln], "B": PTR[ln], "SCALE": PTR[mod], "SHIFT": PTR[mod], "OUT": PTR[out],
-           "N": "i32", "S": "i32", "eps": "fp32", **{n: "i64" for n in k.arg_names[9:15]}}
+           "N": "i32", "S": "i32", "eps": "fp32", **{n: "i64" for n in k.arg_names[9:len(k.arg_names) - len(const)]}}
     sig.update({n: "constexpr" for n in const})
     src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(n),): v for n, v in const.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": False})
