@@ -184,3 +184,25 @@ def test_outputs_that_alias_inputs_and_each_other():
     assert out[0].data_ptr() == x.data_ptr()  # still a view of the input, as in eager
     assert out[2].data_ptr() == out[1].data_ptr()
     assert report.count(status="kept") == 1
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_a_three_resolution_service_compiles_at_most_two_graphs(dynamic):
+    """Dynamo specializes the first resolution, then makes one dynamic graph; the verifier checks each
+    input signature once per graph (the dynamic graph may see the first resolution again once), and a
+    service cycling through its resolutions stops verifying after that."""
+    model, kwargs = build("flux", torch.bfloat16)
+    report = diffusion_fuse.Report()
+    c = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(None, report), dynamic=dynamic)
+    seen = []
+    with torch.no_grad():
+        for side in (4, 6, 8) * 3:  # 16, 36, 64 image tokens, three rounds
+            ids = torch.zeros(side, side, 3)
+            ids[..., 1] = torch.arange(side)[:, None]
+            ids[..., 2] = torch.arange(side)[None, :]
+            kw = dict(kwargs, hidden_states=torch.randn(1, side * side, 16).bfloat16(), img_ids=ids.reshape(-1, 3))
+            assert bitwise_equal(model(**kw), c(**kw))
+            seen.append(sum(len(g.verifications) for g in report.graphs))
+    assert len(report.graphs) <= 2
+    assert seen[6:] == [seen[5]] * 3 and seen[-1] <= 2 * 3  # the third round verifies nothing new
+    assert all(s.status == "kept" for s in report.sites())
