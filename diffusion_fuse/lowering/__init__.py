@@ -6,4 +6,3 @@ registers every op.
 """
 
 from . import gated_residual, norm_modulate  # noqa: F401  (register the ops)
-from .counters import reset as reset_counters, snapshot as counters_snapshot  # noqa: F401

@@ -120,7 +120,3 @@ class GuardedKernel:
             return fault.apply(self._kernel_failed(e, args))
         counters.kernel_hit(self.op)
         return fault.apply(out)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._plans.clear()

@@ -16,7 +16,6 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import ClassVar
 
-import torch
 import torch.fx as fx
 
 TIERS = ("lossless", "high")
@@ -120,7 +119,3 @@ def register_family(cls: type[PatternFamily]) -> type[PatternFamily]:
     """Class decorator: instantiate a built-in family and add it to the registry."""
     REGISTRY.add(cls())
     return cls
-
-
-def torch_version_tag() -> str:
-    return torch.__version__
