@@ -26,9 +26,9 @@ from diffusion_fuse.lowering.norm_modulate import ln_modulate_reference
 
 @triton.jit
 def _stats_only(X, Mean, Rstd, N, eps, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
-                UNIFORM: tl.constexpr):
+                UNIFORM: tl.constexpr, SHUFFLE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    mean, rstd = welford_row_stats(X + row * N, N, 1, eps, N_ITERS, LANES, VEC, UNIFORM=UNIFORM)
+    mean, rstd = welford_row_stats(X + row * N, N, 1, eps, N_ITERS, LANES, VEC, UNIFORM=UNIFORM, SHUFFLE=SHUFFLE)
     tl.store(Mean + row, mean)
     tl.store(Rstd + row, rstd)
 
@@ -85,14 +85,18 @@ def main() -> None:
     big = (x, None, None, 1e-6, sc, sh, None, None)
     full = plan_ln_modulate(*big)
     t_full = do_bench(lambda: full(*big), return_mode="median") * 1e3
-    t_stats = do_bench(lambda: _stats_only[(M,)](x, mean, rstd, D, 1e-6, N_ITERS=it, LANES=LANES, VEC=VEC,
-                                                  UNIFORM=is_uniform(D, it), num_warps=4, enable_fp_fusion=False),
-                       return_mode="median") * 1e3
+    def stats(shuffle: bool) -> float:
+        return do_bench(lambda: _stats_only[(M,)](x, mean, rstd, D, 1e-6, N_ITERS=it, LANES=LANES, VEC=VEC,
+                                                  UNIFORM=is_uniform(D, it), SHUFFLE=shuffle, num_warps=4,
+                                                  enable_fp_fusion=False), return_mode="median") * 1e3
+
+    t_stats, t_stats_smem = stats(True), stats(False)
     t_apply = do_bench(lambda: _apply_only[(M,)](x, mean, rstd, sc, sh, out, D, N_ITERS=it, LANES=LANES, VEC=VEC,
                                                  num_warps=4, enable_fp_fusion=False), return_mode="median") * 1e3
     floor_read = x.numel() * 2 / 4.2e12 * 1e6
     rows += [["device", "full kernel [1,4608,3072]", f"{t_full:.1f} us"],
              ["device", "statistics pass only (reads x)", f"{t_stats:.1f} us (read floor {floor_read:.1f})"],
+             ["device", "statistics pass, shared-memory tree instead of shuffles", f"{t_stats_smem:.1f} us"],
              ["device", "normalize+modulate pass only (reads x, writes out)", f"{t_apply:.1f} us (floor "
                                                                                 f"{2 * floor_read:.1f})"]]
     print(tabulate(rows, headers=["where", "what", "time"]))

@@ -28,8 +28,7 @@ from .launch import CachedLaunch
 from .ln_modulate import _DT_CODE, _row_strides, ln_modulate_row, modulate_constexprs, round_to
 
 
-@triton.jit(do_not_specialize=["S", "res_sb", "res_ss", "x_sb", "x_ss", "g_sb", "g_ss", "sc_sb", "sc_ss", "sh_sb",
-                               "sh_ss"])
+@triton.jit(do_not_specialize=["S"])
 def _gated_residual_ln_modulate_kernel(
     RES, X, GATE, W, B, SCALE, SHIFT, R_OUT, OUT,
     N, S, eps,
@@ -50,7 +49,7 @@ def _gated_residual_ln_modulate_kernel(
     r_row = R_OUT + row * N
     lane = tl.arange(0, LANES)
     col = tl.arange(0, VEC)
-    for it in range(N_ITERS):
+    for it in tl.static_range(N_ITERS):
         offs = (it * LANES + lane)[:, None] * VEC + col[None, :]
         mask = offs < N
         g = tl.load(g_row + offs, mask=mask, other=0.0).to(tl.float32)

@@ -107,6 +107,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 
 import torch
 import triton
@@ -116,6 +117,10 @@ LANES = 128  # blockDim.x * blockDim.y = 32 * 4 on CUDA
 VEC = 4  # vec_size, independent of dtype
 WARP = 32
 MAX_N = 1 << 24  # float count must stay exact
+# The intra-warp levels of the combine tree as warp shuffles (PTX shfl.sync.down, what eager's
+# WARP_SHFL_DOWN compiles to) instead of shared-memory relayouts. Triton's interpreter cannot
+# run inline PTX, so it takes the relayout tree (same operations, same order, same bits).
+USE_SHUFFLES = os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 COMB_MEAN_FMA_A = 0  # fma(nA, meanA, nB*meanB)
 COMB_MEAN_FMA_B = 1  # fma(nB, meanB, nA*meanA)
@@ -283,6 +288,41 @@ def _tree_step(mean, m2, cnt, OUTER: tl.constexpr, HALF: tl.constexpr, COMB_MEAN
 
 
 @triton.jit
+def _shfl_down(v, OFFSET: tl.constexpr):
+    # __shfl_down_sync(0xffffffff, v, OFFSET, 32): lane l gets lane l+OFFSET of its warp (its own
+    # value when l+OFFSET > 31). Lane i of a [LANES] tensor is thread i (1-D blocked layout,
+    # LANES == 32 * num_warps); a wrong layout would change the bits, which the GPU tests and the
+    # verifier would see.
+    bits = tl.inline_asm_elementwise(
+        "shfl.sync.down.b32 $0, $1, $2, 0x1f, -1;", "=r,r,r",
+        [v.to(tl.int32, bitcast=True), tl.full(v.shape, OFFSET, tl.int32)],
+        dtype=tl.int32, is_pure=True, pack=1)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _warp_leaders(v, NW: tl.constexpr):
+    # [NW*32] -> [NW]: lane 0 of each warp, bit for bit (an integer sum with zeros is exact;
+    # a float one would turn -0.0 into +0.0).
+    lane = tl.arange(0, 32)[None, :]
+    bits = tl.reshape(v.to(tl.int32, bitcast=True), [NW, 32])
+    return tl.sum(tl.where(lane == 0, bits, 0), axis=1).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _shfl_level_uniform(mean, m2, OFFSET: tl.constexpr, CNT: tl.constexpr, COMB_MEAN: tl.constexpr,
+                        COMB_M2_FMA: tl.constexpr):
+    return _welford_combine_uniform(mean, m2, _shfl_down(mean, OFFSET), _shfl_down(m2, OFFSET), CNT, COMB_MEAN,
+                                    COMB_M2_FMA)
+
+
+@triton.jit
+def _shfl_level(mean, m2, cnt, OFFSET: tl.constexpr, COMB_MEAN: tl.constexpr, COMB_M2_FMA: tl.constexpr):
+    return _welford_combine(mean, m2, cnt, _shfl_down(mean, OFFSET), _shfl_down(m2, OFFSET), _shfl_down(cnt, OFFSET),
+                            COMB_MEAN, COMB_M2_FMA)
+
+
+@triton.jit
 def welford_row_moments(
     row_ptr,
     N,
@@ -295,6 +335,7 @@ def welford_row_moments(
     COMB_MEAN: tl.constexpr = 0,
     COMB_M2_FMA: tl.constexpr = True,
     UNIFORM: tl.constexpr = False,
+    SHUFFLE: tl.constexpr = USE_SHUFFLES,
 ):
     """(mean, m2) of the row row_ptr[0:N*stride_d:stride_d] in compute_stats order; m2 is the sum of
     squared deviations. stride_d is the element stride along the row (1 when contiguous; Triton
@@ -335,11 +376,19 @@ def welford_row_moments(
     if UNIFORM:
         # Counts are 4*N_ITERS per lane and double at every level: constants, no divisions.
         C: tl.constexpr = 4 * N_ITERS
-        mean, m2 = _tree_step_uniform(mean, m2, NW, 16, C, COMB_MEAN, COMB_M2_FMA)
-        mean, m2 = _tree_step_uniform(mean, m2, NW, 8, 2 * C, COMB_MEAN, COMB_M2_FMA)
-        mean, m2 = _tree_step_uniform(mean, m2, NW, 4, 4 * C, COMB_MEAN, COMB_M2_FMA)
-        mean, m2 = _tree_step_uniform(mean, m2, NW, 2, 8 * C, COMB_MEAN, COMB_M2_FMA)
-        mean, m2 = _tree_step_uniform(mean, m2, NW, 1, 16 * C, COMB_MEAN, COMB_M2_FMA)
+        if SHUFFLE:
+            mean, m2 = _shfl_level_uniform(mean, m2, 16, C, COMB_MEAN, COMB_M2_FMA)
+            mean, m2 = _shfl_level_uniform(mean, m2, 8, 2 * C, COMB_MEAN, COMB_M2_FMA)
+            mean, m2 = _shfl_level_uniform(mean, m2, 4, 4 * C, COMB_MEAN, COMB_M2_FMA)
+            mean, m2 = _shfl_level_uniform(mean, m2, 2, 8 * C, COMB_MEAN, COMB_M2_FMA)
+            mean, m2 = _shfl_level_uniform(mean, m2, 1, 16 * C, COMB_MEAN, COMB_M2_FMA)
+            mean, m2 = _warp_leaders(mean, NW), _warp_leaders(m2, NW)
+        else:
+            mean, m2 = _tree_step_uniform(mean, m2, NW, 16, C, COMB_MEAN, COMB_M2_FMA)
+            mean, m2 = _tree_step_uniform(mean, m2, NW, 8, 2 * C, COMB_MEAN, COMB_M2_FMA)
+            mean, m2 = _tree_step_uniform(mean, m2, NW, 4, 4 * C, COMB_MEAN, COMB_M2_FMA)
+            mean, m2 = _tree_step_uniform(mean, m2, NW, 2, 8 * C, COMB_MEAN, COMB_M2_FMA)
+            mean, m2 = _tree_step_uniform(mean, m2, NW, 1, 16 * C, COMB_MEAN, COMB_M2_FMA)
         if NW >= 16:
             mean, m2 = _tree_step_uniform(mean, m2, 1, 8, 32 * C * NW // 16, COMB_MEAN, COMB_M2_FMA)
         if NW >= 8:
@@ -350,11 +399,19 @@ def welford_row_moments(
             mean, m2 = _tree_step_uniform(mean, m2, 1, 1, 32 * C * NW // 2, COMB_MEAN, COMB_M2_FMA)
     else:
         # intra-warp shfl_down tree: lane l < off takes (l, l+off)
-        mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 16, COMB_MEAN, COMB_M2_FMA)
-        mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 8, COMB_MEAN, COMB_M2_FMA)
-        mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 4, COMB_MEAN, COMB_M2_FMA)
-        mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 2, COMB_MEAN, COMB_M2_FMA)
-        mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 1, COMB_MEAN, COMB_M2_FMA)
+        if SHUFFLE:
+            mean, m2, cnt = _shfl_level(mean, m2, cnt, 16, COMB_MEAN, COMB_M2_FMA)
+            mean, m2, cnt = _shfl_level(mean, m2, cnt, 8, COMB_MEAN, COMB_M2_FMA)
+            mean, m2, cnt = _shfl_level(mean, m2, cnt, 4, COMB_MEAN, COMB_M2_FMA)
+            mean, m2, cnt = _shfl_level(mean, m2, cnt, 2, COMB_MEAN, COMB_M2_FMA)
+            mean, m2, cnt = _shfl_level(mean, m2, cnt, 1, COMB_MEAN, COMB_M2_FMA)
+            mean, m2, cnt = _warp_leaders(mean, NW), _warp_leaders(m2, NW), _warp_leaders(cnt, NW)
+        else:
+            mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 16, COMB_MEAN, COMB_M2_FMA)
+            mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 8, COMB_MEAN, COMB_M2_FMA)
+            mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 4, COMB_MEAN, COMB_M2_FMA)
+            mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 2, COMB_MEAN, COMB_M2_FMA)
+            mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 1, COMB_MEAN, COMB_M2_FMA)
         # inter-warp tree through shared memory: warp y < off takes (y, y+off)
         if NW >= 16:
             mean, m2, cnt = _tree_step(mean, m2, cnt, 1, 8, COMB_MEAN, COMB_M2_FMA)
@@ -381,6 +438,7 @@ def welford_row_stats(
     COMB_MEAN: tl.constexpr = 0,
     COMB_M2_FMA: tl.constexpr = True,
     UNIFORM: tl.constexpr = False,
+    SHUFFLE: tl.constexpr = USE_SHUFFLES,
 ):
     """fp32 (mean, rstd) of one contiguous row, bit-identical to vectorized_layer_norm_kernel.
 
@@ -388,7 +446,7 @@ def welford_row_stats(
     kernel argument is).
     """
     mean, m2 = welford_row_moments(
-        row_ptr, N, stride_d, N_ITERS, LANES, VEC, PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, UNIFORM
+        row_ptr, N, stride_d, N_ITERS, LANES, VEC, PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, UNIFORM, SHUFFLE
     )
     var = tl.math.div_rn(m2, tl.cast(N, tl.float32))
     rstd = tl.math.rsqrt(var + eps)
