@@ -5,10 +5,11 @@ Numerics contract (lossless tier): per element, in fp32 and rounded as eager rou
     m = round_m(gate * x)           # promote(gate, x)
     r = round_r(residual + m)       # promote(residual, m): stored, it is the next residual
 
-then, on the stored ``r``, exactly ``kernels/ln_modulate.py``'s row (eager's LayerNorm
-statistics, normalize, modulate). The row of ``r`` is written, a CTA barrier makes it visible
-to every thread of the program, and the LayerNorm pass reads it back (from L1/L2): the
-normalized tensor is never written.
+then, on the rounded ``r``, exactly ``kernels/ln_modulate.py``'s row (eager's LayerNorm
+statistics, normalize, modulate). When D % 512 == 0 (UNIFORM) ``r`` is computed in registers in
+the LayerNorm's lane layout, stored once and normalized from registers; otherwise the row of
+``r`` is written, a CTA barrier makes it visible to every thread of the program, and the
+LayerNorm pass reads it back (from L1/L2). The normalized tensor is never written.
 
 Inputs: residual and x [M, D] or [B, S, D] of one shape with unit stride along D (any row
 strides), D % 4 == 0; gate/scale/shift broadcast to x with unit stride along D.
@@ -23,9 +24,9 @@ import triton.language as tl
 
 from ..lowering.gated_residual import residual_dtypes
 from ..lowering.norm_modulate import result_dtypes
-from .layer_norm_stats import DEFAULT_VARIANT, LANES
 from .launch import CachedLaunch
-from .ln_modulate import _DT_CODE, _row_strides, ln_modulate_row, modulate_constexprs, round_to
+from .layer_norm_stats import DEFAULT_VARIANT, LANES, load_row_tile, store_row_tile
+from .ln_modulate import _DT_CODE, _row_strides, ln_modulate_row, ln_modulate_tile, modulate_constexprs, round_to
 
 
 @triton.jit(do_not_specialize=["S"])
@@ -47,20 +48,33 @@ def _gated_residual_ln_modulate_kernel(
     x_row = X + bi * x_sb + si * x_ss
     g_row = GATE + bi * g_sb + si * g_ss
     r_row = R_OUT + row * N
-    lane = tl.arange(0, LANES)
-    col = tl.arange(0, VEC)
-    for it in tl.static_range(N_ITERS):
-        offs = (it * LANES + lane)[:, None] * VEC + col[None, :]
-        mask = offs < N
-        g = tl.load(g_row + offs, mask=mask, other=0.0).to(tl.float32)
-        xv = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+    sc_row = SCALE + bi * sc_sb + si * sc_ss
+    sh_row = SHIFT + bi * sh_sb + si * sh_ss
+    if UNIFORM:
+        # r is computed in registers in the LayerNorm's lane layout: stored once, never read back.
+        g = load_row_tile(g_row, 1, N_ITERS, LANES, VEC).to(tl.float32)
+        xv = load_row_tile(x_row, 1, N_ITERS, LANES, VEC).to(tl.float32)
         m = round_to(g * xv, M_DT)
-        r = tl.load(res_row + offs, mask=mask, other=0.0).to(tl.float32) + m
-        tl.store(r_row + offs, r.to(R_OUT.dtype.element_ty), mask=mask)
-    tl.debug_barrier()  # the whole row of r is in memory before any thread reads it back
-    ln_modulate_row(r_row, 1, W, B, SCALE + bi * sc_sb + si * sc_ss, SHIFT + bi * sh_sb + si * sh_ss, OUT + row * N,
-                    N, eps, N_ITERS, LANES, VEC, HAS_W, HAS_B, HAS_SHIFT, LN_DT, T_DT, U_DT, V_DT,
-                    PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA, UNIFORM)
+        r = (load_row_tile(res_row, 1, N_ITERS, LANES, VEC).to(tl.float32) + m).to(R_OUT.dtype.element_ty)
+        store_row_tile(r_row, r, N_ITERS, LANES, VEC)
+        ln_modulate_tile(r, W, B, sc_row, sh_row, OUT + row * N, N, eps, N_ITERS, LANES, VEC, HAS_W, HAS_B,
+                         HAS_SHIFT, LN_DT, T_DT, U_DT, V_DT, PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA,
+                         AFFINE_FMA)
+    else:
+        lane = tl.arange(0, LANES)
+        col = tl.arange(0, VEC)
+        for it in tl.static_range(N_ITERS):
+            offs = (it * LANES + lane)[:, None] * VEC + col[None, :]
+            mask = offs < N
+            g = tl.load(g_row + offs, mask=mask, other=0.0).to(tl.float32)
+            xv = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+            m = round_to(g * xv, M_DT)
+            r = tl.load(res_row + offs, mask=mask, other=0.0).to(tl.float32) + m
+            tl.store(r_row + offs, r.to(R_OUT.dtype.element_ty), mask=mask)
+        tl.debug_barrier()  # the whole row of r is in memory before any thread reads it back
+        ln_modulate_row(r_row, 1, W, B, sc_row, sh_row, OUT + row * N,
+                        N, eps, N_ITERS, LANES, VEC, HAS_W, HAS_B, HAS_SHIFT, LN_DT, T_DT, U_DT, V_DT,
+                        PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA, UNIFORM)
 
 
 def plan_gated_residual_ln_modulate(residual, x, gate, weight, bias, eps, scale, shift, out_dtype,

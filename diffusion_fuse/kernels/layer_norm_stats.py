@@ -323,56 +323,26 @@ def _shfl_level(mean, m2, cnt, OFFSET: tl.constexpr, COMB_MEAN: tl.constexpr, CO
 
 
 @triton.jit
-def welford_row_moments(
-    row_ptr,
-    N,
-    stride_d,
-    N_ITERS: tl.constexpr,
-    LANES: tl.constexpr,
-    VEC: tl.constexpr,
-    PUSH_MEAN_FMA: tl.constexpr = True,
-    PUSH_M2_FMA: tl.constexpr = True,
-    COMB_MEAN: tl.constexpr = 0,
-    COMB_M2_FMA: tl.constexpr = True,
-    UNIFORM: tl.constexpr = False,
-    SHUFFLE: tl.constexpr = USE_SHUFFLES,
-):
-    """(mean, m2) of the row row_ptr[0:N*stride_d:stride_d] in compute_stats order; m2 is the sum of
-    squared deviations. stride_d is the element stride along the row (1 when contiguous; Triton
-    specializes an integer argument equal to 1, so that case compiles to unit-stride loads).
+def _push_trip(mean, m2, cnt, xv, valid, IT: tl.constexpr, LANES: tl.constexpr, PUSH_MEAN_FMA: tl.constexpr,
+               PUSH_M2_FMA: tl.constexpr, UNIFORM: tl.constexpr):
+    # Push trip IT's vectors ([LANES, 4] fp32) column by column. [LANES, 4] -> columns 0..3
+    # without arithmetic: (t, a, b) = col 2a+b.
+    even, odd = tl.split(tl.reshape(xv, [LANES, 2, 2]))
+    c0, c2 = tl.split(even)
+    c1, c3 = tl.split(odd)
+    mean, m2, cnt = _welford_push(mean, m2, cnt, c0, valid, 4 * IT + 1, PUSH_MEAN_FMA, PUSH_M2_FMA, UNIFORM)
+    mean, m2, cnt = _welford_push(mean, m2, cnt, c1, valid, 4 * IT + 2, PUSH_MEAN_FMA, PUSH_M2_FMA, UNIFORM)
+    mean, m2, cnt = _welford_push(mean, m2, cnt, c2, valid, 4 * IT + 3, PUSH_MEAN_FMA, PUSH_M2_FMA, UNIFORM)
+    mean, m2, cnt = _welford_push(mean, m2, cnt, c3, valid, 4 * IT + 4, PUSH_MEAN_FMA, PUSH_M2_FMA, UNIFORM)
+    return mean, m2, cnt
 
-    N_ITERS >= cdiv(N // VEC, LANES); extra trips are masked out and change nothing.
-    UNIFORM (only when N == N_ITERS * LANES * VEC, see ``is_uniform``): no masks, and the
-    combine tree's counts are compile-time constants (same bits, fewer instructions).
-    """
-    tl.static_assert(VEC == 4, "the column split below is written for vec_size 4")
-    tl.static_assert(LANES % 32 == 0, "LANES is whole warps")
+
+@triton.jit
+def _combine_lanes(mean, m2, cnt, N_ITERS: tl.constexpr, LANES: tl.constexpr, COMB_MEAN: tl.constexpr,
+                   COMB_M2_FMA: tl.constexpr, UNIFORM: tl.constexpr, SHUFFLE: tl.constexpr):
+    # The combine tree over the LANES per-lane states: 5 shfl_down levels in each warp, then
+    # across warps; returns the row's (mean, m2) as scalars.
     NW: tl.constexpr = LANES // 32
-    tl.static_assert(NW <= 16 and (NW & (NW - 1)) == 0, "warps per row: power of two <= 16")
-
-    lane = tl.arange(0, LANES)
-    col = tl.arange(0, VEC)
-    nvec = N // VEC
-    mean = tl.zeros([LANES], tl.float32)
-    m2 = tl.zeros([LANES], tl.float32)
-    cnt = tl.zeros([LANES], tl.float32)
-    for it in tl.static_range(N_ITERS):
-        vidx = it * LANES + lane
-        valid = vidx < nvec
-        if UNIFORM:  # N == N_ITERS * LANES * VEC: every lane has a vector on every trip
-            xv = tl.load(row_ptr + (vidx[:, None] * VEC + col[None, :]) * stride_d)
-        else:
-            xv = tl.load(row_ptr + (vidx[:, None] * VEC + col[None, :]) * stride_d, mask=valid[:, None], other=0.0)
-        xv = xv.to(tl.float32)
-        # [LANES, 4] -> columns 0..3 without arithmetic: (t, a, b) = col 2a+b.
-        even, odd = tl.split(tl.reshape(xv, [LANES, 2, 2]))
-        c0, c2 = tl.split(even)
-        c1, c3 = tl.split(odd)
-        mean, m2, cnt = _welford_push(mean, m2, cnt, c0, valid, 4 * it + 1, PUSH_MEAN_FMA, PUSH_M2_FMA, UNIFORM)
-        mean, m2, cnt = _welford_push(mean, m2, cnt, c1, valid, 4 * it + 2, PUSH_MEAN_FMA, PUSH_M2_FMA, UNIFORM)
-        mean, m2, cnt = _welford_push(mean, m2, cnt, c2, valid, 4 * it + 3, PUSH_MEAN_FMA, PUSH_M2_FMA, UNIFORM)
-        mean, m2, cnt = _welford_push(mean, m2, cnt, c3, valid, 4 * it + 4, PUSH_MEAN_FMA, PUSH_M2_FMA, UNIFORM)
-
     if UNIFORM:
         # Counts are 4*N_ITERS per lane and double at every level: constants, no divisions.
         C: tl.constexpr = 4 * N_ITERS
@@ -425,6 +395,129 @@ def welford_row_moments(
 
 
 @triton.jit
+def _half(t, BIT: tl.constexpr, L: tl.constexpr, V: tl.constexpr, HALF: tl.constexpr):
+    # [L, V, 2*HALF] -> [L, V, HALF]: the lower or upper half of the last dim (register moves).
+    lo, hi = tl.split(tl.permute(tl.reshape(t, [L, V, 2, HALF]), [0, 1, 3, 2]))
+    if BIT:
+        lo = hi
+    return lo
+
+
+@triton.jit
+def row_tile_trip(tile, IT: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr):
+    """Trip IT's [LANES, VEC] vectors of a [LANES, NI, VEC] row tile (NI a power of two <= 32)."""
+    NI: tl.constexpr = tile.shape[1]
+    t = tl.permute(tile, [0, 2, 1])
+    if NI >= 32:
+        t = _half(t, (IT >> 4) & 1, LANES, VEC, 16)
+    if NI >= 16:
+        t = _half(t, (IT >> 3) & 1, LANES, VEC, 8)
+    if NI >= 8:
+        t = _half(t, (IT >> 2) & 1, LANES, VEC, 4)
+    if NI >= 4:
+        t = _half(t, (IT >> 1) & 1, LANES, VEC, 2)
+    if NI >= 2:
+        t = _half(t, IT & 1, LANES, VEC, 1)
+    return tl.reshape(t, [LANES, VEC])
+
+
+@triton.jit
+def load_row_tile(row_ptr, stride_d, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr):
+    """A whole row (N == N_ITERS * LANES * VEC) as a [LANES, next_pow2(N_ITERS), VEC] tile in x's dtype,
+    kept in registers: trip ``it`` of lane ``t`` is tile[t, it] (what compute_stats reads). Lanes
+    first, so that Triton gives each thread one lane's trips (no relayout through shared memory)."""
+    NI: tl.constexpr = 1 if N_ITERS == 1 else 2 if N_ITERS <= 2 else 4 if N_ITERS <= 4 else 8 if N_ITERS <= 8 \
+        else 16 if N_ITERS <= 16 else 32
+    tl.static_assert(N_ITERS <= 32, "row tiles hold at most 32 trips (N <= 16384)")
+    it = tl.arange(0, NI)[None, :, None]
+    offs = (it * LANES + tl.arange(0, LANES)[:, None, None]) * VEC + tl.arange(0, VEC)[None, None, :]
+    if NI == N_ITERS:
+        return tl.load(row_ptr + offs * stride_d)
+    return tl.load(row_ptr + offs * stride_d, mask=it < N_ITERS, other=0.0)
+
+
+@triton.jit
+def store_row_tile(row_ptr, tile, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr):
+    """Store a ``load_row_tile``-layout tile to a contiguous row."""
+    NI: tl.constexpr = tile.shape[1]
+    it = tl.arange(0, NI)[None, :, None]
+    offs = (it * LANES + tl.arange(0, LANES)[:, None, None]) * VEC + tl.arange(0, VEC)[None, None, :]
+    if NI == N_ITERS:
+        tl.store(row_ptr + offs, tile)
+    else:
+        tl.store(row_ptr + offs, tile, mask=it < N_ITERS)
+
+
+@triton.jit
+def welford_tile_stats(tile, N, eps, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
+                       PUSH_MEAN_FMA: tl.constexpr = True, PUSH_M2_FMA: tl.constexpr = True,
+                       COMB_MEAN: tl.constexpr = 0, COMB_M2_FMA: tl.constexpr = True,
+                       SHUFFLE: tl.constexpr = USE_SHUFFLES):
+    """``welford_row_stats`` of a row already in registers (``load_row_tile``; UNIFORM rows only)."""
+    mean = tl.zeros([LANES], tl.float32)
+    m2 = tl.zeros([LANES], tl.float32)
+    cnt = tl.zeros([LANES], tl.float32)
+    valid = tl.full([LANES], 1, tl.int1)
+    for it in tl.static_range(N_ITERS):
+        xv = row_tile_trip(tile, it, LANES, VEC).to(tl.float32)
+        mean, m2, cnt = _push_trip(mean, m2, cnt, xv, valid, it, LANES, PUSH_MEAN_FMA, PUSH_M2_FMA, True)
+    mean, m2 = _combine_lanes(mean, m2, cnt, N_ITERS, LANES, COMB_MEAN, COMB_M2_FMA, True, SHUFFLE)
+    return mean, _rstd(m2, N, eps)
+
+
+@triton.jit
+def _rstd(m2, N, eps):
+    var = tl.math.div_rn(m2, tl.cast(N, tl.float32))
+    return tl.math.rsqrt(var + eps)
+
+
+@triton.jit
+def welford_row_moments(
+    row_ptr,
+    N,
+    stride_d,
+    N_ITERS: tl.constexpr,
+    LANES: tl.constexpr,
+    VEC: tl.constexpr,
+    PUSH_MEAN_FMA: tl.constexpr = True,
+    PUSH_M2_FMA: tl.constexpr = True,
+    COMB_MEAN: tl.constexpr = 0,
+    COMB_M2_FMA: tl.constexpr = True,
+    UNIFORM: tl.constexpr = False,
+    SHUFFLE: tl.constexpr = USE_SHUFFLES,
+):
+    """(mean, m2) of the row row_ptr[0:N*stride_d:stride_d] in compute_stats order; m2 is the sum of
+    squared deviations. stride_d is the element stride along the row (1 when contiguous; Triton
+    specializes an integer argument equal to 1, so that case compiles to unit-stride loads).
+
+    N_ITERS >= cdiv(N // VEC, LANES); extra trips are masked out and change nothing.
+    UNIFORM (only when N == N_ITERS * LANES * VEC, see ``is_uniform``): no masks, and the
+    combine tree's counts are compile-time constants (same bits, fewer instructions).
+    """
+    tl.static_assert(VEC == 4, "the column split below is written for vec_size 4")
+    tl.static_assert(LANES % 32 == 0, "LANES is whole warps")
+    NW: tl.constexpr = LANES // 32
+    tl.static_assert(NW <= 16 and (NW & (NW - 1)) == 0, "warps per row: power of two <= 16")
+
+    lane = tl.arange(0, LANES)
+    col = tl.arange(0, VEC)
+    nvec = N // VEC
+    mean = tl.zeros([LANES], tl.float32)
+    m2 = tl.zeros([LANES], tl.float32)
+    cnt = tl.zeros([LANES], tl.float32)
+    for it in tl.static_range(N_ITERS):
+        vidx = it * LANES + lane
+        valid = vidx < nvec
+        if UNIFORM:  # N == N_ITERS * LANES * VEC: every lane has a vector on every trip
+            xv = tl.load(row_ptr + (vidx[:, None] * VEC + col[None, :]) * stride_d)
+        else:
+            xv = tl.load(row_ptr + (vidx[:, None] * VEC + col[None, :]) * stride_d, mask=valid[:, None], other=0.0)
+        mean, m2, cnt = _push_trip(mean, m2, cnt, xv.to(tl.float32), valid, it, LANES, PUSH_MEAN_FMA, PUSH_M2_FMA,
+                                   UNIFORM)
+    return _combine_lanes(mean, m2, cnt, N_ITERS, LANES, COMB_MEAN, COMB_M2_FMA, UNIFORM, SHUFFLE)
+
+
+@triton.jit
 def welford_row_stats(
     row_ptr,
     N,
@@ -448,9 +541,7 @@ def welford_row_stats(
     mean, m2 = welford_row_moments(
         row_ptr, N, stride_d, N_ITERS, LANES, VEC, PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, UNIFORM, SHUFFLE
     )
-    var = tl.math.div_rn(m2, tl.cast(N, tl.float32))
-    rstd = tl.math.rsqrt(var + eps)
-    return mean, rstd
+    return mean, _rstd(m2, N, eps)
 
 
 @triton.jit

@@ -28,8 +28,8 @@ import triton.language as tl
 
 from ..lowering.norm_modulate import result_dtypes
 from .launch import CachedLaunch
-from .layer_norm_stats import (DEFAULT_VARIANT, LANES, VEC, is_uniform, layer_norm_apply_affine, n_iters_for,
-                               welford_row_stats)
+from .layer_norm_stats import (DEFAULT_VARIANT, LANES, VEC, is_uniform, layer_norm_apply_affine, load_row_tile,
+                               n_iters_for, row_tile_trip, welford_row_stats, welford_tile_stats)
 
 _DT_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
@@ -54,27 +54,67 @@ def ln_modulate_row(
     PUSH_MEAN_FMA: tl.constexpr, PUSH_M2_FMA: tl.constexpr, COMB_MEAN: tl.constexpr,
     COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr, UNIFORM: tl.constexpr,
 ):
-    """One row: eager's LayerNorm statistics, then normalize, modulate and store (the contract above)."""
-    mean, rstd = welford_row_stats(x_row, N, x_sd, eps, N_ITERS, LANES, VEC,
-                                   PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, UNIFORM)
+    """One row: eager's LayerNorm statistics, then normalize, modulate and store (the contract above).
+
+    A row of N == N_ITERS * 512 (UNIFORM) is read once into registers (``ln_modulate_tile``);
+    other rows are read twice (statistics, then output; the second read mostly hits L2).
+    """
+    if UNIFORM:
+        ln_modulate_tile(load_row_tile(x_row, x_sd, N_ITERS, LANES, VEC), W, B, sc_row, sh_row, out_row, N, eps,
+                         N_ITERS, LANES, VEC, HAS_W, HAS_B, HAS_SHIFT, LN_DT, T_DT, U_DT, V_DT,
+                         PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA)
+    else:
+        mean, rstd = welford_row_stats(x_row, N, x_sd, eps, N_ITERS, LANES, VEC,
+                                       PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, UNIFORM)
+        lane = tl.arange(0, LANES)
+        col = tl.arange(0, VEC)
+        for it in tl.static_range(N_ITERS):  # unrolled: the trips' loads are independent, keep them in flight
+            offs = (it * LANES + lane)[:, None] * VEC + col[None, :]
+            mask = offs < N
+            x = tl.load(x_row + offs * x_sd, mask=mask, other=0.0).to(tl.float32)
+            modulate_store(x, mean, rstd, offs, mask, W, B, sc_row, sh_row, out_row, HAS_W, HAS_B, HAS_SHIFT,
+                           LN_DT, T_DT, U_DT, V_DT, AFFINE_FMA)
+
+
+@triton.jit
+def ln_modulate_tile(
+    tile, W, B, sc_row, sh_row, out_row, N, eps,
+    N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_SHIFT: tl.constexpr,
+    LN_DT: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr, V_DT: tl.constexpr,
+    PUSH_MEAN_FMA: tl.constexpr, PUSH_M2_FMA: tl.constexpr, COMB_MEAN: tl.constexpr,
+    COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr,
+):
+    """``ln_modulate_row`` of a UNIFORM row held in registers (``load_row_tile`` layout)."""
+    mean, rstd = welford_tile_stats(tile, N, eps, N_ITERS, LANES, VEC, PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN,
+                                    COMB_M2_FMA)
     lane = tl.arange(0, LANES)
     col = tl.arange(0, VEC)
-    for it in tl.static_range(N_ITERS):  # unrolled: the trips' loads are independent, keep them in flight
+    for it in tl.static_range(N_ITERS):
         offs = (it * LANES + lane)[:, None] * VEC + col[None, :]
-        mask = offs < N
-        x = tl.load(x_row + offs * x_sd, mask=mask, other=0.0).to(tl.float32)
-        w = x
-        b = x
-        if HAS_W:
-            w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
-        if HAS_B:
-            b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
-        y = round_to(layer_norm_apply_affine(x, mean, rstd, w, b, HAS_W, HAS_B, AFFINE_FMA), LN_DT)
-        t = round_to(tl.load(sc_row + offs, mask=mask, other=0.0).to(tl.float32) + 1.0, T_DT)
-        v = round_to(y * t, U_DT)
-        if HAS_SHIFT:
-            v = round_to(v + tl.load(sh_row + offs, mask=mask, other=0.0).to(tl.float32), V_DT)
-        tl.store(out_row + offs, v.to(out_row.dtype.element_ty), mask=mask)
+        x = row_tile_trip(tile, it, LANES, VEC).to(tl.float32)
+        modulate_store(x, mean, rstd, offs, offs < N, W, B, sc_row, sh_row, out_row, HAS_W, HAS_B, HAS_SHIFT,
+                       LN_DT, T_DT, U_DT, V_DT, AFFINE_FMA)
+
+
+@triton.jit
+def modulate_store(x, mean, rstd, offs, mask, W, B, sc_row, sh_row, out_row,
+                   HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_SHIFT: tl.constexpr,
+                   LN_DT: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr, V_DT: tl.constexpr,
+                   AFFINE_FMA: tl.constexpr):
+    """Normalize fp32 ``x`` (one trip's [LANES, VEC]), modulate, round as eager does, and store."""
+    w = x
+    b = x
+    if HAS_W:
+        w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_B:
+        b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
+    y = round_to(layer_norm_apply_affine(x, mean, rstd, w, b, HAS_W, HAS_B, AFFINE_FMA), LN_DT)
+    t = round_to(tl.load(sc_row + offs, mask=mask, other=0.0).to(tl.float32) + 1.0, T_DT)
+    v = round_to(y * t, U_DT)
+    if HAS_SHIFT:
+        v = round_to(v + tl.load(sh_row + offs, mask=mask, other=0.0).to(tl.float32), V_DT)
+    tl.store(out_row + offs, v.to(out_row.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["S"])
