@@ -85,6 +85,10 @@ def main() -> None:
     big = (x, None, None, 1e-6, sc, sh, None, None)
     full = plan_ln_modulate(*big)
     t_full = do_bench(lambda: full(*big), return_mode="median") * 1e3
+    per_program = {}
+    for r in (1, 2, 4, 8):  # rows per program (prefetching the next row); 1 is one program per row
+        launch_r = plan_ln_modulate(*big, rows_per_program=r)
+        per_program[r] = do_bench(lambda: launch_r(*big), return_mode="median") * 1e3
     def stats(shuffle: bool) -> float:
         return do_bench(lambda: _stats_only[(M,)](x, mean, rstd, D, 1e-6, N_ITERS=it, LANES=LANES, VEC=VEC,
                                                   UNIFORM=is_uniform(D, it), SHUFFLE=shuffle, num_warps=4,
@@ -95,6 +99,7 @@ def main() -> None:
                                                  num_warps=4, enable_fp_fusion=False), return_mode="median") * 1e3
     floor_read = x.numel() * 2 / 4.2e12 * 1e6
     rows += [["device", "full kernel [1,4608,3072]", f"{t_full:.1f} us"],
+             *[["device", f"full kernel, {r} row(s) per program", f"{t:.1f} us"] for r, t in per_program.items()],
              ["device", "statistics pass only (reads x)", f"{t_stats:.1f} us (read floor {floor_read:.1f})"],
              ["device", "statistics pass, shared-memory tree instead of shuffles", f"{t_stats_smem:.1f} us"],
              ["device", "normalize+modulate pass only (reads x, writes out)", f"{t_apply:.1f} us (floor "

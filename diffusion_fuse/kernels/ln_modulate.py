@@ -136,6 +136,41 @@ def _ln_modulate_kernel(
                     PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA, UNIFORM)
 
 
+@triton.jit(do_not_specialize=["S", "M"])
+def _ln_modulate_rows_kernel(
+    X, W, B, SCALE, SHIFT, OUT,
+    N, S, M, eps,
+    x_sb, x_ss, x_sd, sc_sb, sc_ss, sh_sb, sh_ss,
+    N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_SHIFT: tl.constexpr,
+    LN_DT: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr, V_DT: tl.constexpr,
+    PUSH_MEAN_FMA: tl.constexpr, PUSH_M2_FMA: tl.constexpr, COMB_MEAN: tl.constexpr,
+    COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr, UNIFORM: tl.constexpr, ROWS: tl.constexpr,
+):
+    # UNIFORM rows only. Program p takes rows p, p + P, ..., p + (ROWS-1) P (P programs) and loads
+    # the next row's tile before reducing the current one, so DRAM reads stay in flight through
+    # the combine tree (with one row per program, each waits on memory, then on its reduction).
+    # Rows past the end are clamped to the last row: at most ROWS - 1 programs recompute it and
+    # store the same bits again.
+    tl.static_assert(UNIFORM, "whole rows are held in registers")
+    nprog = tl.num_programs(0)
+    row = tl.program_id(0).to(tl.int64)
+    tile = load_row_tile(X + (row // S) * x_sb + (row % S) * x_ss, x_sd, N_ITERS, LANES, VEC)
+    for _ in range(ROWS):
+        nxt = tl.minimum(row + nprog, M - 1)
+        tile_next = load_row_tile(X + (nxt // S) * x_sb + (nxt % S) * x_ss, x_sd, N_ITERS, LANES, VEC)
+        bi = row // S
+        si = row % S
+        ln_modulate_tile(tile, W, B, SCALE + bi * sc_sb + si * sc_ss, SHIFT + bi * sh_sb + si * sh_ss, OUT + row * N,
+                         N, eps, N_ITERS, LANES, VEC, HAS_W, HAS_B, HAS_SHIFT, LN_DT, T_DT, U_DT, V_DT,
+                         PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA)
+        tile = tile_next
+        row = nxt
+
+
+ROWS_PER_PROGRAM = 4  # UNIFORM rows: programs that prefetch the next row (0: one program per row)
+
+
 def _row_strides(t: torch.Tensor | None, x: torch.Tensor) -> tuple[int, int]:
     if t is None:
         return 0, 0
@@ -155,7 +190,7 @@ def modulate_constexprs(D, weight, bias, shift, ln_dt, t_dt, u_dt, v_dt, variant
 
 
 def plan_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, variant=DEFAULT_VARIANT,
-                     affine_fma: bool = True):
+                     affine_fma: bool = True, rows_per_program: int | None = None):
     """A launch for inputs of this layout (they must satisfy ``can_use_ln_modulate``)."""
     D = x.shape[-1]
     S = x.shape[1] if x.dim() == 3 else 1
@@ -163,21 +198,28 @@ def plan_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, va
         x.dtype, scale.dtype, None if shift is None else shift.dtype, ln_dtype, out_dtype)
     shape, device = x.shape, x.device
     strides = (*_row_strides(x, x), x.stride(-1), *_row_strides(scale, x), *_row_strides(shift, x))
-    kernel = CachedLaunch(_ln_modulate_kernel, (x.numel() // D,),
-                          modulate_constexprs(D, weight, bias, shift, ln_dt, t_dt, u_dt, v_dt, variant, affine_fma),
-                          num_warps=LANES // 32, enable_fp_fusion=False)
+    const = modulate_constexprs(D, weight, bias, shift, ln_dt, t_dt, u_dt, v_dt, variant, affine_fma)
+    rows = x.numel() // D
+    per_program = ROWS_PER_PROGRAM if rows_per_program is None else rows_per_program
+    if per_program > 1 and const["UNIFORM"] and rows > 0:
+        kernel = CachedLaunch(_ln_modulate_rows_kernel, (triton.cdiv(rows, per_program),),
+                              dict(const, ROWS=per_program), num_warps=LANES // 32, enable_fp_fusion=False)
+        sizes = (D, S, rows)
+    else:
+        kernel = CachedLaunch(_ln_modulate_kernel, (rows,), const, num_warps=LANES // 32, enable_fp_fusion=False)
+        sizes = (D, S)
 
     def launch(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype):
         out = torch.empty(shape, dtype=final, device=device)
         kernel(x, weight if weight is not None else x, bias if bias is not None else x, scale,
-               shift if shift is not None else scale, out, D, S, eps, *strides)
+               shift if shift is not None else scale, out, *sizes, eps, *strides)
         return out
 
     return launch
 
 
 def ln_modulate_triton(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, variant=DEFAULT_VARIANT,
-                       affine_fma: bool = True) -> torch.Tensor:
+                       affine_fma: bool = True, rows_per_program: int | None = None) -> torch.Tensor:
     """Plan and launch once (tests, benchmarks); the op caches plans per layout instead."""
     args = (x, weight, bias, eps, scale, shift, ln_dtype, out_dtype)
-    return plan_ln_modulate(*args, variant=variant, affine_fma=affine_fma)(*args)
+    return plan_ln_modulate(*args, variant=variant, affine_fma=affine_fma, rows_per_program=rows_per_program)(*args)
