@@ -39,7 +39,7 @@ def _assign_keys(sites: list[Site]) -> None:
     """
     seen: dict[str, int] = {}
     for site in sites:
-        loc = source_location(site.outputs[-1])
+        loc = source_location(site.located_at)
         base = f"{site.pattern}@{loc if loc != '?' else site.anchor.name}"
         k = seen.get(base, 0)
         seen[base] = k + 1
@@ -72,7 +72,7 @@ def apply_site(graph: fx.Graph, site: Site, mapping: dict[fx.Node, fx.Node]) -> 
     with graph.inserting_before(_last_in_order(site.nodes)):
         new_outs = list(site.emit(graph, inputs))
     created = [n for n in graph.nodes if n not in before]
-    trace = site.outputs[-1].meta.get("stack_trace")
+    trace = site.located_at.meta.get("stack_trace")
     for n in created:
         n.meta["stack_trace"] = trace
         n.meta["diffusion_fuse_site"] = site.id
@@ -117,8 +117,8 @@ class FusePatternsPass(GraphPass):
         claimed: set[fx.Node] = set()
         chosen: list[Site] = []
         for node in list(graph.nodes):
-            if node.op != "call_function":
-                continue
+            if node.op != "call_function" or node in claimed:
+                continue  # an anchor inside a site chosen before (a quantizer a norm site took) is not tried
             for fam in by_anchor.get(node.target, ()):
                 try:
                     res = fam.match(node)

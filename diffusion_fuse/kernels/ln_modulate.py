@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from ..lowering.norm_modulate import result_dtypes
+from .fp8_quant import QuantEpilogue, load_scales, store_quants
 from .launch import CachedLaunch
 from .layer_norm_stats import (DEFAULT_VARIANT, LANES, VEC, is_uniform, layer_norm_apply_affine, load_row_tile,
                                n_iters_for, row_tile_trip, welford_row_stats, welford_tile_stats)
@@ -53,16 +54,25 @@ def ln_modulate_row(
     LN_DT: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr, V_DT: tl.constexpr,
     PUSH_MEAN_FMA: tl.constexpr, PUSH_M2_FMA: tl.constexpr, COMB_MEAN: tl.constexpr,
     COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr, UNIFORM: tl.constexpr,
+    q_row=None, q_plane=0, S0=None, S1=None, S2=None, S3=None, q_lo=0.0, q_hi=0.0,
+    N_Q: tl.constexpr = 0, STORE_OUT: tl.constexpr = True, OUT_DT: tl.constexpr = 0, Q_MODE: tl.constexpr = 0,
+    NAN_SIGN: tl.constexpr = True,
 ):
     """One row: eager's LayerNorm statistics, then normalize, modulate and store (the contract above).
+
+    Quant epilogue (kernels/fp8_quant.py), when N_Q > 0: the output, rounded to its dtype (OUT_DT),
+    is also quantized with each of the N_Q scales S0.. and stored at ``q_row + i * q_plane``; the
+    output itself is stored only if STORE_OUT.
 
     A row of N == N_ITERS * 512 (UNIFORM) is read once into registers (``ln_modulate_tile``);
     other rows are read twice (statistics, then output; the second read mostly hits L2).
     """
+    s0, s1, s2, s3 = load_scales(S0, S1, S2, S3, N_Q)
     if UNIFORM:
         ln_modulate_tile(load_row_tile(x_row, x_sd, N_ITERS, LANES, VEC), W, B, sc_row, sh_row, out_row, N, eps,
                          N_ITERS, LANES, VEC, HAS_W, HAS_B, HAS_SHIFT, LN_DT, T_DT, U_DT, V_DT,
-                         PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA)
+                         PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA,
+                         q_row, q_plane, s0, s1, s2, s3, q_lo, q_hi, N_Q, STORE_OUT, OUT_DT, Q_MODE, NAN_SIGN)
     else:
         mean, rstd = welford_row_stats(x_row, N, x_sd, eps, N_ITERS, LANES, VEC,
                                        PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, UNIFORM)
@@ -73,7 +83,8 @@ def ln_modulate_row(
             mask = offs < N
             x = tl.load(x_row + offs * x_sd, mask=mask, other=0.0).to(tl.float32)
             modulate_store(x, mean, rstd, offs, mask, W, B, sc_row, sh_row, out_row, HAS_W, HAS_B, HAS_SHIFT,
-                           LN_DT, T_DT, U_DT, V_DT, AFFINE_FMA)
+                           LN_DT, T_DT, U_DT, V_DT, AFFINE_FMA, q_row, q_plane, s0, s1, s2, s3, q_lo, q_hi,
+                           N_Q, STORE_OUT, OUT_DT, Q_MODE, NAN_SIGN)
 
 
 @triton.jit
@@ -84,6 +95,9 @@ def ln_modulate_tile(
     LN_DT: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr, V_DT: tl.constexpr,
     PUSH_MEAN_FMA: tl.constexpr, PUSH_M2_FMA: tl.constexpr, COMB_MEAN: tl.constexpr,
     COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr,
+    q_row=None, q_plane=0, s0=1.0, s1=1.0, s2=1.0, s3=1.0, q_lo=0.0, q_hi=0.0,
+    N_Q: tl.constexpr = 0, STORE_OUT: tl.constexpr = True, OUT_DT: tl.constexpr = 0, Q_MODE: tl.constexpr = 0,
+    NAN_SIGN: tl.constexpr = True,
 ):
     """``ln_modulate_row`` of a UNIFORM row held in registers (``load_row_tile`` layout)."""
     mean, rstd = welford_tile_stats(tile, N, eps, N_ITERS, LANES, VEC, PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN,
@@ -94,15 +108,20 @@ def ln_modulate_tile(
         offs = (it * LANES + lane)[:, None] * VEC + col[None, :]
         x = row_tile_trip(tile, it, LANES, VEC).to(tl.float32)
         modulate_store(x, mean, rstd, offs, offs < N, W, B, sc_row, sh_row, out_row, HAS_W, HAS_B, HAS_SHIFT,
-                       LN_DT, T_DT, U_DT, V_DT, AFFINE_FMA)
+                       LN_DT, T_DT, U_DT, V_DT, AFFINE_FMA, q_row, q_plane, s0, s1, s2, s3, q_lo, q_hi,
+                       N_Q, STORE_OUT, OUT_DT, Q_MODE, NAN_SIGN)
 
 
 @triton.jit
 def modulate_store(x, mean, rstd, offs, mask, W, B, sc_row, sh_row, out_row,
                    HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_SHIFT: tl.constexpr,
                    LN_DT: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr, V_DT: tl.constexpr,
-                   AFFINE_FMA: tl.constexpr):
-    """Normalize fp32 ``x`` (one trip's [LANES, VEC]), modulate, round as eager does, and store."""
+                   AFFINE_FMA: tl.constexpr,
+                   q_row=None, q_plane=0, s0=1.0, s1=1.0, s2=1.0, s3=1.0, q_lo=0.0, q_hi=0.0,
+                   N_Q: tl.constexpr = 0, STORE_OUT: tl.constexpr = True, OUT_DT: tl.constexpr = 0,
+                   Q_MODE: tl.constexpr = 0, NAN_SIGN: tl.constexpr = True):
+    """Normalize fp32 ``x`` (one trip's [LANES, VEC]), modulate, round as eager does, and store
+    (the output if STORE_OUT; its N_Q quantized copies, kernels/fp8_quant.py)."""
     w = x
     b = x
     if HAS_W:
@@ -114,38 +133,47 @@ def modulate_store(x, mean, rstd, offs, mask, W, B, sc_row, sh_row, out_row,
     v = round_to(y * t, U_DT)
     if HAS_SHIFT:
         v = round_to(v + tl.load(sh_row + offs, mask=mask, other=0.0).to(tl.float32), V_DT)
-    tl.store(out_row + offs, v.to(out_row.dtype.element_ty), mask=mask)
+    if STORE_OUT:
+        tl.store(out_row + offs, v.to(out_row.dtype.element_ty), mask=mask)
+    if N_Q > 0:
+        store_quants(q_row, q_plane, offs, mask, round_to(v, OUT_DT), s0, s1, s2, s3, q_lo, q_hi, N_Q, Q_MODE,
+                     NAN_SIGN)
 
 
-@triton.jit(do_not_specialize=["S"])
+@triton.jit(do_not_specialize=["S", "q_plane", "q_lo", "q_hi"])
 def _ln_modulate_kernel(
     X, W, B, SCALE, SHIFT, OUT,
     N, S, eps,
     x_sb, x_ss, x_sd, sc_sb, sc_ss, sh_sb, sh_ss,
+    Q, q_plane, S0, S1, S2, S3, q_lo, q_hi,
     N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_SHIFT: tl.constexpr,
     LN_DT: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr, V_DT: tl.constexpr,
     PUSH_MEAN_FMA: tl.constexpr, PUSH_M2_FMA: tl.constexpr, COMB_MEAN: tl.constexpr,
     COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr, UNIFORM: tl.constexpr,
+    N_Q: tl.constexpr, STORE_OUT: tl.constexpr, OUT_DT: tl.constexpr, Q_MODE: tl.constexpr, NAN_SIGN: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     bi = row // S
     si = row % S
     ln_modulate_row(X + bi * x_sb + si * x_ss, x_sd, W, B, SCALE + bi * sc_sb + si * sc_ss, SHIFT + bi * sh_sb + si * sh_ss,
                     OUT + row * N, N, eps, N_ITERS, LANES, VEC, HAS_W, HAS_B, HAS_SHIFT, LN_DT, T_DT, U_DT, V_DT,
-                    PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA, UNIFORM)
+                    PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA, UNIFORM,
+                    Q + row * N, q_plane, S0, S1, S2, S3, q_lo, q_hi, N_Q, STORE_OUT, OUT_DT, Q_MODE, NAN_SIGN)
 
 
-@triton.jit(do_not_specialize=["S", "M"])
+@triton.jit(do_not_specialize=["S", "M", "q_plane", "q_lo", "q_hi"])
 def _ln_modulate_rows_kernel(
     X, W, B, SCALE, SHIFT, OUT,
     N, S, M, eps,
     x_sb, x_ss, x_sd, sc_sb, sc_ss, sh_sb, sh_ss,
+    Q, q_plane, S0, S1, S2, S3, q_lo, q_hi,
     N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_SHIFT: tl.constexpr,
     LN_DT: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr, V_DT: tl.constexpr,
     PUSH_MEAN_FMA: tl.constexpr, PUSH_M2_FMA: tl.constexpr, COMB_MEAN: tl.constexpr,
     COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr, UNIFORM: tl.constexpr, ROWS: tl.constexpr,
+    N_Q: tl.constexpr, STORE_OUT: tl.constexpr, OUT_DT: tl.constexpr, Q_MODE: tl.constexpr, NAN_SIGN: tl.constexpr,
 ):
     # UNIFORM rows only. Program p takes rows p, p + P, ..., p + (ROWS-1) P (P programs) and loads
     # the next row's tile before reducing the current one, so DRAM reads stay in flight through
@@ -155,6 +183,7 @@ def _ln_modulate_rows_kernel(
     tl.static_assert(UNIFORM, "whole rows are held in registers")
     nprog = tl.num_programs(0)
     row = tl.program_id(0).to(tl.int64)
+    s0, s1, s2, s3 = load_scales(S0, S1, S2, S3, N_Q)
     tile = load_row_tile(X + (row // S) * x_sb + (row % S) * x_ss, x_sd, N_ITERS, LANES, VEC)
     for _ in range(ROWS):
         nxt = tl.minimum(row + nprog, M - 1)
@@ -163,7 +192,8 @@ def _ln_modulate_rows_kernel(
         si = row % S
         ln_modulate_tile(tile, W, B, SCALE + bi * sc_sb + si * sc_ss, SHIFT + bi * sh_sb + si * sh_ss, OUT + row * N,
                          N, eps, N_ITERS, LANES, VEC, HAS_W, HAS_B, HAS_SHIFT, LN_DT, T_DT, U_DT, V_DT,
-                         PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA)
+                         PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA,
+                         Q + row * N, q_plane, s0, s1, s2, s3, q_lo, q_hi, N_Q, STORE_OUT, OUT_DT, Q_MODE, NAN_SIGN)
         tile = tile_next
         row = nxt
 
@@ -190,15 +220,22 @@ def modulate_constexprs(D, weight, bias, shift, ln_dt, t_dt, u_dt, v_dt, variant
 
 
 def plan_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, variant=DEFAULT_VARIANT,
-                     affine_fma: bool = True, rows_per_program: int | None = None):
-    """A launch for inputs of this layout (they must satisfy ``can_use_ln_modulate``)."""
+                     affine_fma: bool = True, rows_per_program: int | None = None,
+                     quant: tuple[int, int, bool] | None = None, nan_sign: bool | None = None):
+    """A launch for inputs of this layout (they must satisfy ``can_use_ln_modulate``).
+
+    ``quant``: ``(n, q_mode, keep_out)`` for ``diffusion_fuse::ln_modulate_quant`` (its launch then
+    takes that op's arguments and returns its Tensor[]), None for ``ln_modulate``.
+    """
     D = x.shape[-1]
     S = x.shape[1] if x.dim() == 3 else 1
     ln_dt, t_dt, u_dt, v_dt, final = result_dtypes(
         x.dtype, scale.dtype, None if shift is None else shift.dtype, ln_dtype, out_dtype)
     shape, device = x.shape, x.device
     strides = (*_row_strides(x, x), x.stride(-1), *_row_strides(scale, x), *_row_strides(shift, x))
-    const = modulate_constexprs(D, weight, bias, shift, ln_dt, t_dt, u_dt, v_dt, variant, affine_fma)
+    epi = QuantEpilogue(quant, shape, _DT_CODE[final], device, nan_sign)
+    const = {**modulate_constexprs(D, weight, bias, shift, ln_dt, t_dt, u_dt, v_dt, variant, affine_fma),
+             **epi.constexprs}
     rows = x.numel() // D
     per_program = ROWS_PER_PROGRAM if rows_per_program is None else rows_per_program
     if per_program > 1 and const["UNIFORM"] and rows > 0:
@@ -209,11 +246,12 @@ def plan_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, va
         kernel = CachedLaunch(_ln_modulate_kernel, (rows,), const, num_warps=LANES // 32, enable_fp_fusion=False)
         sizes = (D, S)
 
-    def launch(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype):
-        out = torch.empty(shape, dtype=final, device=device)
+    def launch(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, *quant_args):
+        out = torch.empty(shape, dtype=final, device=device) if epi.keep_out else x
+        q_args, q = epi.args(x, *quant_args)
         kernel(x, weight if weight is not None else x, bias if bias is not None else x, scale,
-               shift if shift is not None else scale, out, *sizes, eps, *strides)
-        return out
+               shift if shift is not None else scale, out, *sizes, eps, *strides, *q_args)
+        return out if q is None else epi.outputs([], out, q)
 
     return launch
 

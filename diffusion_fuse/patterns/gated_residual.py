@@ -26,6 +26,7 @@ import torch.fx as fx
 from .match_utils import aten, is_op, single_user, val
 from .norm_modulate import match_ln_chains
 from .registry import NearMiss, PatternFamily, Site, register_family
+from .static_quant import emit_quant_op, quant_consumers
 
 
 def _gated_residual(r: object) -> tuple[fx.Node, fx.Node, fx.Node, fx.Node] | None:
@@ -58,6 +59,7 @@ class GatedResidualNormModulate(PatternFamily):
     variants = (
         "add(residual, mul(unsqueeze(gate,1), x)) → LN → modulate  (FLUX/SD3.5/Qwen-Image/SANA/FLUX.2, bf16/fp32)",
         "operands of mul and add in either order; x a clone/view of a linear's output",
+        "the output read by up to 4 static FP8 quantizers (patterns/static_quant.py) → ..._quant op",
     )
 
     def match(self, node: fx.Node) -> Site | NearMiss | None:
@@ -75,6 +77,8 @@ class GatedResidualNormModulate(PatternFamily):
         has_w, has_b, has_shift = isinstance(weight, fx.Node), isinstance(bias, fx.Node), chain.shift is not None
         inputs = [residual, x, gate, chain.scale] + ([weight] if has_w else []) + ([bias] if has_b else [])
         inputs += [chain.shift] if has_shift else []
+        quants, others = quant_consumers(chain.last)  # FP8-static linears reading the output join the op
+        inputs += [q.scale for q in quants]
 
         def emit(graph: fx.Graph, ins):
             it = iter(ins)
@@ -83,6 +87,10 @@ class GatedResidualNormModulate(PatternFamily):
             w_n = next(it) if has_w else None
             b_n = next(it) if has_b else None
             shift_n = next(it) if has_shift else None
+            if quants:
+                return emit_quant_op(graph, torch.ops.diffusion_fuse.gated_residual_ln_modulate_quant.default,
+                                     (res_n, x_n, gate_n, w_n, b_n, float(eps), scale_n, shift_n, chain.out_dtype,
+                                      list(it)), 1, others > 0, quants)
             both = graph.call_function(
                 torch.ops.diffusion_fuse.gated_residual_ln_modulate.default,
                 (res_n, x_n, gate_n, w_n, b_n, float(eps), scale_n, shift_n, chain.out_dtype),
@@ -92,10 +100,11 @@ class GatedResidualNormModulate(PatternFamily):
         return Site(
             pattern=self.name,
             anchor=node,
-            nodes=[mul, r, node, ln, *chain.nodes],
+            nodes=[mul, r, node, ln, *chain.nodes, *(n for q in quants for n in q.nodes)],
             inputs=inputs,
-            outputs=[r, chain.last],
+            outputs=[r] + ([chain.last] if not quants or others else []) + [q.out for q in quants],
             emit=emit,
-            op="diffusion_fuse::gated_residual_ln_modulate",
+            op="diffusion_fuse::gated_residual_ln_modulate" + ("_quant" if quants else ""),
             n_ops=1,
+            where=chain.last,
         )

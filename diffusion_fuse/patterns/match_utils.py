@@ -114,10 +114,15 @@ def depends_on(node: object, target: fx.Node, limit: int = 64) -> bool:
     return False
 
 
+# Frames of quantization libraries: a quantizer is named by the model line that called the linear.
+LIBRARY_FRAMES = ("/torchao/", "/modelopt/", "diffusion_fuse/testing/fp8.py")
+
+
 def source_location(node: fx.Node) -> str:
-    """``file:line`` of the innermost user frame in the node's stack trace."""
+    """``file:line`` of the innermost user frame in the node's stack trace (quantization libraries skipped)."""
     trace = node.meta.get("stack_trace") or ""
     lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip().startswith("File ")]
+    lines = [ln for ln in lines if not any(f in ln for f in LIBRARY_FRAMES)] or lines
     if not lines:
         return "?"
     last = lines[-1]  # 'File "/path/x.py", line 12, in forward'

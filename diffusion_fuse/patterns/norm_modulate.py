@@ -33,6 +33,7 @@ from .match_utils import (
     val,
 )
 from .registry import NearMiss, PatternFamily, Site, register_family
+from .static_quant import emit_quant_op, quant_chain, quant_consumers
 
 
 def _scale_of(t: object) -> tuple[fx.Node, int | None] | None:
@@ -65,6 +66,7 @@ class NormModulate(PatternFamily):
         "ln*(1+scale)                               (no shift)",
         "LN with weight/bias                        (elementwise affine)",
         "cast(LN(cast(x,f32))*(1+scale)+shift,bf16) (Wan FP32LayerNorm, [B,1,D] or per-token [B,S,D])",
+        "any of these read by up to 4 static FP8 quantizers (patterns/static_quant.py) → ln_modulate_quant",
     )
 
     def match(self, node: fx.Node) -> Site | NearMiss | None:
@@ -86,6 +88,10 @@ class NormModulate(PatternFamily):
             inputs.append(c.scale)
             if c.shift is not None:
                 inputs.append(c.shift)
+        # Quantizers reading a single modulate's output join the op (FP8-static linears after it).
+        quants, others = quant_consumers(chains[0].last) if len(chains) == 1 else ([], 0)
+        nodes += [n for q in quants for n in q.nodes]
+        inputs += [q.scale for q in quants]
 
         def emit(graph: fx.Graph, ins):
             it = iter(ins)
@@ -96,6 +102,10 @@ class NormModulate(PatternFamily):
             for c in chains:
                 scale_n = c.scale_arg(graph, next(it))
                 shift_n = next(it) if c.shift is not None else None
+                if quants:
+                    return emit_quant_op(graph, torch.ops.diffusion_fuse.ln_modulate_quant.default,
+                                         (x_n, w_n, b_n, float(eps), scale_n, shift_n, ln_dtype, c.out_dtype, list(it)),
+                                         0, others > 0, quants)
                 results.append(graph.call_function(
                     torch.ops.diffusion_fuse.ln_modulate.default,
                     (x_n, w_n, b_n, float(eps), scale_n, shift_n, ln_dtype, c.out_dtype),
@@ -107,9 +117,11 @@ class NormModulate(PatternFamily):
             anchor=node,
             nodes=nodes,
             inputs=inputs,
-            outputs=[c.last for c in chains],
+            outputs=([c.last for c in chains] if not quants or others else []) + [q.out for q in quants],
             emit=emit,
-            op="diffusion_fuse::ln_modulate",
+            op="diffusion_fuse::ln_modulate_quant" if quants else "diffusion_fuse::ln_modulate",
+            n_ops=1 if quants else None,
+            where=chains[-1].last,
         )
 
 
@@ -175,7 +187,8 @@ def _modulate_chain(ln: fx.Node, mul: fx.Node, anchor: fx.Node) -> ModulateChain
             last = add
     out_dtype = None
     cast = single_user(last)
-    if cast is not None and cast_dtype(cast) is not None:
+    # (the fp32 copy that starts an FP8 quantizer is not the modulate's cast: the quantizer joins the site)
+    if cast is not None and cast_dtype(cast) is not None and isinstance(quant_chain(last, cast), str):
         out_dtype = cast_dtype(cast)
         nodes.append(cast)
     return ModulateChain(nodes, scale, unsqueeze_dim, shift, out_dtype)

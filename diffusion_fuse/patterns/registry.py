@@ -39,6 +39,11 @@ class Site:
     exact: bool = True  # False: the replacement is not bit-exact (tier high only)
     key: str | None = None  # set by the fuse pass: pattern@source-line#ordinal
     n_ops: int | None = None  # op calls the site becomes (default: one per output)
+    where: fx.Node | None = None  # the node whose source line names the site (default: the last output)
+
+    @property
+    def located_at(self) -> fx.Node:
+        return self.where if self.where is not None else self.outputs[-1]
 
     @property
     def id(self) -> str:

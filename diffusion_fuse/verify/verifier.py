@@ -70,7 +70,7 @@ def site_record(site: Site, tier: str) -> SiteRecord:
         pattern=site.pattern,
         tier=tier,
         exact=site.exact,
-        location=source_location(site.outputs[-1]),
+        location=source_location(site.located_at),
         before=describe(site.nodes),
         after=site.op,
         shapes=" ".join(shape(n) for n in site.inputs[:1] + site.outputs),

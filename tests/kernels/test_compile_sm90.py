@@ -18,19 +18,38 @@ from diffusion_fuse.kernels import ln_modulate as lm  # noqa: E402
 
 PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 CODE = {"fp32": 0, "bf16": 1, "fp16": 2}
+QUANT_TYPES = {"Q": "*u8", "q_plane": "i64", "S0": "*fp32", "S1": "*fp32", "S2": "*fp32", "S3": "*fp32",
+               "q_lo": "fp32", "q_hi": "fp32"}
+E4M3_CVT = "cvt.rn.satfinite.e4m3x2.f32"  # round to nearest even, saturating: eager's cast within ±448
 
 
-def compile_ln_modulate(D, x="bf16", mod="bf16", out="bf16", ln="bf16", affine=False, shift=True):
+def quant_constexprs(n_q=0, keep_out=True, out="bf16", q_mode=0):
+    """The quant epilogue's constexprs (kernels/fp8_quant.py); n_q == 0 is the plain kernel."""
+    return dict(N_Q=n_q, STORE_OUT=keep_out, OUT_DT=CODE[out], Q_MODE=q_mode, NAN_SIGN=True)
+
+
+def compile_for_sm90(kernel, types: dict, const: dict):
+    """Compile ``kernel`` for sm_90: ``types`` maps runtime argument names to Triton types (others i64)."""
+    sig = {n: ("constexpr" if n in const else types.get(n, "i64")) for n in kernel.arg_names}
+    src = ASTSource(fn=kernel, signature=sig, constexprs={(kernel.arg_names.index(n),): v for n, v in const.items()})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": False})
+
+
+def compile_ln_modulate(D, x="bf16", mod="bf16", out="bf16", ln="bf16", affine=False, shift=True, n_q=0,
+                        keep_out=True, rows=0):
     """Compile as the launcher does for contiguous, 16-byte aligned operands: x's unit stride along D
-    is a constant, pointers and row strides carry Triton's divisibility-by-16 specialization."""
-    k = lm._ln_modulate_kernel
+    is a constant, pointers and row strides carry Triton's divisibility-by-16 specialization.
+    ``rows`` > 0: the several-rows-per-program kernel (UNIFORM D only)."""
+    k = lm._ln_modulate_rows_kernel if rows else lm._ln_modulate_kernel
     n_iters = lns.n_iters_for(D)
     const = dict(N_ITERS=n_iters, LANES=lns.LANES, VEC=lns.VEC, HAS_W=affine, HAS_B=affine, HAS_SHIFT=shift,
                  LN_DT=CODE[ln], T_DT=CODE[mod], U_DT=CODE[mod], V_DT=CODE[mod], AFFINE_FMA=True,
-                 **lns.DEFAULT_VARIANT.constexprs(), UNIFORM=lns.is_uniform(D, n_iters))
+                 **lns.DEFAULT_VARIANT.constexprs(), UNIFORM=lns.is_uniform(D, n_iters),
+                 **quant_constexprs(n_q, keep_out, out), **({"ROWS": rows} if rows else {}))
     names = k.arg_names
     sig = {"X": PTR[x], "W": PTR[ln], "B": PTR[ln], "SCALE": PTR[mod], "SHIFT": PTR[mod], "OUT": PTR[out],
-           "N": "i32", "S": "i32", "eps": "fp32", **{n: "i64" for n in names[9:len(names) - len(const)]}}
+           "N": "i32", "S": "i32", "M": "i32", "eps": "fp32", **QUANT_TYPES}
+    sig = {n: sig.get(n, "i64") for n in names}
     sig.update({n: "constexpr" for n in [*const, "x_sd"]})
     constexprs = {(names.index(n),): v for n, v in {**const, "x_sd": 1}.items()}
     aligned = ["X", "W", "B", "SCALE", "SHIFT", "OUT", "x_sb", "x_ss", "sc_sb", "sc_ss", "sh_sb", "sh_ss"]
@@ -82,19 +101,52 @@ def test_ln_modulate_compiles_for_sm90(D, form):
         assert "div.rn.f32" in ptx  # only var = m2 / N remains a division
 
 
-@pytest.mark.parametrize("D", [1000, 3072])
-@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-def test_gated_residual_ln_modulate_compiles_for_sm90(D, dtype):
+@pytest.mark.parametrize("D, dtype, n_q", [(1000, "bf16", 0), (3072, "bf16", 0), (1000, "fp32", 0),
+                                           (3072, "fp32", 0), (1000, "bf16", 1), (3072, "bf16", 2)])
+def test_gated_residual_ln_modulate_compiles_for_sm90(D, dtype, n_q):
     from diffusion_fuse.kernels import gated_residual_ln as gr
 
-    k = gr._gated_residual_ln_modulate_kernel
     n_iters = lns.n_iters_for(D)
     const = dict(M_DT=CODE[dtype], N_ITERS=n_iters, LANES=lns.LANES, VEC=lns.VEC, HAS_W=False, HAS_B=False,
                  HAS_SHIFT=True, LN_DT=CODE[dtype], T_DT=CODE[dtype], U_DT=CODE[dtype], V_DT=CODE[dtype],
-                 AFFINE_FMA=True, **lns.DEFAULT_VARIANT.constexprs(), UNIFORM=lns.is_uniform(D, n_iters))
+                 AFFINE_FMA=True, **lns.DEFAULT_VARIANT.constexprs(), UNIFORM=lns.is_uniform(D, n_iters),
+                 **quant_constexprs(n_q, out=dtype))
     ptrs = ["RES", "X", "GATE", "W", "B", "SCALE", "SHIFT", "R_OUT", "OUT"]
-    sig = {**{p: PTR[dtype] for p in ptrs}, "N": "i32", "S": "i32", "eps": "fp32",
-           **{n: "i64" for n in k.arg_names[12:22]}, **{n: "constexpr" for n in const}}
-    src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(n),): v for n, v in const.items()})
-    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": False})
+    types = {**{p: PTR[dtype] for p in ptrs}, "N": "i32", "S": "i32", "eps": "fp32", **QUANT_TYPES}
+    ck = compile_for_sm90(gr._gated_residual_ln_modulate_kernel, types, const)
     assert ck.asm.get("cubin") and "bar.sync" in ck.asm["ptx"]
+    assert (E4M3_CVT in ck.asm["ptx"]) == (n_q > 0)
+
+
+@pytest.mark.parametrize("D, n_q, keep_out, rows", [(1000, 1, False, 0), (3072, 3, True, 0), (3072, 4, False, 0),
+                                                   (3072, 2, True, 4), (3072, 1, False, 4)])
+def test_ln_modulate_with_quant_epilogue_compiles_for_sm90(D, n_q, keep_out, rows):
+    ptx = compile_ln_modulate(D, n_q=n_q, keep_out=keep_out, rows=rows).asm["ptx"]
+    assert ptx.count(E4M3_CVT) >= n_q  # one conversion per quantizer (per vector pair)
+    assert ".approx" not in ptx.replace("rsqrt.approx", "").replace("ex2.approx", "")
+    stores = ptx.count("st.global")
+    assert stores >= n_q and (keep_out or "st.global.v2.b32" not in ptx)  # no bf16 row store without keep_out
+
+
+@pytest.mark.parametrize("x, q_mode", [("bf16", 0), ("bf16", 1), ("bf16", 2), ("fp32", 0)])
+def test_static_quant_compiles_for_sm90(x, q_mode):
+    from diffusion_fuse.kernels import fp8_quant as fq
+
+    ck = compile_for_sm90(fq._static_quant_kernel, {"X": PTR[x], "SCALE": "*fp32", "Q": "*u8", "N": "i32", "S": "i32",
+                                                     "q_lo": "fp32", "q_hi": "fp32"},
+                          dict(BLOCK=fq.BLOCK, Q_MODE=q_mode, NAN_SIGN=True))
+    ptx = ck.asm["ptx"]
+    assert E4M3_CVT in ptx and ".approx" not in ptx
+    assert ("div.rn.f32" in ptx) == (q_mode != 1)  # the division is IEEE, as nvcc compiles eager's
+
+
+@pytest.mark.parametrize("keep_cat", [False, True])
+def test_cat_quant_compiles_for_sm90(keep_cat):
+    from diffusion_fuse.kernels import cat_quant as cq
+    from diffusion_fuse.kernels import fp8_quant as fq
+
+    ck = compile_for_sm90(cq._cat_quant_kernel, {"A": "*bf16", "B": "*bf16", "SCALE": "*fp32", "C": "*bf16",
+                                                  "Q": "*u8", "NA": "i32", "W": "i32", "S": "i32", "q_lo": "fp32",
+                                                  "q_hi": "fp32"},
+                          dict(BLOCK=fq.BLOCK, KEEP_CAT=keep_cat, Q_MODE=0, NAN_SIGN=False))
+    assert E4M3_CVT in ck.asm["ptx"] and ck.asm.get("cubin")
