@@ -3,12 +3,14 @@
 Models (random weights, bf16, real widths; issue #3):
 - flux_stack: FLUX.1-dev-sized FluxTransformer2DModel with 2 double + 4 single blocks, 1024²
   (4096 image + 512 text tokens).
+- flux_fp8_stack: the same stack with every linear an FP8-static linear
+  (diffusion_fuse.testing.fp8.FP8StaticLinear, input scales calibrated on one call; issue #5).
 - wan22_block: Wan2.2-TI2V-5B-sized WanTransformer3DModel with 1 block at 704p/121f
   (27,280 tokens, per-token timesteps), fp32 modules kept as from_pretrained keeps them.
 Each forward is timed with CUDA events after warm-up (median of --reps); outputs are compared
 bitwise with eager. Prints a table; writes JSON (--json).
 
-    python benchmarks/bench_e2e.py [--models flux_stack,wan22_block] [--reps 10]
+    python benchmarks/bench_e2e.py [--models flux_stack,flux_fp8_stack,wan22_block] [--reps 10]
 """
 
 from __future__ import annotations
@@ -50,6 +52,14 @@ def flux_stack():
     return m, kw
 
 
+def flux_fp8_stack():
+    from diffusion_fuse.testing.fp8 import quantize_linears_fp8
+
+    m, kw = flux_stack()
+    quantize_linears_fp8(m, kw)
+    return m, kw
+
+
 def wan22_block():
     from diffusers import WanTransformer3DModel
 
@@ -69,7 +79,7 @@ def wan22_block():
     return m, kw
 
 
-MODELS = {"flux_stack": flux_stack, "wan22_block": wan22_block}
+MODELS = {"flux_stack": flux_stack, "flux_fp8_stack": flux_fp8_stack, "wan22_block": wan22_block}
 
 
 def timed(fn, reps: int) -> tuple[float, list[float]]:
@@ -90,7 +100,7 @@ def bits(t):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="flux_stack,wan22_block")
+    ap.add_argument("--models", default="flux_stack,flux_fp8_stack,wan22_block")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--skip-inductor", action="store_true")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_e2e.json"))
