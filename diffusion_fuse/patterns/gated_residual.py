@@ -26,7 +26,7 @@ import torch.fx as fx
 from .match_utils import aten, is_op, single_user, val
 from .norm_modulate import match_ln_chains
 from .registry import NearMiss, PatternFamily, Site, register_family
-from .static_quant import emit_quant_op, quant_consumers
+from .quant_chain import emit_quant_op, quant_consumers
 
 
 def _gated_residual(r: object) -> tuple[fx.Node, fx.Node, fx.Node, fx.Node] | None:

@@ -33,7 +33,7 @@ from .match_utils import (
     val,
 )
 from .registry import NearMiss, PatternFamily, Site, register_family
-from .static_quant import emit_quant_op, quant_chain, quant_consumers
+from .quant_chain import emit_quant_op, quant_chain, quant_consumers
 
 
 def _scale_of(t: object) -> tuple[fx.Node, int | None] | None:
