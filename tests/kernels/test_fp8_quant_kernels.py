@@ -93,6 +93,14 @@ def worker() -> dict:
     for keep in (False, True):
         run(f"gated_keep{keep}", ops.gated_residual_ln_modulate_quant, L.gated_residual_ln_modulate_quant_reference,
             res_in, xin, gate, None, None, 1e-6, sc, sh, None, scales[:2], L.Q_DIV, -448.0, 448.0, keep)
+    # D % 512 == 0: rows held in registers (several rows per program for ln, the register tile for gated)
+    D = 512
+    xin, res_in = ((rn(1, 10, D) * 3 + 1).to(torch.bfloat16) for _ in range(2))
+    sc, sh, gate = (rn(1, 1, D).to(torch.bfloat16) for _ in range(3))
+    run("ln_uniform", ops.ln_modulate_quant, L.ln_modulate_quant_reference,
+        xin, None, None, 1e-6, sc, sh, None, None, scales[:2], L.Q_DIV, -448.0, 448.0, False)
+    run("gated_uniform", ops.gated_residual_ln_modulate_quant, L.gated_residual_ln_modulate_quant_reference,
+        res_in, xin, gate, None, None, 1e-6, sc, sh, None, scales[1:4], L.Q_DIV, -448.0, 448.0, True)
     return res
 
 
@@ -103,7 +111,7 @@ def results():
 
 KERNEL_CASES = ["static_div", "static_mul", "static_fp32_strided", "static_narrow_clamp", "cat_keepFalse",
                 "cat_keepTrue", "ln_n1_keepFalse", "ln_n3_keepTrue", "ln_n4_keepFalse", "ln_wan_fp32",
-                "gated_keepFalse", "gated_keepTrue"]
+                "gated_keepFalse", "gated_keepTrue", "ln_uniform", "gated_uniform"]
 
 
 @pytest.mark.parametrize("case", KERNEL_CASES)
