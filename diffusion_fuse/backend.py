@@ -10,7 +10,9 @@ lossless (default): AOTAutograd inference graph with no decomposition table → 
 high: Inductor's ``compile_fx`` with the same passes as a post-grad ``CustomGraphPass``;
   the anchors of enabled families are kept out of Inductor's decompositions so the
   patterns see them. Sites are verified on the first call (see ``_HighTierGraph``).
-``mode="reduce-overhead"`` is accepted; CUDA graphs are not applied yet (logged).
+``mode="reduce-overhead"`` / ``options={"cudagraphs": True}``: lossless graphs are verified
+  eagerly, then run by cudagraph trees (cudagraphs.py); tier high hands the flag to Inductor,
+  whose own cudagraph trees run its compiled graph after the verifier's first call.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from . import lowering  # noqa: F401  (registers the ops)
 from . import patterns  # noqa: F401  (registers the families)
 from .config import Options, parse_options
+from .cudagraphs import with_cuda_graphs
 from .log import get_logger
 from .patterns.registry import REGISTRY
 from .verify.compare import compare_close
@@ -41,8 +44,6 @@ class DiffusionFuseBackend:
     def __init__(self, options: Options | Mapping[str, Any] | None = None, report: Report | None = None) -> None:
         self.options = options if isinstance(options, Options) else parse_options(options)
         self.report = report if report is not None else default_report(self.options.report)
-        if self.options.mode == "reduce-overhead":
-            _log.info("mode='reduce-overhead': CUDA graphs are not applied by diffusion_fuse yet; running without")
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]):
         if self.options.quality == "high":
@@ -53,13 +54,17 @@ class DiffusionFuseBackend:
     def _lossless(self, gm: fx.GraphModule, example_inputs: Sequence[Any]):
         options, report = self.options, self.report
 
-        def inference_compiler(agm: fx.GraphModule, _inputs: Sequence[Any]):
+        def inference_compiler(agm: fx.GraphModule, inputs: Sequence[Any]):
             greport = report.new_graph(options.quality)
-            return make_boxed_func(VerifiedGraph(agm, options, greport, report))
+            vg = VerifiedGraph(agm, options, greport, report)
+            if options.cudagraphs:
+                return with_cuda_graphs(vg, agm, len(example_inputs), inputs, greport)
+            return make_boxed_func(vg)
 
         def training_compiler(agm: fx.GraphModule, _inputs: Sequence[Any]):
             greport = report.new_graph(options.quality, kind="training")
-            greport.notes.append("grad-enabled graph: left unrewritten (plain ATen, exact gradients)")
+            greport.notes.append("grad-enabled graph: left unrewritten (plain ATen, exact gradients)"
+                                 + ("; CUDA graphs not applied" if options.cudagraphs else ""))
             return make_boxed_func(agm.forward)
 
         return aot_autograd(
@@ -87,6 +92,7 @@ class DiffusionFuseBackend:
         return _HighTierGraph(self, gm, checker, verified, compiled, greport)
 
     def _inductor(self, gm: fx.GraphModule, example_inputs: Sequence[Any], exclude: frozenset[str], greport):
+        from torch._dynamo.utils import counters as torch_counters
         from torch._inductor import list_mode_options
         from torch._inductor.compile_fx import compile_fx
         from torch._inductor.decomposition import select_decomp_table
@@ -100,8 +106,16 @@ class DiffusionFuseBackend:
         decomps = {op: fn for op, fn in select_decomp_table().items() if op not in keep}
         _lower_kept_anchors_as_fallbacks(keep & set(select_decomp_table()))
         patches: dict[str, Any] = dict(list_mode_options(self.options.mode) if self.options.mode else {})
+        patches["triton.cudagraphs"] = self.options.cudagraphs  # Inductor's own cudagraph trees
         patches["post_grad_custom_pre_pass"] = InductorFusePass(self.options, on_context, exclude)
-        return compile_fx(gm, example_inputs, config_patches=patches, decompositions=decomps)
+        skips = torch_counters["inductor"]["cudagraph_skips"]
+        compiled = compile_fx(gm, example_inputs, config_patches=patches, decompositions=decomps)
+        if self.options.cudagraphs:
+            # Inductor decides while compiling (CPU tensors, unsafe ops) and counts what it skips.
+            skipped = torch_counters["inductor"]["cudagraph_skips"] > skips
+            greport.cudagraphs = ("not applied by Inductor (TORCH_LOGS=cudagraphs says why)" if skipped
+                                  else "on (Inductor's cudagraph trees, after the verifier's first call)")
+        return compiled
 
 
 def _lower_kept_anchors_as_fallbacks(ops) -> None:

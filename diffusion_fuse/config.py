@@ -14,6 +14,8 @@ from typing import Any, Literal
 Quality = Literal["lossless", "high"]
 QUALITIES: tuple[str, ...] = ("lossless", "high")
 MODES: tuple[str | None, ...] = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# The torch.compile modes that turn CUDA graphs on (as in Inductor's ``list_mode_options``).
+CUDAGRAPH_MODES: tuple[str, ...] = ("reduce-overhead", "max-autotune")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +32,10 @@ class Options:
               for JSON, ``.html`` for the HTML report, anything else for the text table), or None.
     rtol/atol: tolerance for non-exact sites and outputs in tier "high": relative L2 error
               at most ``rtol``, or largest absolute error at most ``atol``.
+    cudagraphs: run the graphs under CUDA graphs (cudagraph trees), after verification;
+              default: on for ``mode="reduce-overhead"`` and ``"max-autotune"``, as in Inductor.
+              An option too because torch.compile takes ``mode`` or ``options``, not both
+              (``options={"quality": "high", "cudagraphs": True}``). See diffusion_fuse/cudagraphs.py.
     """
 
     quality: Quality = "lossless"
@@ -38,6 +44,7 @@ class Options:
     report: str | None = None
     rtol: float = 2e-2
     atol: float = 1e-3
+    cudagraphs: bool = False
     mode: str | None = None
 
     def pattern_enabled(self, name: str, tier: str) -> bool:
@@ -65,8 +72,10 @@ def parse_options(options: Mapping[str, Any] | None = None, mode: str | None = N
         )
     if "quality" in raw and raw["quality"] not in QUALITIES:
         _fail("quality", raw["quality"], list(QUALITIES))
-    if "verify" in raw and not isinstance(raw["verify"], bool):
-        _fail("verify", raw["verify"], [True, False])
+    for key in ("verify", "cudagraphs"):
+        if key in raw and not isinstance(raw[key], bool):
+            _fail(key, raw[key], [True, False])
+    raw.setdefault("cudagraphs", mode in CUDAGRAPH_MODES)
     if "report" in raw and raw["report"] is not None and not isinstance(raw["report"], str):
         _fail("report", raw["report"], "a file path (str) or None")
     for key in ("rtol", "atol"):

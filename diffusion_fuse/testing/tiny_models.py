@@ -22,7 +22,7 @@ import torch
 
 MODEL_NAMES = ["flux", "flux2", "wan21", "wan22_ti2v", "sana", "qwen_image", "sd35"]
 
-__all__ = ["MODEL_NAMES", "build", "cast_like_from_pretrained"]
+__all__ = ["MODEL_NAMES", "build", "cast_like_from_pretrained", "wider"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -298,3 +298,28 @@ def build(
     model.to(device=device)  # device only; dtypes stay as set above
     gen = torch.Generator().manual_seed(seed + 1)
     return model, make_kwargs(dtype, torch.device(device), gen)
+
+
+def wider(name: str, kwargs: dict, seed: int = 0) -> dict:
+    """``kwargs`` of ``build(name)`` at twice the latent width: a second resolution (same dtypes and device).
+
+    FLUX: a 4x8 latent grid (32 image tokens, ``img_ids`` to match); Wan 2.1 / 2.2 TI2V: 8x16 latents
+    (64 tokens; Wan 2.2's per-token timesteps to match).
+    """
+    gen = torch.Generator().manual_seed(seed + 2)
+    hs = kwargs["hidden_states"]
+    device, dtype = hs.device, hs.dtype
+    if name == "flux":
+        ids = torch.zeros(4, 8, 3)
+        ids[..., 1] = torch.arange(4)[:, None]
+        ids[..., 2] = torch.arange(8)[None, :]
+        return dict(kwargs, hidden_states=_randn(gen, 1, 32, hs.shape[-1]).to(device, dtype),
+                    img_ids=ids.reshape(32, 3).to(device, torch.float32))
+    if name in ("wan21", "wan22_ti2v"):
+        out = dict(kwargs, hidden_states=_randn(gen, *hs.shape[:-1], 2 * hs.shape[-1]).to(device, dtype))
+        if name == "wan22_ti2v":
+            ts = torch.full((2, 4, 8), 500, dtype=torch.int64)
+            ts[0] = 0
+            out["timestep"] = ts.flatten().unsqueeze(0).to(device)
+        return out
+    raise KeyError(f"no second resolution for tiny model {name!r}; have flux, wan21, wan22_ti2v")

@@ -247,6 +247,10 @@ class VerifiedGraph:
         return self._builds[frozenset()]
 
     # --- running -------------------------------------------------------------------------
+    def needs_verification(self, args: Sequence[Any]) -> bool:
+        """Whether a call with ``args`` runs the verifier (sites to judge, a new input signature)."""
+        return bool(self.checks) and self.options.verify and self._signature(args) not in self._chosen
+
     def __call__(self, *args: Any) -> Any:
         if not self.checks:
             return self.ref(*args)

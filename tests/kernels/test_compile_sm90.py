@@ -101,9 +101,7 @@ def test_ln_modulate_compiles_for_sm90(D, form):
         assert "div.rn.f32" in ptx  # only var = m2 / N remains a division
 
 
-@pytest.mark.parametrize("D, dtype, n_q", [(1000, "bf16", 0), (3072, "bf16", 0), (1000, "fp32", 0),
-                                           (3072, "fp32", 0), (1000, "bf16", 1), (3072, "bf16", 2)])
-def test_gated_residual_ln_modulate_compiles_for_sm90(D, dtype, n_q):
+def compile_gated_residual_ln_modulate(D, dtype="bf16", n_q=0):
     from diffusion_fuse.kernels import gated_residual_ln as gr
 
     n_iters = lns.n_iters_for(D)
@@ -113,7 +111,13 @@ def test_gated_residual_ln_modulate_compiles_for_sm90(D, dtype, n_q):
                  **quant_constexprs(n_q, out=dtype))
     ptrs = ["RES", "X", "GATE", "W", "B", "SCALE", "SHIFT", "R_OUT", "OUT"]
     types = {**{p: PTR[dtype] for p in ptrs}, "N": "i32", "S": "i32", "eps": "fp32", **QUANT_TYPES}
-    ck = compile_for_sm90(gr._gated_residual_ln_modulate_kernel, types, const)
+    return compile_for_sm90(gr._gated_residual_ln_modulate_kernel, types, const)
+
+
+@pytest.mark.parametrize("D, dtype, n_q", [(1000, "bf16", 0), (3072, "bf16", 0), (1000, "fp32", 0),
+                                           (3072, "fp32", 0), (1000, "bf16", 1), (3072, "bf16", 2)])
+def test_gated_residual_ln_modulate_compiles_for_sm90(D, dtype, n_q):
+    ck = compile_gated_residual_ln_modulate(D, dtype, n_q)
     assert ck.asm.get("cubin") and "bar.sync" in ck.asm["ptx"]
     assert (E4M3_CVT in ck.asm["ptx"]) == (n_q > 0)
 
@@ -128,25 +132,47 @@ def test_ln_modulate_with_quant_epilogue_compiles_for_sm90(D, n_q, keep_out, row
     assert stores >= n_q and (keep_out or "st.global.v2.b32" not in ptx)  # no bf16 row store without keep_out
 
 
-@pytest.mark.parametrize("x, q_mode", [("bf16", 0), ("bf16", 1), ("bf16", 2), ("fp32", 0)])
-def test_static_quant_compiles_for_sm90(x, q_mode):
+def compile_static_quant(x="bf16", q_mode=0):
     from diffusion_fuse.kernels import fp8_quant as fq
 
-    ck = compile_for_sm90(fq._static_quant_kernel, {"X": PTR[x], "SCALE": "*fp32", "Q": "*u8", "N": "i32", "S": "i32",
-                                                     "q_lo": "fp32", "q_hi": "fp32"},
-                          dict(BLOCK=fq.BLOCK, Q_MODE=q_mode, NAN_SIGN=True))
-    ptx = ck.asm["ptx"]
+    return compile_for_sm90(fq._static_quant_kernel, {"X": PTR[x], "SCALE": "*fp32", "Q": "*u8", "N": "i32",
+                                                      "S": "i32", "q_lo": "fp32", "q_hi": "fp32"},
+                            dict(BLOCK=fq.BLOCK, Q_MODE=q_mode, NAN_SIGN=True))
+
+
+@pytest.mark.parametrize("x, q_mode", [("bf16", 0), ("bf16", 1), ("bf16", 2), ("fp32", 0)])
+def test_static_quant_compiles_for_sm90(x, q_mode):
+    ptx = compile_static_quant(x, q_mode).asm["ptx"]
     assert E4M3_CVT in ptx and ".approx" not in ptx
     assert ("div.rn.f32" in ptx) == (q_mode != 1)  # the division is IEEE, as nvcc compiles eager's
 
 
-@pytest.mark.parametrize("keep_cat", [False, True])
-def test_cat_quant_compiles_for_sm90(keep_cat):
+def compile_cat_quant(keep_cat=False):
     from diffusion_fuse.kernels import cat_quant as cq
     from diffusion_fuse.kernels import fp8_quant as fq
 
-    ck = compile_for_sm90(cq._cat_quant_kernel, {"A": "*bf16", "B": "*bf16", "SCALE": "*fp32", "C": "*bf16",
-                                                  "Q": "*u8", "NA": "i32", "W": "i32", "S": "i32", "q_lo": "fp32",
-                                                  "q_hi": "fp32"},
-                          dict(BLOCK=fq.BLOCK, KEEP_CAT=keep_cat, Q_MODE=0, NAN_SIGN=False))
+    return compile_for_sm90(cq._cat_quant_kernel, {"A": "*bf16", "B": "*bf16", "SCALE": "*fp32", "C": "*bf16",
+                                                    "Q": "*u8", "NA": "i32", "W": "i32", "S": "i32", "q_lo": "fp32",
+                                                    "q_hi": "fp32"},
+                            dict(BLOCK=fq.BLOCK, KEEP_CAT=keep_cat, Q_MODE=0, NAN_SIGN=False))
+
+
+@pytest.mark.parametrize("keep_cat", [False, True])
+def test_cat_quant_compiles_for_sm90(keep_cat):
+    ck = compile_cat_quant(keep_cat)
     assert E4M3_CVT in ck.asm["ptx"] and ck.asm.get("cubin")
+
+
+@pytest.mark.parametrize("compile_kernel", [
+    lambda: compile_ln_modulate(3072), lambda: compile_ln_modulate(1000),
+    lambda: compile_ln_modulate(3072, n_q=2, rows=4), lambda: compile_gated_residual_ln_modulate(3072, n_q=1),
+    compile_static_quant, lambda: compile_cat_quant(True)],
+    ids=["ln_modulate", "ln_modulate_general", "ln_modulate_rows_quant", "gated_residual_quant", "static_quant",
+         "cat_quant"])
+def test_kernels_are_cuda_graph_capture_safe(compile_kernel):
+    """No scratch memory: Triton's launcher would take it from its own allocator, outside the
+    graph pool, on every launch. The kernels take no other host-side action when launched
+    (kernels/launch.py: the current stream, outputs from torch.empty; see diffusion_fuse/cudagraphs.py)."""
+    ck = compile_kernel()
+    assert ck.metadata.global_scratch_size == 0
+    assert ck.metadata.profile_scratch_size == 0
