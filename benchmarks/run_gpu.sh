@@ -2,7 +2,9 @@
 # One command for the GPU machine: GPU tests, the demo on CUDA, benchmarks, SASS of eager's LayerNorm.
 # Logs and JSON go to a work folder packed as $OUT/results.tgz (the device tool brings back few
 # files); summary.txt and the benchmark JSON are also copied to $OUT. A short table is printed last.
-#   bash benchmarks/run_gpu.sh [all|tests|bench|nosass]   (all: tests, demo, benchmarks, SASS)
+#   bash benchmarks/run_gpu.sh [all|tests|bench|nosass|models]   (all: tests, demo, benchmarks, SASS)
+#   models: whole models at real shapes (benchmarks/bench_models.py); MODELS=flux1,sana,wan22_5b by default,
+#   MODELS=qwen_image,flux2,wan21_14b for the rest; BENCH_MODELS_ARGS adds options (e.g. --max-autotune)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL="${OUT:-$PWD/out}"; mkdir -p "$FINAL"
@@ -28,7 +30,10 @@ step() {
   tail -n 30 "$OUT/$name.log"
 }
 what="${1:-all}"
-if [ "$what" != bench ]; then
+if [ "$what" = models ]; then
+  step bench_models 570 python3 benchmarks/bench_models.py --models "${MODELS:-flux1,sana,wan22_5b}" \
+    --json "$OUT/bench_models.json" ${BENCH_MODELS_ARGS:-}
+elif [ "$what" != bench ]; then
   step gpu_tests 420 python3 -m pytest -q -s -p no:cacheprovider tests/gpu
   step demo 120 python3 examples/flux_pipeline.py --device cuda
 fi
@@ -45,4 +50,5 @@ cat "$OUT/summary.txt"
 [ -f "$OUT/profile.log" ] && tail -n 9 "$OUT/profile.log"
 [ -f "$OUT/bench_norm.log" ] && tail -n 6 "$OUT/bench_norm.log"
 [ -f "$OUT/bench_e2e.log" ] && tail -n 4 "$OUT/bench_e2e.log"
+[ -f "$OUT/bench_models.log" ] && grep -E "^(==|[A-Z].*  (eager|inductor|lossless|high))" "$OUT/bench_models.log"
 exit $status

@@ -1,0 +1,71 @@
+"""benchmarks/bench_models.py: the tiny CPU mode runs the whole code path (regional compilation per variant,
+ABBA timing, bit-exactness, JSON), and --table rewrites only the marked part of BENCHMARKS.md."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "bench_models.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_models", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(*args, timeout=300):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OUT="")
+    return subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def test_abba_order_and_estimates():
+    bm = _load()
+    assert bm.abba(["eager", "lossless", "high"], 3) == [
+        (0, "eager"), (0, "lossless"), (0, "high"), (1, "high"), (1, "lossless"), (1, "eager"),
+        (2, "eager"), (2, "lossless"), (2, "high")]
+    assert list(bm.MODELS)[:3] == ["flux1", "sana", "wan22_5b"]  # the first to run on a short GPU budget
+    for spec in bm.MODELS.values():
+        total, compile_s, forwards = bm.estimate_s(spec, bm.DEFAULT_VARIANTS, 6)
+        assert total > compile_s > 0 and forwards > 0
+
+
+def test_tiny_run_then_table(tmp_path):
+    out = tmp_path / "bench_models.json"
+    r = _run("--tiny", "--models", "flux1,sana", "--reps", "2", "--json", str(out))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "regional compilation (diffusers compile_repeated_blocks, dynamic=False)" in r.stdout
+    assert "diffusers declares no _repeated_blocks for SanaTransformer2DModel" in r.stdout
+    data = json.loads(out.read_text())
+    assert data["meta"]["tiny"] and [m["model"] for m in data["models"]] == ["flux1", "sana"]
+    for rec in data["models"]:
+        assert list(rec["variants"]) == ["eager", "lossless"]
+        eager, lossless = rec["variants"]["eager"], rec["variants"]["lossless"]
+        assert len(eager["times_ms"]) == len(lossless["times_ms"]) == 2
+        assert eager["bit_exact"] and lossless["bit_exact"]
+        assert lossless["kept"] == lossless["sites"] > 0 and lossless["graphs"] >= 1
+
+    md = tmp_path / "BENCHMARKS.md"
+    original = (ROOT / "BENCHMARKS.md").read_text()
+    md.write_text(original)
+    r = _run("--table", "--json", str(out), "--md", str(md))
+    assert r.returncode == 0, r.stderr[-3000:]
+    text = md.read_text()
+    head, rest = original.split("<!-- bench_models:begin")
+    tail = rest.split("<!-- bench_models:end -->")[1]
+    assert text.startswith(head) and text.endswith(tail)
+    assert "| FLUX.1-dev | lossless |" in text and "Tiny CPU models" in text
+    _run("--table", "--json", str(out), "--md", str(md))
+    assert md.read_text() == text  # idempotent
+
+
+def test_bad_arguments_are_refused():
+    r = _run("--models", "flux3", "--estimate")
+    assert r.returncode != 0 and "unknown models ['flux3']" in r.stderr
