@@ -29,10 +29,12 @@ and torch's ``cudagraphs`` dynamo backend (torch/_dynamo/backends/cudagraphs.py)
 
 The ``diffusion_fuse`` ops are capture-safe: ``kernels/launch.CachedLaunch`` launches on the
 current stream (Triton's driver asks torch for it), outputs come from ``torch.empty`` (the
-graph's pool during a capture), nothing synchronizes with the host, and the kernels need no
-Triton scratch memory (tests/kernels/test_compile_sm90.py). Their Python-side counters
-(kernel hits, fallbacks) count the calls that ran Python: verification, warm-up, recording,
-not replays.
+graph's pool during a capture), a planned launch never synchronizes with the host, and the
+kernels need no Triton scratch memory (tests/kernels/test_compile_sm90.py). Planning a new
+layout may compile the kernel or probe the device (the FP8 NaN-sign check reads a value back):
+the warm-up run plans every layout, and one first seen inside a capture takes the reference
+path there (``lowering/dispatch.py``, counted as a fallback). The Python-side counters (kernel
+hits, fallbacks) count the calls that ran Python: verification, warm-up, recording, not replays.
 """
 
 from __future__ import annotations

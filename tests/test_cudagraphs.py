@@ -171,3 +171,28 @@ def test_tier_high_hands_cudagraphs_to_inductor(monkeypatch):
             assert bitwise_equal(model(x, emb), c(x, emb))
         assert patches[-1]["triton.cudagraphs"] is expected
         assert report.graphs[0].cudagraphs.startswith("on (Inductor") if expected else not report.graphs[0].cudagraphs
+
+
+def test_a_layout_first_seen_during_a_capture_takes_the_reference_path(monkeypatch):
+    """Planning may compile or sync with the device: never inside a capture. Outside it, the layout is planned."""
+    from diffusion_fuse.lowering import counters, dispatch
+
+    planned = []
+
+    def plan(x):
+        planned.append(x.shape)
+        return lambda x: x * 2
+
+    op = dispatch.GuardedKernel("capture_test_op", lambda x: (x.shape,), lambda x: (True, ""), plan,
+                                lambda x: x + x)
+    x = torch.ones(3)
+    before = counters.snapshot()
+    monkeypatch.setattr(dispatch, "capturing", lambda: True)
+    assert torch.equal(op(x), x + x) and planned == []
+    monkeypatch.setattr(dispatch, "capturing", lambda: False)
+    assert torch.equal(op(x), x * 2) and planned == [(3,)]
+    monkeypatch.setattr(dispatch, "capturing", lambda: True)
+    assert torch.equal(op(x), x * 2) and planned == [(3,)]  # planned layouts launch inside a capture
+    ctr = counters.diff(counters.snapshot(), before)
+    assert ctr["fallback"]["capture_test_op"] == {dispatch.CAPTURE_FALLBACK: 1}
+    assert ctr["kernel"]["capture_test_op"] == 2

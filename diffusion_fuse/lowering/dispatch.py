@@ -10,6 +10,8 @@ is returned: the user's forward never sees the exception.
 
 Faults can be injected into an op's output or its kernel (lowering/faults.py,
 ``DIFFUSION_FUSE_FAULT``) to check that the verifier and this fallback catch them.
+
+A layout first seen inside a CUDA graph capture is not planned there (diffusion_fuse/cudagraphs.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import os
 import threading
 from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from ..log import get_logger
 from . import counters, faults
@@ -31,6 +35,13 @@ _MAX_PLANS = 4096
 
 def error_message(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+
+
+CAPTURE_FALLBACK = "layout first seen during a CUDA graph capture"
+
+
+def capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def kernels_disabled() -> bool:
@@ -56,6 +67,11 @@ class GuardedKernel:
         key = self.layout_key(*args)
         entry = self._plans.get(key)
         if entry is None:
+            if capturing():
+                # Planning may compile the kernel or ask the device something (host sync): never
+                # inside a CUDA graph capture. The warm-up run plans every layout first; one seen
+                # only now takes the reference path in this capture, and is planned outside it.
+                return CAPTURE_FALLBACK, None
             ok, reason = self.guard(*args)
             entry = ("", self.plan(*args)) if ok else (reason, None)
             with self._lock:

@@ -28,6 +28,7 @@ import torch.fx as fx
 
 from ..config import Options
 from ..fxpasses import PassManager
+from ..lowering.dispatch import capturing
 from ..log import get_logger
 from ..patterns.match_utils import describe, source_location
 from ..patterns.registry import REGISTRY, Site
@@ -187,10 +188,6 @@ def _signature_fn(gm: fx.GraphModule) -> Callable[[Sequence[Any]], tuple]:
     return sig
 
 
-def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
 class VerifiedGraph:
     """The callable the lossless tier returns for one ATen inference graph."""
 
@@ -260,7 +257,7 @@ class VerifiedGraph:
         fn = self._chosen.get(sig)
         if fn is not None:
             return fn(*args)
-        if torch.compiler.is_compiling() or _capturing():
+        if torch.compiler.is_compiling() or capturing():
             # Never verify inside a trace or a capture: run the unrewritten graph instead.
             _log.info("graph %d: not verified yet and capturing/compiling; running the reference graph",
                       self.greport.graph_id)
