@@ -18,9 +18,9 @@ and torch's ``cudagraphs`` dynamo backend (torch/_dynamo/backends/cudagraphs.py)
   input found at a new address re-records. Every other input is copied into the graph's own
   input buffers before each replay: inputs changed in place between calls are seen.
 - Outputs live in the tree's memory pool and are overwritten by the next run: each call of a
-  ``torch.compile``'d function starts a new generation. Clone what you keep across calls (or
-  call ``torch.compiler.cudagraph_mark_step_begin()``); reading an overwritten output raises.
-  This is ``torch.compile(mode="reduce-overhead")``'s contract, unchanged.
+  ``torch.compile``'d function starts a new generation. Clone what you keep across calls. An
+  overwritten output then holds the later call's values, or raises when read where torch marked
+  it (after a recording). This is ``torch.compile(mode="reduce-overhead")``'s contract, unchanged.
 - Not applied, logged, noted in the report and counted in torch's ``cudagraph_skips`` (the
   graph then runs as without CUDA graphs): CPU tensors anywhere in the graph (so CPU models
   run plainly), several devices, ops torch marks cudagraph-unsafe or with data-dependent

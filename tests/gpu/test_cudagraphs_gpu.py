@@ -70,8 +70,10 @@ def test_reduce_overhead_lossless_equals_eager(name, replays):
     kw2 = wider(name, kwargs)
     check(kw2, 4, "res2")  # a dynamic-shape graph: verified eagerly, then warm-up, recording, replay
     assert row["res2_replays"] >= 1
-    check(kwargs, 2, "back_to_res1")
-    assert row["back_to_res1_replays"] == 2
+    # Dynamo may send the first resolution to the dynamic graph now: a new signature there is verified,
+    # warmed up and recorded first.
+    check(kwargs, 4, "back_to_res1")
+    assert row["back_to_res1_replays"] >= 1
 
     graphs = diffusion_fuse.last_report().graphs[n0:]
     ctr = counters.diff(counters.snapshot(), before)
@@ -87,18 +89,24 @@ def test_reduce_overhead_lossless_equals_eager(name, replays):
 
 
 def test_outputs_are_overwritten_by_the_next_replay_unless_cloned():
-    """cudagraph trees' contract, as with Inductor's reduce-overhead: clone what you keep."""
+    """cudagraph trees' contract, as with Inductor's reduce-overhead: an output lives in the graph's memory
+    until the next call; it then holds that call's values (or raises when read, where torch marked it)."""
     model, kwargs = build("flux", torch.bfloat16, "cuda")
     compiled = torch.compile(model, backend="diffusion_fuse", mode="reduce-overhead", fullgraph=True)
     with torch.no_grad():
         ref = model(**kwargs)[0]
         for _ in range(3):  # verification, warm-up, recording
             kept = compiled(**kwargs)[0].clone()
-        last = compiled(**kwargs)[0]
-        compiled(**kwargs)
-        with pytest.raises(RuntimeError, match="overwritten by a subsequent run"):
-            last.sum()
+        last = compiled(**kwargs)[0]  # a replay
+        kwargs["hidden_states"].mul_(-1.0)
+        new = compiled(**kwargs)[0].clone()
+        try:
+            overwritten = torch.equal(_bits(last), _bits(new))
+        except RuntimeError as e:
+            overwritten = "overwritten by a subsequent run" in str(e)
     assert torch.equal(_bits(ref), _bits(kept))
+    assert not torch.equal(_bits(kept), _bits(new))  # the inputs changed, so did the output
+    assert overwritten
 
 
 def test_tier_high_with_cudagraphs_runs_inductors_trees_after_the_verifier(replays):
