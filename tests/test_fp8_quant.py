@@ -10,7 +10,9 @@ Every model runs the ``x.float() / s`` form; tests with small modules check the 
   cat_quant 1 (single block cat([attn, gelu(mlp)]) → proj_out), static_quant 16 (embedders, attention
   outputs, FF GELU → clone → quantizer, the AdaLN linears on silu(temb)).
 - flux2: 25 linears. norm 4 + gated 2 + cat 1 (cat([attn, swiglu]) → to_out) + static 14.
-- wan21: 14 linears. norm 3 (Wan's FP32LayerNorm → bf16 → quantizers) + static 9.
+- wan21: 14 linears. norm 2 (norm1 → 3 quantizers, norm3 → 1; Wan's FP32LayerNorm → bf16 → quantizers),
+  gated 2 (the attention residual + norm2, no modulate → attn2's to_q; the FFN residual + norm_out →
+  proj_out) + static 8.
 """
 
 import pytest
@@ -25,7 +27,7 @@ N, G, Q, C = "norm_modulate", "gated_residual_norm_modulate", "static_quant", "c
 EXPECTED = {
     "flux": (30, {N: 4, G: 2, C: 1, Q: 16}),
     "flux2": (25, {N: 4, G: 2, C: 1, Q: 14}),
-    "wan21": (14, {N: 3, G: 0, C: 0, Q: 9}),
+    "wan21": (14, {N: 2, G: 2, C: 0, Q: 8}),
 }
 
 

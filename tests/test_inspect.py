@@ -33,7 +33,7 @@ SUMMARY_COLUMNS = ["matched", "kept", "rejected", "unverified", "kernel hits", "
 # On CPU every op call takes the reference path: once in the verifier's check, once in the fused run.
 FLUX = {"matched": 6, "kept": 6, "rejected": 0, "unverified": 0, "kernel hits": 0, "guard fallbacks": 12,
         "kernel errors": 0}
-WAN21 = {"matched": 3, "kept": 3, "rejected": 0, "unverified": 0, "kernel hits": 0, "guard fallbacks": 6,
+WAN21 = {"matched": 4, "kept": 4, "rejected": 0, "unverified": 0, "kernel hits": 0, "guard fallbacks": 8,
          "kernel errors": 0}
 FAULT_INDEX = 37  # element 37 of a [2, 8, 32] output is [0, 1, 5]
 
@@ -158,18 +158,19 @@ def test_cli_flux_html_and_json(cli):
     assert len(g["sites"]) == 6 and g["ref_code"] and g["final_code"] and g["ref_graph"]["edges"]
 
 
-def test_cli_wan_counts_and_near_miss(cli):
+def test_cli_wan_counts(cli):
+    # Wan's norm2 (a LayerNorm read by no modulate) was a near miss until the gated residual family
+    # took it with the attention residual that feeds it; the script run below keeps a near miss.
     run = cli["wan21"]
     assert run["rc"] == 0, run["err"][-3000:]
     rows, _ = summary_from_text(run["out"])
     assert totals(rows) == WAN21, run["out"]
-    near = [ln for ln in run["out"].splitlines() if ln.startswith("norm_modulate ") and "native_layer_norm" in ln]
-    assert len(near) == 1 and "not a mul by (1 + scale)" in near[0], run["out"]
     els = html_of(run, "wan21.html")
-    (nm,) = select(els, "tr", "near-miss")
-    assert nm.data("pattern") == "norm_modulate" and nm.data("location").endswith("normalization.py:87")
-    assert "not a mul by (1 + scale)" in nm.data("reason")
-    assert len(select(els, "tr", "site")) == 3
+    assert not select(els, "tr", "near-miss")
+    sites = select(els, "tr", "site")
+    assert len(sites) == 4
+    (norm2,) = [e for e in sites if e.data("location").endswith("normalization.py:87")]
+    assert norm2.data("pattern") == "gated_residual_norm_modulate"
 
 
 def test_cli_script_near_miss_and_injected_fault(cli):

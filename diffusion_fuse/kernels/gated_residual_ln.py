@@ -1,19 +1,23 @@
-"""Triton kernel for ``diffusion_fuse::gated_residual_ln_modulate``.
+"""Triton kernels for ``diffusion_fuse::gated_residual_ln_modulate`` and ``diffusion_fuse::gated_residual``.
 
 Numerics contract (lossless tier): per element, in fp32 and rounded as eager rounds each op::
 
-    m = round_m(gate * x)           # promote(gate, x)
-    r = round_r(residual + m)       # promote(residual, m): stored, it is the next residual
+    g = gate [+ gate_temb]          # second addend: one fp32 add (Wan's table + temb.float())
+    m = round_m(g * x)              # promote(gate, x)
+    r = round_r(residual + m)       # promote(residual, m), or r_dtype (Wan's .type_as): stored, the next residual
 
-then, on the rounded ``r``, exactly ``kernels/ln_modulate.py``'s row (eager's LayerNorm
-statistics, normalize, modulate). When D % 512 == 0 (UNIFORM) ``r`` is computed in registers in
+then, on the rounded ``r`` (widened to fp32 when ln_dtype is fp32: Wan's FP32LayerNorm), exactly
+``kernels/ln_modulate.py``'s row (eager's LayerNorm statistics, normalize, modulate or not). ``r``
+rounded to its dtype once from the fp32 sum is what eager's add and then ``_to_copy`` give. When D % 512 == 0 (UNIFORM) ``r`` is computed in registers in
 the LayerNorm's lane layout, stored once and normalized from registers; otherwise the row of
 ``r`` is written, a CTA barrier makes it visible to every thread of the program, and the
 LayerNorm pass reads it back (from L1/L2). The normalized tensor is never written.
+``gated_residual`` is the first part alone (one program per row, ``r`` stored and nothing else).
 
 Inputs: residual and x [M, D] or [B, S, D] of one shape with unit stride along D (any row
-strides), D % 4 == 0; gate/scale/shift broadcast to x with unit stride along D.
-Verified shapes: see tests/gpu/test_gated_residual_gpu.py (written; not yet run on a GPU).
+strides), D % 4 == 0; gate/scale/shift and their second addends broadcast to x with unit stride
+along D ([B,1,D], [B,S,D], per-token views of Wan's [B,S,6,D] temb).
+Verified shapes: see tests/gpu/test_gated_residual_gpu.py and tests/gpu/test_wan_temb_gpu.py.
 """
 
 from __future__ import annotations
@@ -23,11 +27,30 @@ import triton
 import triton.language as tl
 
 from ..lowering.gated_residual import residual_dtypes
-from ..lowering.norm_modulate import result_dtypes
+from ..lowering.norm_modulate import result_dtypes, sum_dtype
 from .fp8_quant import QuantEpilogue, load_scales
 from .launch import CachedLaunch
-from .layer_norm_stats import DEFAULT_VARIANT, LANES, load_row_tile, store_row_tile
-from .ln_modulate import _DT_CODE, _row_strides, ln_modulate_row, ln_modulate_tile, modulate_constexprs, round_to
+from .layer_norm_stats import DEFAULT_VARIANT, LANES, VEC, load_row_tile, n_iters_for, store_row_tile
+from .ln_modulate import (_DT_CODE, _row_strides, ln_modulate_row, ln_modulate_tile, modulate_constexprs, round_to,
+                          split_trailing)
+
+
+@triton.jit
+def gated_residual_row(res_row, x_row, g_row, gt_row, r_row, N, N_ITERS: tl.constexpr, LANES: tl.constexpr,
+                       VEC: tl.constexpr, M_DT: tl.constexpr, HAS_GATE_TEMB: tl.constexpr):
+    """One row of ``r = residual + (gate [+ gate_temb]) * x``, stored in r_row's dtype (the contract above)."""
+    lane = tl.arange(0, LANES)
+    col = tl.arange(0, VEC)
+    for it in tl.static_range(N_ITERS):
+        offs = (it * LANES + lane)[:, None] * VEC + col[None, :]
+        mask = offs < N
+        g = tl.load(g_row + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_GATE_TEMB:
+            g = g + tl.load(gt_row + offs, mask=mask, other=0.0).to(tl.float32)
+        xv = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+        m = round_to(g * xv, M_DT)
+        r = tl.load(res_row + offs, mask=mask, other=0.0).to(tl.float32) + m
+        tl.store(r_row + offs, r.to(r_row.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["S", "q_plane", "q_lo", "q_hi"])
@@ -36,6 +59,7 @@ def _gated_residual_ln_modulate_kernel(
     N, S, eps,
     res_sb, res_ss, x_sb, x_ss, g_sb, g_ss, sc_sb, sc_ss, sh_sb, sh_ss,
     Q, q_plane, S0, S1, S2, S3, q_lo, q_hi,
+    GATE_T, SCALE_T, SHIFT_T, gt_sb, gt_ss, sct_sb, sct_ss, sht_sb, sht_ss,
     M_DT: tl.constexpr,
     N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_SHIFT: tl.constexpr,
@@ -43,6 +67,7 @@ def _gated_residual_ln_modulate_kernel(
     PUSH_MEAN_FMA: tl.constexpr, PUSH_M2_FMA: tl.constexpr, COMB_MEAN: tl.constexpr,
     COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr, UNIFORM: tl.constexpr,
     N_Q: tl.constexpr, STORE_OUT: tl.constexpr, OUT_DT: tl.constexpr, Q_MODE: tl.constexpr, NAN_SIGN: tl.constexpr,
+    HAS_GATE_TEMB: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SCALE_TEMB: tl.constexpr, HAS_SHIFT_TEMB: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     bi = row // S
@@ -50,14 +75,19 @@ def _gated_residual_ln_modulate_kernel(
     res_row = RES + bi * res_sb + si * res_ss
     x_row = X + bi * x_sb + si * x_ss
     g_row = GATE + bi * g_sb + si * g_ss
+    gt_row = GATE_T + bi * gt_sb + si * gt_ss
     r_row = R_OUT + row * N
     sc_row = SCALE + bi * sc_sb + si * sc_ss
     sh_row = SHIFT + bi * sh_sb + si * sh_ss
+    sct_row = SCALE_T + bi * sct_sb + si * sct_ss
+    sht_row = SHIFT_T + bi * sht_sb + si * sht_ss
     q_row = Q + row * N
     if UNIFORM:
         s0, s1, s2, s3 = load_scales(S0, S1, S2, S3, N_Q)
         # r is computed in registers in the LayerNorm's lane layout: stored once, never read back.
         g = load_row_tile(g_row, 1, N_ITERS, LANES, VEC).to(tl.float32)
+        if HAS_GATE_TEMB:
+            g = g + load_row_tile(gt_row, 1, N_ITERS, LANES, VEC).to(tl.float32)
         xv = load_row_tile(x_row, 1, N_ITERS, LANES, VEC).to(tl.float32)
         m = round_to(g * xv, M_DT)
         r = (load_row_tile(res_row, 1, N_ITERS, LANES, VEC).to(tl.float32) + m).to(R_OUT.dtype.element_ty)
@@ -65,26 +95,19 @@ def _gated_residual_ln_modulate_kernel(
         ln_modulate_tile(r, W, B, sc_row, sh_row, OUT + row * N, N, eps, N_ITERS, LANES, VEC, HAS_W, HAS_B,
                          HAS_SHIFT, LN_DT, T_DT, U_DT, V_DT, PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA,
                          AFFINE_FMA, q_row, q_plane, s0, s1, s2, s3, q_lo, q_hi, N_Q, STORE_OUT, OUT_DT, Q_MODE,
-                         NAN_SIGN)
+                         NAN_SIGN, sct_row, sht_row, HAS_SCALE, HAS_SCALE_TEMB, HAS_SHIFT_TEMB)
     else:
-        lane = tl.arange(0, LANES)
-        col = tl.arange(0, VEC)
-        for it in tl.static_range(N_ITERS):
-            offs = (it * LANES + lane)[:, None] * VEC + col[None, :]
-            mask = offs < N
-            g = tl.load(g_row + offs, mask=mask, other=0.0).to(tl.float32)
-            xv = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
-            m = round_to(g * xv, M_DT)
-            r = tl.load(res_row + offs, mask=mask, other=0.0).to(tl.float32) + m
-            tl.store(r_row + offs, r.to(R_OUT.dtype.element_ty), mask=mask)
+        gated_residual_row(res_row, x_row, g_row, gt_row, r_row, N, N_ITERS, LANES, VEC, M_DT, HAS_GATE_TEMB)
         tl.debug_barrier()  # the whole row of r is in memory before any thread reads it back
         ln_modulate_row(r_row, 1, W, B, sc_row, sh_row, OUT + row * N,
                         N, eps, N_ITERS, LANES, VEC, HAS_W, HAS_B, HAS_SHIFT, LN_DT, T_DT, U_DT, V_DT,
                         PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA, UNIFORM,
-                        q_row, q_plane, S0, S1, S2, S3, q_lo, q_hi, N_Q, STORE_OUT, OUT_DT, Q_MODE, NAN_SIGN)
+                        q_row, q_plane, S0, S1, S2, S3, q_lo, q_hi, N_Q, STORE_OUT, OUT_DT, Q_MODE, NAN_SIGN,
+                        sct_row, sht_row, HAS_SCALE, HAS_SCALE_TEMB, HAS_SHIFT_TEMB)
 
 
-def plan_gated_residual_ln_modulate(residual, x, gate, weight, bias, eps, scale, shift, out_dtype,
+def plan_gated_residual_ln_modulate(residual, x, gate, weight, bias, eps, scale, shift, out_dtype, gate_temb=None,
+                                    scale_temb=None, shift_temb=None, r_dtype=None, ln_dtype=None,
                                     variant=DEFAULT_VARIANT, affine_fma: bool = True,
                                     quant: tuple[int, int, bool] | None = None, nan_sign: bool | None = None):
     """A launch for inputs of this layout (they must satisfy ``can_use_gated_residual_ln_modulate``).
@@ -94,28 +117,66 @@ def plan_gated_residual_ln_modulate(residual, x, gate, weight, bias, eps, scale,
     """
     D = x.shape[-1]
     S = x.shape[1] if x.dim() == 3 else 1
-    m_dt, r_dt = residual_dtypes(residual.dtype, x.dtype, gate.dtype)
+    m_dt, r_dt = residual_dtypes(residual.dtype, x.dtype, sum_dtype(gate, gate_temb), r_dtype)
     ln_dt, t_dt, u_dt, v_dt, final = result_dtypes(
-        r_dt, scale.dtype, None if shift is None else shift.dtype, None, out_dtype)
+        r_dt, sum_dtype(scale, scale_temb), sum_dtype(shift, shift_temb), ln_dtype, out_dtype)
     shape, device = x.shape, x.device
-    strides = (*_row_strides(residual, x), *_row_strides(x, x), *_row_strides(gate, x), *_row_strides(scale, x),
-               *_row_strides(shift, x))
+    strides = [s for t in (residual, x, gate, scale, shift) for s in _row_strides(t, x)]
+    temb_strides = [s for t in (gate_temb, scale_temb, shift_temb) for s in _row_strides(t, x)]
     epi = QuantEpilogue(quant, shape, _DT_CODE[final], device, nan_sign)
     const = dict(M_DT=_DT_CODE[m_dt],
                  **modulate_constexprs(D, weight, bias, shift, ln_dt, t_dt, u_dt, v_dt, variant, affine_fma),
-                 **epi.constexprs)
+                 **epi.constexprs, HAS_GATE_TEMB=gate_temb is not None, HAS_SCALE=scale is not None,
+                 HAS_SCALE_TEMB=scale_temb is not None, HAS_SHIFT_TEMB=shift_temb is not None)
     kernel = CachedLaunch(_gated_residual_ln_modulate_kernel, (x.numel() // D,), const, num_warps=LANES // 32,
                           enable_fp_fusion=False)
 
-    def launch(residual, x, gate, weight, bias, eps, scale, shift, out_dtype, *quant_args):
+    def launch(residual, x, gate, weight, bias, eps, scale, shift, out_dtype, *rest):
+        quant_args, temb = split_trailing(rest, quant, 3)  # then r_dtype, ln_dtype: in the plan
         r = torch.empty(shape, dtype=r_dt, device=device)
         out = torch.empty(shape, dtype=final, device=device) if epi.keep_out else r
         q_args, q = epi.args(x, *quant_args)
-        kernel(residual, x, gate, weight if weight is not None else x, bias if bias is not None else x, scale,
-               shift if shift is not None else scale, r, out, D, S, eps, *strides, *q_args)
+        kernel(residual, x, gate, *(t if t is not None else x for t in (weight, bias, scale, shift)), r, out, D, S,
+               eps, *strides, *q_args, *(t if t is not None else x for t in temb), *temb_strides)
         return (r, out) if q is None else epi.outputs([r], out, q)
 
     return launch
+
+
+@triton.jit(do_not_specialize=["S"])
+def _gated_residual_kernel(RES, X, GATE, GATE_T, R_OUT, N, S, res_sb, res_ss, x_sb, x_ss, g_sb, g_ss, gt_sb, gt_ss,
+                           M_DT: tl.constexpr, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
+                           HAS_GATE_TEMB: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    bi = row // S
+    si = row % S
+    gated_residual_row(RES + bi * res_sb + si * res_ss, X + bi * x_sb + si * x_ss, GATE + bi * g_sb + si * g_ss,
+                       GATE_T + bi * gt_sb + si * gt_ss, R_OUT + row * N, N, N_ITERS, LANES, VEC, M_DT, HAS_GATE_TEMB)
+
+
+def plan_gated_residual(residual, x, gate, gate_temb=None, r_dtype=None):
+    """A launch for inputs of this layout (they must satisfy ``can_use_gated_residual``)."""
+    D = x.shape[-1]
+    S = x.shape[1] if x.dim() == 3 else 1
+    m_dt, r_dt = residual_dtypes(residual.dtype, x.dtype, sum_dtype(gate, gate_temb), r_dtype)
+    shape, device = x.shape, x.device
+    strides = [s for t in (residual, x, gate, gate_temb) for s in _row_strides(t, x)]
+    const = dict(M_DT=_DT_CODE[m_dt], N_ITERS=n_iters_for(D), LANES=LANES, VEC=VEC,
+                 HAS_GATE_TEMB=gate_temb is not None)
+    kernel = CachedLaunch(_gated_residual_kernel, (x.numel() // D,), const, num_warps=LANES // 32,
+                          enable_fp_fusion=False)
+
+    def launch(residual, x, gate, gate_temb=None, r_dtype=None):
+        r = torch.empty(shape, dtype=r_dt, device=device)
+        kernel(residual, x, gate, gate_temb if gate_temb is not None else gate, r, D, S, *strides)
+        return r
+
+    return launch
+
+
+def gated_residual_triton(*args):
+    """Plan and launch once (tests, benchmarks)."""
+    return plan_gated_residual(*args)(*args)
 
 
 def gated_residual_ln_modulate_triton(*args, **kwargs):

@@ -11,6 +11,12 @@ order, with no FMA contraction (launched with ``enable_fp_fusion=False``)::
     v = round_v(u + shift)       # promote(u, shift)
     out = round_out(v)           # final cast (Wan: bf16)
 
+With a second addend (Wan's chunked ``scale_shift_table + temb.float()``, patterns/wan_temb.py),
+``scale`` is ``scale + scale_temb`` and ``shift`` is ``shift + shift_temb``: one fp32 add of the two
+values widened to fp32, as eager's add computes the slice (the guard takes fp32 sums only). Without
+a scale (HAS_SCALE=False: a LayerNorm read by no modulate, gated_residual_ln_modulate only), ``out =
+round_out(y)``.
+
 Inputs: x [M, D] or [B, S, D] with any strides (eager LayerNorm copies a non-contiguous input
 to a fresh, aligned buffer and normalizes the same values; a unit stride along D, the usual
 case, is specialized by Triton),
@@ -26,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..lowering.norm_modulate import result_dtypes
+from ..lowering.norm_modulate import result_dtypes, sum_dtype
 from .fp8_quant import QuantEpilogue, load_scales, store_quants
 from .launch import CachedLaunch
 from .layer_norm_stats import (DEFAULT_VARIANT, LANES, VEC, is_uniform, layer_norm_apply_affine, load_row_tile,
@@ -57,12 +63,15 @@ def ln_modulate_row(
     q_row=None, q_plane=0, S0=None, S1=None, S2=None, S3=None, q_lo=0.0, q_hi=0.0,
     N_Q: tl.constexpr = 0, STORE_OUT: tl.constexpr = True, OUT_DT: tl.constexpr = 0, Q_MODE: tl.constexpr = 0,
     NAN_SIGN: tl.constexpr = True,
+    sct_row=None, sht_row=None, HAS_SCALE: tl.constexpr = True, HAS_SCALE_TEMB: tl.constexpr = False,
+    HAS_SHIFT_TEMB: tl.constexpr = False,
 ):
     """One row: eager's LayerNorm statistics, then normalize, modulate and store (the contract above).
 
     Quant epilogue (kernels/fp8_quant.py), when N_Q > 0: the output, rounded to its dtype (OUT_DT),
     is also quantized with each of the N_Q scales S0.. and stored at ``q_row + i * q_plane``; the
-    output itself is stored only if STORE_OUT.
+    output itself is stored only if STORE_OUT. sct_row/sht_row: rows of scale's/shift's second addends,
+    read when HAS_SCALE_TEMB/HAS_SHIFT_TEMB (Wan's timestep table); HAS_SCALE=False: no modulate.
 
     A row of N == N_ITERS * 512 (UNIFORM) is read once into registers (``ln_modulate_tile``);
     other rows are read twice (statistics, then output; the second read mostly hits L2).
@@ -72,7 +81,8 @@ def ln_modulate_row(
         ln_modulate_tile(load_row_tile(x_row, x_sd, N_ITERS, LANES, VEC), W, B, sc_row, sh_row, out_row, N, eps,
                          N_ITERS, LANES, VEC, HAS_W, HAS_B, HAS_SHIFT, LN_DT, T_DT, U_DT, V_DT,
                          PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA,
-                         q_row, q_plane, s0, s1, s2, s3, q_lo, q_hi, N_Q, STORE_OUT, OUT_DT, Q_MODE, NAN_SIGN)
+                         q_row, q_plane, s0, s1, s2, s3, q_lo, q_hi, N_Q, STORE_OUT, OUT_DT, Q_MODE, NAN_SIGN,
+                         sct_row, sht_row, HAS_SCALE, HAS_SCALE_TEMB, HAS_SHIFT_TEMB)
     else:
         mean, rstd = welford_row_stats(x_row, N, x_sd, eps, N_ITERS, LANES, VEC,
                                        PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, UNIFORM)
@@ -84,7 +94,8 @@ def ln_modulate_row(
             x = tl.load(x_row + offs * x_sd, mask=mask, other=0.0).to(tl.float32)
             modulate_store(x, mean, rstd, offs, mask, W, B, sc_row, sh_row, out_row, HAS_W, HAS_B, HAS_SHIFT,
                            LN_DT, T_DT, U_DT, V_DT, AFFINE_FMA, q_row, q_plane, s0, s1, s2, s3, q_lo, q_hi,
-                           N_Q, STORE_OUT, OUT_DT, Q_MODE, NAN_SIGN)
+                           N_Q, STORE_OUT, OUT_DT, Q_MODE, NAN_SIGN, sct_row, sht_row, HAS_SCALE, HAS_SCALE_TEMB,
+                           HAS_SHIFT_TEMB)
 
 
 @triton.jit
@@ -98,6 +109,8 @@ def ln_modulate_tile(
     q_row=None, q_plane=0, s0=1.0, s1=1.0, s2=1.0, s3=1.0, q_lo=0.0, q_hi=0.0,
     N_Q: tl.constexpr = 0, STORE_OUT: tl.constexpr = True, OUT_DT: tl.constexpr = 0, Q_MODE: tl.constexpr = 0,
     NAN_SIGN: tl.constexpr = True,
+    sct_row=None, sht_row=None, HAS_SCALE: tl.constexpr = True, HAS_SCALE_TEMB: tl.constexpr = False,
+    HAS_SHIFT_TEMB: tl.constexpr = False,
 ):
     """``ln_modulate_row`` of a UNIFORM row held in registers (``load_row_tile`` layout)."""
     mean, rstd = welford_tile_stats(tile, N, eps, N_ITERS, LANES, VEC, PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN,
@@ -109,7 +122,8 @@ def ln_modulate_tile(
         x = row_tile_trip(tile, it, LANES, VEC).to(tl.float32)
         modulate_store(x, mean, rstd, offs, offs < N, W, B, sc_row, sh_row, out_row, HAS_W, HAS_B, HAS_SHIFT,
                        LN_DT, T_DT, U_DT, V_DT, AFFINE_FMA, q_row, q_plane, s0, s1, s2, s3, q_lo, q_hi,
-                       N_Q, STORE_OUT, OUT_DT, Q_MODE, NAN_SIGN)
+                       N_Q, STORE_OUT, OUT_DT, Q_MODE, NAN_SIGN, sct_row, sht_row, HAS_SCALE, HAS_SCALE_TEMB,
+                       HAS_SHIFT_TEMB)
 
 
 @triton.jit
@@ -119,7 +133,9 @@ def modulate_store(x, mean, rstd, offs, mask, W, B, sc_row, sh_row, out_row,
                    AFFINE_FMA: tl.constexpr,
                    q_row=None, q_plane=0, s0=1.0, s1=1.0, s2=1.0, s3=1.0, q_lo=0.0, q_hi=0.0,
                    N_Q: tl.constexpr = 0, STORE_OUT: tl.constexpr = True, OUT_DT: tl.constexpr = 0,
-                   Q_MODE: tl.constexpr = 0, NAN_SIGN: tl.constexpr = True):
+                   Q_MODE: tl.constexpr = 0, NAN_SIGN: tl.constexpr = True,
+                   sct_row=None, sht_row=None, HAS_SCALE: tl.constexpr = True, HAS_SCALE_TEMB: tl.constexpr = False,
+                   HAS_SHIFT_TEMB: tl.constexpr = False):
     """Normalize fp32 ``x`` (one trip's [LANES, VEC]), modulate, round as eager does, and store
     (the output if STORE_OUT; its N_Q quantized copies, kernels/fp8_quant.py)."""
     w = x
@@ -128,11 +144,17 @@ def modulate_store(x, mean, rstd, offs, mask, W, B, sc_row, sh_row, out_row,
         w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_B:
         b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
-    y = round_to(layer_norm_apply_affine(x, mean, rstd, w, b, HAS_W, HAS_B, AFFINE_FMA), LN_DT)
-    t = round_to(tl.load(sc_row + offs, mask=mask, other=0.0).to(tl.float32) + 1.0, T_DT)
-    v = round_to(y * t, U_DT)
-    if HAS_SHIFT:
-        v = round_to(v + tl.load(sh_row + offs, mask=mask, other=0.0).to(tl.float32), V_DT)
+    v = round_to(layer_norm_apply_affine(x, mean, rstd, w, b, HAS_W, HAS_B, AFFINE_FMA), LN_DT)
+    if HAS_SCALE:
+        sc = tl.load(sc_row + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_SCALE_TEMB:
+            sc = sc + tl.load(sct_row + offs, mask=mask, other=0.0).to(tl.float32)
+        v = round_to(v * round_to(sc + 1.0, T_DT), U_DT)
+        if HAS_SHIFT:
+            sh = tl.load(sh_row + offs, mask=mask, other=0.0).to(tl.float32)
+            if HAS_SHIFT_TEMB:
+                sh = sh + tl.load(sht_row + offs, mask=mask, other=0.0).to(tl.float32)
+            v = round_to(v + sh, V_DT)
     if STORE_OUT:
         tl.store(out_row + offs, v.to(out_row.dtype.element_ty), mask=mask)
     if N_Q > 0:
@@ -146,12 +168,14 @@ def _ln_modulate_kernel(
     N, S, eps,
     x_sb, x_ss, x_sd, sc_sb, sc_ss, sh_sb, sh_ss,
     Q, q_plane, S0, S1, S2, S3, q_lo, q_hi,
+    SCALE_T, SHIFT_T, sct_sb, sct_ss, sht_sb, sht_ss,
     N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_SHIFT: tl.constexpr,
     LN_DT: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr, V_DT: tl.constexpr,
     PUSH_MEAN_FMA: tl.constexpr, PUSH_M2_FMA: tl.constexpr, COMB_MEAN: tl.constexpr,
     COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr, UNIFORM: tl.constexpr,
     N_Q: tl.constexpr, STORE_OUT: tl.constexpr, OUT_DT: tl.constexpr, Q_MODE: tl.constexpr, NAN_SIGN: tl.constexpr,
+    HAS_SCALE_TEMB: tl.constexpr, HAS_SHIFT_TEMB: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     bi = row // S
@@ -159,7 +183,9 @@ def _ln_modulate_kernel(
     ln_modulate_row(X + bi * x_sb + si * x_ss, x_sd, W, B, SCALE + bi * sc_sb + si * sc_ss, SHIFT + bi * sh_sb + si * sh_ss,
                     OUT + row * N, N, eps, N_ITERS, LANES, VEC, HAS_W, HAS_B, HAS_SHIFT, LN_DT, T_DT, U_DT, V_DT,
                     PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA, UNIFORM,
-                    Q + row * N, q_plane, S0, S1, S2, S3, q_lo, q_hi, N_Q, STORE_OUT, OUT_DT, Q_MODE, NAN_SIGN)
+                    Q + row * N, q_plane, S0, S1, S2, S3, q_lo, q_hi, N_Q, STORE_OUT, OUT_DT, Q_MODE, NAN_SIGN,
+                    SCALE_T + bi * sct_sb + si * sct_ss, SHIFT_T + bi * sht_sb + si * sht_ss, True, HAS_SCALE_TEMB,
+                    HAS_SHIFT_TEMB)
 
 
 @triton.jit(do_not_specialize=["S", "M", "q_plane", "q_lo", "q_hi"])
@@ -168,12 +194,14 @@ def _ln_modulate_rows_kernel(
     N, S, M, eps,
     x_sb, x_ss, x_sd, sc_sb, sc_ss, sh_sb, sh_ss,
     Q, q_plane, S0, S1, S2, S3, q_lo, q_hi,
+    SCALE_T, SHIFT_T, sct_sb, sct_ss, sht_sb, sht_ss,
     N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_SHIFT: tl.constexpr,
     LN_DT: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr, V_DT: tl.constexpr,
     PUSH_MEAN_FMA: tl.constexpr, PUSH_M2_FMA: tl.constexpr, COMB_MEAN: tl.constexpr,
     COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr, UNIFORM: tl.constexpr, ROWS: tl.constexpr,
     N_Q: tl.constexpr, STORE_OUT: tl.constexpr, OUT_DT: tl.constexpr, Q_MODE: tl.constexpr, NAN_SIGN: tl.constexpr,
+    HAS_SCALE_TEMB: tl.constexpr, HAS_SHIFT_TEMB: tl.constexpr,
 ):
     # UNIFORM rows only. Program p takes rows p, p + P, ..., p + (ROWS-1) P (P programs) and loads
     # the next row's tile before reducing the current one, so DRAM reads stay in flight through
@@ -193,7 +221,9 @@ def _ln_modulate_rows_kernel(
         ln_modulate_tile(tile, W, B, SCALE + bi * sc_sb + si * sc_ss, SHIFT + bi * sh_sb + si * sh_ss, OUT + row * N,
                          N, eps, N_ITERS, LANES, VEC, HAS_W, HAS_B, HAS_SHIFT, LN_DT, T_DT, U_DT, V_DT,
                          PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA,
-                         Q + row * N, q_plane, s0, s1, s2, s3, q_lo, q_hi, N_Q, STORE_OUT, OUT_DT, Q_MODE, NAN_SIGN)
+                         Q + row * N, q_plane, s0, s1, s2, s3, q_lo, q_hi, N_Q, STORE_OUT, OUT_DT, Q_MODE, NAN_SIGN,
+                         SCALE_T + bi * sct_sb + si * sct_ss, SHIFT_T + bi * sht_sb + si * sht_ss, True,
+                         HAS_SCALE_TEMB, HAS_SHIFT_TEMB)
         tile = tile_next
         row = nxt
 
@@ -209,7 +239,8 @@ def _row_strides(t: torch.Tensor | None, x: torch.Tensor) -> tuple[int, int]:
 
 
 def modulate_constexprs(D, weight, bias, shift, ln_dt, t_dt, u_dt, v_dt, variant, affine_fma) -> dict:
-    """The constexprs of ``ln_modulate_row`` for one layout."""
+    """The constexprs of ``ln_modulate_row`` for one layout (the leading ones; the trailing HAS_* flags of
+    the second addends are the caller's)."""
     n_iters = n_iters_for(D)
     return dict(
         N_ITERS=n_iters, LANES=LANES, VEC=VEC,
@@ -219,8 +250,18 @@ def modulate_constexprs(D, weight, bias, shift, ln_dt, t_dt, u_dt, v_dt, variant
     )
 
 
-def plan_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, variant=DEFAULT_VARIANT,
-                     affine_fma: bool = True, rows_per_program: int | None = None,
+QUANT_ARGS = 5  # a _quant op's arguments after its base op's: q_scales, q_mode, lo, hi, keep_out
+
+
+def split_trailing(rest: tuple, quant, n: int) -> tuple[tuple, tuple]:
+    """(quant arguments, the n optional second addends) from an op's arguments after its base ones:
+    ``[q_scales, q_mode, lo, hi, keep_out,] [addends...]`` (absent addends are None)."""
+    k = QUANT_ARGS if quant else 0
+    return rest[:k], (tuple(rest[k:]) + (None,) * n)[:n]
+
+
+def plan_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, scale_temb=None, shift_temb=None,
+                     variant=DEFAULT_VARIANT, affine_fma: bool = True, rows_per_program: int | None = None,
                      quant: tuple[int, int, bool] | None = None, nan_sign: bool | None = None):
     """A launch for inputs of this layout (they must satisfy ``can_use_ln_modulate``).
 
@@ -230,12 +271,13 @@ def plan_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, va
     D = x.shape[-1]
     S = x.shape[1] if x.dim() == 3 else 1
     ln_dt, t_dt, u_dt, v_dt, final = result_dtypes(
-        x.dtype, scale.dtype, None if shift is None else shift.dtype, ln_dtype, out_dtype)
+        x.dtype, sum_dtype(scale, scale_temb), sum_dtype(shift, shift_temb), ln_dtype, out_dtype)
     shape, device = x.shape, x.device
     strides = (*_row_strides(x, x), x.stride(-1), *_row_strides(scale, x), *_row_strides(shift, x))
+    temb_strides = (*_row_strides(scale_temb, x), *_row_strides(shift_temb, x))
     epi = QuantEpilogue(quant, shape, _DT_CODE[final], device, nan_sign)
     const = {**modulate_constexprs(D, weight, bias, shift, ln_dt, t_dt, u_dt, v_dt, variant, affine_fma),
-             **epi.constexprs}
+             **epi.constexprs, "HAS_SCALE_TEMB": scale_temb is not None, "HAS_SHIFT_TEMB": shift_temb is not None}
     rows = x.numel() // D
     per_program = ROWS_PER_PROGRAM if rows_per_program is None else rows_per_program
     if per_program > 1 and const["UNIFORM"] and rows > 0:
@@ -246,18 +288,22 @@ def plan_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, va
         kernel = CachedLaunch(_ln_modulate_kernel, (rows,), const, num_warps=LANES // 32, enable_fp_fusion=False)
         sizes = (D, S)
 
-    def launch(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, *quant_args):
+    def launch(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, *rest):
+        quant_args, (scale_temb, shift_temb) = split_trailing(rest, quant, 2)
         out = torch.empty(shape, dtype=final, device=device) if epi.keep_out else x
         q_args, q = epi.args(x, *quant_args)
         kernel(x, weight if weight is not None else x, bias if bias is not None else x, scale,
-               shift if shift is not None else scale, out, *sizes, eps, *strides, *q_args)
+               shift if shift is not None else scale, out, *sizes, eps, *strides, *q_args,
+               scale_temb if scale_temb is not None else scale, shift_temb if shift_temb is not None else scale,
+               *temb_strides)
         return out if q is None else epi.outputs([], out, q)
 
     return launch
 
 
-def ln_modulate_triton(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, variant=DEFAULT_VARIANT,
-                       affine_fma: bool = True, rows_per_program: int | None = None) -> torch.Tensor:
+def ln_modulate_triton(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, scale_temb=None, shift_temb=None,
+                       variant=DEFAULT_VARIANT, affine_fma: bool = True,
+                       rows_per_program: int | None = None) -> torch.Tensor:
     """Plan and launch once (tests, benchmarks); the op caches plans per layout instead."""
-    args = (x, weight, bias, eps, scale, shift, ln_dtype, out_dtype)
+    args = (x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, scale_temb, shift_temb)
     return plan_ln_modulate(*args, variant=variant, affine_fma=affine_fma, rows_per_program=rows_per_program)(*args)

@@ -15,6 +15,9 @@ Every op quantizes as eager's ATen chain does (patterns/static_quant.py), per qu
   LayerNorm + modulate whose output feeds n <= 4 quantizers (one per linear reading it).
 - ``gated_residual_ln_modulate_quant(<gated args>, q_scales, ..., keep_out) -> [r, out?, q_1..q_n]``.
 
+The base op's optional trailing arguments (a timestep table's second addends, Wan's casts) follow
+``keep_out`` in the two norm ops.
+
 The reference impls are those chains (CPU, and whatever a guard rejects); CUDA inputs the
 guards accept run the kernels in kernels/fp8_quant.py, kernels/cat_quant.py and, for the
 norm ops, kernels/ln_modulate.py and kernels/gated_residual_ln.py with their quant epilogue.
@@ -129,30 +132,30 @@ def check_quant_list(q_scales, q_mode, lo, hi, device) -> str:
 
 
 def ln_modulate_quant_reference(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, q_scales, q_mode, lo, hi,
-                                keep_out):
-    out = ln_modulate_reference(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype)
+                                keep_out, *base_tail):
+    out = ln_modulate_reference(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, *base_tail)
     qs = [quant_reference(out, s, q_mode, lo, hi) for s in q_scales]
     return ([out] if keep_out else []) + qs
 
 
 def can_use_ln_modulate_quant(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, q_scales, q_mode, lo, hi,
-                              keep_out) -> tuple[bool, str]:
-    ok, why = can_use_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype)
+                              keep_out, *base_tail) -> tuple[bool, str]:
+    ok, why = can_use_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, *base_tail)
     why = why or check_quant_list(q_scales, q_mode, lo, hi, x.device)
     return not why, why
 
 
 def ln_modulate_quant_layout_key(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, q_scales, q_mode, lo, hi,
-                                 keep_out) -> tuple:
-    return (ln_layout_key(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype),
+                                 keep_out, *base_tail) -> tuple:
+    return (ln_layout_key(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, *base_tail),
             tuple(_ptr_key(s) for s in q_scales), q_mode, keep_out)
 
 
 def _plan_ln_modulate_quant(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, q_scales, q_mode, lo, hi,
-                            keep_out):
+                            keep_out, *base_tail):
     from ..kernels.ln_modulate import plan_ln_modulate
 
-    return plan_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype,
+    return plan_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, *base_tail,
                             quant=(len(q_scales), q_mode, keep_out))
 
 
@@ -161,30 +164,32 @@ _ln_modulate_quant = GuardedKernel("ln_modulate_quant", ln_modulate_quant_layout
 
 
 def gated_residual_ln_modulate_quant_reference(residual, x, gate, weight, bias, eps, scale, shift, out_dtype, q_scales,
-                                               q_mode, lo, hi, keep_out):
-    r, out = gated_residual_ln_modulate_reference(residual, x, gate, weight, bias, eps, scale, shift, out_dtype)
+                                               q_mode, lo, hi, keep_out, *base_tail):
+    r, out = gated_residual_ln_modulate_reference(residual, x, gate, weight, bias, eps, scale, shift, out_dtype,
+                                                  *base_tail)
     qs = [quant_reference(out, s, q_mode, lo, hi) for s in q_scales]
     return [r] + ([out] if keep_out else []) + qs
 
 
 def can_use_gated_residual_ln_modulate_quant(residual, x, gate, weight, bias, eps, scale, shift, out_dtype, q_scales,
-                                             q_mode, lo, hi, keep_out) -> tuple[bool, str]:
-    ok, why = can_use_gated_residual_ln_modulate(residual, x, gate, weight, bias, eps, scale, shift, out_dtype)
+                                             q_mode, lo, hi, keep_out, *base_tail) -> tuple[bool, str]:
+    ok, why = can_use_gated_residual_ln_modulate(residual, x, gate, weight, bias, eps, scale, shift, out_dtype,
+                                                 *base_tail)
     why = why or check_quant_list(q_scales, q_mode, lo, hi, x.device)
     return not why, why
 
 
 def gated_residual_ln_modulate_quant_layout_key(residual, x, gate, weight, bias, eps, scale, shift, out_dtype,
-                                                q_scales, q_mode, lo, hi, keep_out) -> tuple:
-    return (gated_layout_key(residual, x, gate, weight, bias, eps, scale, shift, out_dtype),
+                                                q_scales, q_mode, lo, hi, keep_out, *base_tail) -> tuple:
+    return (gated_layout_key(residual, x, gate, weight, bias, eps, scale, shift, out_dtype, *base_tail),
             tuple(_ptr_key(s) for s in q_scales), q_mode, keep_out)
 
 
 def _plan_gated_quant(residual, x, gate, weight, bias, eps, scale, shift, out_dtype, q_scales, q_mode, lo, hi,
-                      keep_out):
+                      keep_out, *base_tail):
     from ..kernels.gated_residual_ln import plan_gated_residual_ln_modulate
 
-    return plan_gated_residual_ln_modulate(residual, x, gate, weight, bias, eps, scale, shift, out_dtype,
+    return plan_gated_residual_ln_modulate(residual, x, gate, weight, bias, eps, scale, shift, out_dtype, *base_tail,
                                            quant=(len(q_scales), q_mode, keep_out))
 
 
@@ -198,11 +203,12 @@ _QUANT_ARGS = "int q_mode, float lo, float hi"
 _lib.define(f"static_quant(Tensor x, Tensor scale, {_QUANT_ARGS}) -> Tensor")
 _lib.define(f"cat_quant(Tensor a, Tensor b, Tensor scale, {_QUANT_ARGS}, bool keep_cat) -> Tensor[]")
 _lib.define("ln_modulate_quant(Tensor x, Tensor? weight, Tensor? bias, float eps, Tensor scale, Tensor? shift, "
-            f"ScalarType? ln_dtype, ScalarType? out_dtype, Tensor[] q_scales, {_QUANT_ARGS}, bool keep_out) "
-            "-> Tensor[]")
+            f"ScalarType? ln_dtype, ScalarType? out_dtype, Tensor[] q_scales, {_QUANT_ARGS}, bool keep_out, "
+            "Tensor? scale_temb=None, Tensor? shift_temb=None) -> Tensor[]")
 _lib.define("gated_residual_ln_modulate_quant(Tensor residual, Tensor x, Tensor gate, Tensor? weight, Tensor? bias, "
-            f"float eps, Tensor scale, Tensor? shift, ScalarType? out_dtype, Tensor[] q_scales, {_QUANT_ARGS}, "
-            "bool keep_out) -> Tensor[]")
+            f"float eps, Tensor? scale, Tensor? shift, ScalarType? out_dtype, Tensor[] q_scales, {_QUANT_ARGS}, "
+            "bool keep_out, Tensor? gate_temb=None, Tensor? scale_temb=None, Tensor? shift_temb=None, "
+            "ScalarType? r_dtype=None, ScalarType? ln_dtype=None) -> Tensor[]")
 for _name, _impl in (("static_quant", _static_quant), ("cat_quant", _cat_quant),
                      ("ln_modulate_quant", _ln_modulate_quant),
                      ("gated_residual_ln_modulate_quant", _gated_quant)):
@@ -222,13 +228,14 @@ def _(a, b, scale, q_mode, lo, hi, keep_cat):
 
 
 @torch.library.register_fake("diffusion_fuse::ln_modulate_quant", lib=_lib)
-def _(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, q_scales, q_mode, lo, hi, keep_out):
-    out = torch.ops.diffusion_fuse.ln_modulate.default(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype)
+def _(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, q_scales, q_mode, lo, hi, keep_out, *base_tail):
+    out = torch.ops.diffusion_fuse.ln_modulate.default(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype,
+                                                        *base_tail)
     return ([out] if keep_out else []) + [out.new_empty(out.shape, dtype=FP8) for _ in q_scales]
 
 
 @torch.library.register_fake("diffusion_fuse::gated_residual_ln_modulate_quant", lib=_lib)
-def _(residual, x, gate, weight, bias, eps, scale, shift, out_dtype, q_scales, q_mode, lo, hi, keep_out):
+def _(residual, x, gate, weight, bias, eps, scale, shift, out_dtype, q_scales, q_mode, lo, hi, keep_out, *base_tail):
     r, out = torch.ops.diffusion_fuse.gated_residual_ln_modulate.default(
-        residual, x, gate, weight, bias, eps, scale, shift, out_dtype)
+        residual, x, gate, weight, bias, eps, scale, shift, out_dtype, *base_tail)
     return [r] + ([out] if keep_out else []) + [out.new_empty(out.shape, dtype=FP8) for _ in q_scales]

@@ -7,7 +7,10 @@ Semantics are those of the ATen chain the pattern replaces (patterns/norm_modula
     out = ln * (scale + 1) [+ shift]   # each op rounded to its result dtype, as eager does
     out = out.to(out_dtype) if out_dtype else out
 
-``scale``/``shift`` broadcast to ``x``'s shape. The reference impl *is* that chain (CPU, and
+``scale``/``shift`` broadcast to ``x``'s shape. ``scale_temb``/``shift_temb`` (optional) are second
+addends: the op uses ``scale + scale_temb`` (and ``shift + shift_temb``), one add in fp32 (the guard
+takes fp32 sums only), which is how Wan's chunked ``scale_shift_table + temb.float()`` reaches the op
+without the sum being written (patterns/wan_temb.py). The reference impl *is* that chain (CPU, and
 every input a guard rejects); CUDA inputs the guard accepts run the Triton kernel in
 kernels/ln_modulate.py.
 """
@@ -26,23 +29,41 @@ MAX_D = 16384
 VEC = 4  # eager's vectorized LayerNorm reads 4-element vectors; other D use another kernel
 
 
-def ln_modulate_reference(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype) -> Tensor:
+def with_addend(t: Tensor | None, addend: Tensor | None) -> Tensor | None:
+    """``t + addend`` (eager's add: the table slice of Wan's ``table + temb.float()``), or ``t``."""
+    return t if addend is None or t is None else t + addend
+
+
+def ln_modulate_reference(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, scale_temb=None,
+                          shift_temb=None) -> Tensor:
+    """The ATen chain; ``scale=None`` (gated_residual_ln_modulate only) is the LayerNorm without modulate."""
     xin = x if ln_dtype is None else x.to(ln_dtype)
-    ln = torch.ops.aten.native_layer_norm.default(xin, [xin.shape[-1]], weight, bias, eps)[0]
-    out = ln * (scale + 1)
-    if shift is not None:
-        out = out + shift
+    out = torch.ops.aten.native_layer_norm.default(xin, [xin.shape[-1]], weight, bias, eps)[0]
+    if scale is not None:
+        out = out * (with_addend(scale, scale_temb) + 1)
+        if shift is not None:
+            out = out + with_addend(shift, shift_temb)
     if out_dtype is not None:
         out = out.to(out_dtype)
     return out
 
 
+def sum_dtype(t: Tensor | None, addend: Tensor | None) -> torch.dtype | None:
+    """dtype of ``t [+ addend]``."""
+    if t is None:
+        return None
+    return t.dtype if addend is None else torch.promote_types(t.dtype, addend.dtype)
+
+
 def result_dtypes(x_dtype, scale_dtype, shift_dtype, ln_dtype, out_dtype):
-    """dtypes of (ln, 1+scale, ln*(1+scale), +shift, final) as eager's type promotion gives them."""
+    """dtypes of (ln, 1+scale, ln*(1+scale), +shift, final) as eager's type promotion gives them.
+
+    ``scale_dtype=None``: no modulate (every dtype after the LayerNorm is the LayerNorm's).
+    """
     ln_dt = ln_dtype or x_dtype
-    t_dt = scale_dtype
+    t_dt = scale_dtype or ln_dt
     u_dt = torch.promote_types(ln_dt, t_dt)
-    v_dt = torch.promote_types(u_dt, shift_dtype) if shift_dtype is not None else u_dt
+    v_dt = torch.promote_types(u_dt, shift_dtype) if shift_dtype is not None and scale_dtype is not None else u_dt
     return ln_dt, t_dt, u_dt, v_dt, out_dtype or v_dt
 
 
@@ -93,6 +114,14 @@ def check_ln_params(D: int, ln_in: torch.dtype, weight: Tensor | None, bias: Ten
     return ""
 
 
+def check_addends(**pairs: tuple[Tensor | None, Tensor | None]) -> str:
+    """'' if every (operand, second addend) pair the kernels add sums to fp32 (they add in fp32, unrounded)."""
+    for name, (t, addend) in pairs.items():
+        if addend is not None and (t is None or sum_dtype(t, addend) != torch.float32):
+            return f"{name} + {name}_temb is not an fp32 sum (the kernel adds in fp32 and does not round)"
+    return ""
+
+
 def check_broadcast(shape, **operands: Tensor | None) -> str:
     """'' if every operand broadcasts to ``shape`` with unit stride along D."""
     for name, t in operands.items():
@@ -103,9 +132,10 @@ def check_broadcast(shape, **operands: Tensor | None) -> str:
     return ""
 
 
-def can_use_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype) -> tuple[bool, str]:
+def can_use_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, scale_temb=None,
+                        shift_temb=None) -> tuple[bool, str]:
     """Whether the Triton kernel reproduces eager for these inputs; else the reason."""
-    why = check_device_and_dtypes(x, (weight, bias, scale, shift))
+    why = check_device_and_dtypes(x, (weight, bias, scale, shift, scale_temb, shift_temb))
     if not why and (ln_dtype not in (None, torch.float32) or out_dtype not in (None,) + KERNEL_DTYPES):
         why = f"unsupported cast (ln_dtype {ln_dtype}, out_dtype {out_dtype})"
     why = why or check_rows("x", x, unit_stride_d=False)  # the kernel reads any x strides
@@ -114,29 +144,29 @@ def can_use_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype)
     if not why and ln_dtype is None and x.is_contiguous() and x.data_ptr() % (VEC * x.element_size()):
         why = "x is not 16-byte aligned (eager takes its non-vectorized LayerNorm)"
     why = why or check_ln_params(x.shape[-1], ln_dtype or x.dtype, weight, bias)
-    why = why or check_broadcast(x.shape, scale=scale, shift=shift)
+    why = why or check_addends(scale=(scale, scale_temb), shift=(shift, shift_temb))
+    why = why or check_broadcast(x.shape, scale=scale, shift=shift, scale_temb=scale_temb, shift_temb=shift_temb)
     return not why, why
 
 
-def layout_key(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype) -> tuple:
+def tensor_key(t: Tensor | None) -> tuple | None:
+    """What a launch plan depends on for one tensor operand (alignment: Triton specializes on it)."""
+    return None if t is None else (t.dtype, t.shape, t.stride(), t.data_ptr() & 15)
+
+
+def layout_key(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, scale_temb=None, shift_temb=None) -> tuple:
     """Everything ``can_use_ln_modulate`` and the launch plan depend on (eps is a kernel argument).
 
     Pointer alignment is part of it: the plan launches a kernel Triton specialized on it.
     """
-    return (
-        x.device, x.dtype, x.shape, x.stride(), x.data_ptr() & 15,
-        scale.dtype, scale.shape, scale.stride(), scale.data_ptr() & 15,
-        None if shift is None else (shift.dtype, shift.shape, shift.stride(), shift.data_ptr() & 15),
-        None if weight is None else (weight.dtype, weight.shape, weight.stride(), weight.data_ptr() & 15),
-        None if bias is None else (bias.dtype, bias.shape, bias.stride(), bias.data_ptr() & 15),
-        ln_dtype, out_dtype,
-    )
+    return (x.device, tensor_key(x), tensor_key(scale), tensor_key(shift), tensor_key(weight), tensor_key(bias),
+            ln_dtype, out_dtype, tensor_key(scale_temb), tensor_key(shift_temb))
 
 
-def _plan(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype):
+def _plan(*args):
     from ..kernels.ln_modulate import plan_ln_modulate
 
-    return plan_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype)
+    return plan_ln_modulate(*args)
 
 
 _dispatch = GuardedKernel(OP, layout_key, can_use_ln_modulate, _plan, ln_modulate_reference)
@@ -146,14 +176,21 @@ _dispatch = GuardedKernel(OP, layout_key, can_use_ln_modulate, _plan, ln_modulat
 _lib = torch.library.Library("diffusion_fuse", "FRAGMENT")
 _lib.define(
     "ln_modulate(Tensor x, Tensor? weight, Tensor? bias, float eps, Tensor scale, Tensor? shift, "
-    "ScalarType? ln_dtype, ScalarType? out_dtype) -> Tensor"
+    "ScalarType? ln_dtype, ScalarType? out_dtype, Tensor? scale_temb=None, Tensor? shift_temb=None) -> Tensor"
 )
 _lib.impl("ln_modulate", _dispatch, "CompositeExplicitAutograd")
 
 
+def modulated_shape_and_dtype(x_shape, x_dtype, scale, shift, ln_dtype, out_dtype, scale_temb, shift_temb):
+    """Shape and dtype of the modulated output (fake impls)."""
+    shapes = [x_shape] + [t.shape for t in (scale, shift, scale_temb, shift_temb) if t is not None]
+    dtype = result_dtypes(x_dtype, sum_dtype(scale, scale_temb), sum_dtype(shift, shift_temb), ln_dtype,
+                          out_dtype)[-1]
+    return torch.broadcast_shapes(*shapes), dtype
+
+
 @torch.library.register_fake("diffusion_fuse::ln_modulate", lib=_lib)
-def _(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype):
-    shapes = [x.shape, scale.shape] + ([shift.shape] if shift is not None else [])
-    shape = torch.broadcast_shapes(*shapes)
-    dtype = result_dtypes(x.dtype, scale.dtype, None if shift is None else shift.dtype, ln_dtype, out_dtype)[-1]
+def _(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, scale_temb=None, shift_temb=None):
+    shape, dtype = modulated_shape_and_dtype(x.shape, x.dtype, scale, shift, ln_dtype, out_dtype, scale_temb,
+                                             shift_temb)
     return x.new_empty(shape, dtype=dtype)

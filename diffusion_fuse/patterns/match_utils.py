@@ -65,6 +65,31 @@ def cast_dtype(node: object) -> torch.dtype | None:
     return None
 
 
+# Casts that widen exactly: a value of these dtypes is unchanged by ``.float()``.
+EXACT_TO_FP32 = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def fold_upcast(node: object, other_dtype: torch.dtype | None) -> tuple[object, fx.Node | None]:
+    """``(src, cast)`` if ``node`` is ``src.float()`` and eager's type promotion with an operand of
+    ``other_dtype`` would compute the same fp32 values from ``src`` itself; else ``(node, None)``.
+
+    ``a.float() op b`` equals ``a op b`` bitwise when ``promote(a, b)`` is fp32 (TensorIterator
+    widens ``a`` exactly, as the cast does): reading ``src`` spares the fp32 copy.
+    """
+    if cast_dtype(node) != torch.float32 or other_dtype is None:
+        return node, None
+    src = node.args[0]
+    v = val(src)
+    if v is None or v.dtype not in EXACT_TO_FP32 or torch.promote_types(v.dtype, other_dtype) != torch.float32:
+        return node, None
+    return src, node
+
+
+def dtype_of(node: object) -> torch.dtype | None:
+    v = val(node)
+    return v.dtype if isinstance(v, torch.Tensor) else None
+
+
 def is_scalar(value: object, expected: float) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and float(value) == expected
 

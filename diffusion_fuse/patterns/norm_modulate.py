@@ -11,6 +11,9 @@ Becomes ``diffusion_fuse::ln_modulate`` (lowering/norm_modulate.py). Covered ATe
 - Wan FP32LayerNorm: ``_to_copy(x, f32) → native_layer_norm → mul(ln, add(scale_f32, 1)) →
   add(·, shift_f32) → _to_copy(bf16)``, scale/shift [B,1,D] or per-token [B,S,D].
 - Inductor's post-grad form of the casts (``prims.convert_element_type``).
+- scale/shift a slice of a chunked timestep-embedding table (Wan ``(table + temb.float()).chunk(6)``, per
+  token or not; patterns/wan_temb.py): the op reads the table and temb and adds them itself, so the fp32
+  sum is never written.
 
 The site keeps eager's rounding points: the op's reference impl is this very ATen chain.
 """
@@ -34,6 +37,7 @@ from .match_utils import (
 )
 from .registry import NearMiss, PatternFamily, Site, register_family
 from .quant_chain import emit_quant_op, quant_chain, quant_consumers
+from .wan_temb import ModOperand, trim_defaults
 
 
 def _scale_of(t: object) -> tuple[fx.Node, int | None] | None:
@@ -66,6 +70,7 @@ class NormModulate(PatternFamily):
         "ln*(1+scale)                               (no shift)",
         "LN with weight/bias                        (elementwise affine)",
         "cast(LN(cast(x,f32))*(1+scale)+shift,bf16) (Wan FP32LayerNorm, [B,1,D] or per-token [B,S,D])",
+        "scale/shift = (table + temb.float()).chunk(n)[j] [.squeeze]  (Wan, read as table + temb in the op)",
         "any of these read by up to 4 static FP8 quantizers (patterns/static_quant.py) → ln_modulate_quant",
     )
 
@@ -85,9 +90,7 @@ class NormModulate(PatternFamily):
         inputs = [x] + ([weight] if has_w else []) + ([bias] if has_b else [])
         for c in chains:
             nodes += c.nodes
-            inputs.append(c.scale)
-            if c.shift is not None:
-                inputs.append(c.shift)
+            inputs += c.inputs
         # Quantizers reading a single modulate's output join the op (FP8-static linears after it).
         quants, others = quant_consumers(chains[0].last) if len(chains) == 1 else ([], 0)
         nodes += [n for q in quants for n in q.nodes]
@@ -100,15 +103,15 @@ class NormModulate(PatternFamily):
             b_n = next(it) if has_b else None
             results = []
             for c in chains:
-                scale_n = c.scale_arg(graph, next(it))
-                shift_n = next(it) if c.shift is not None else None
+                scale_n, scale_t, shift_n, shift_t = c.emit_operands(graph, it)
                 if quants:
                     return emit_quant_op(graph, torch.ops.diffusion_fuse.ln_modulate_quant.default,
                                          (x_n, w_n, b_n, float(eps), scale_n, shift_n, ln_dtype, c.out_dtype, list(it)),
-                                         0, others > 0, quants)
+                                         0, others > 0, quants, tail=(scale_t, shift_t))
                 results.append(graph.call_function(
                     torch.ops.diffusion_fuse.ln_modulate.default,
-                    (x_n, w_n, b_n, float(eps), scale_n, shift_n, ln_dtype, c.out_dtype),
+                    trim_defaults(x_n, w_n, b_n, float(eps), scale_n, shift_n, ln_dtype, c.out_dtype, scale_t,
+                                  shift_t, required=8),
                 ))
             return results
 
@@ -154,15 +157,22 @@ def match_ln_chains(pattern: str, node: fx.Node) -> tuple[fx.Node, list[Modulate
 class ModulateChain:
     """One modulate reading the LN output: ``ln * (1 + scale) [+ shift] [→ cast]``."""
 
-    def __init__(self, nodes, scale, unsqueeze_dim, shift, out_dtype) -> None:
-        self.nodes, self.scale, self.unsqueeze_dim = nodes, scale, unsqueeze_dim
-        self.shift, self.out_dtype, self.last = shift, out_dtype, nodes[-1]
+    def __init__(self, nodes, scale: fx.Node, unsqueeze_dim, shift: fx.Node | None, out_dtype) -> None:
+        self.nodes, self.unsqueeze_dim, self.out_dtype, self.last = nodes, unsqueeze_dim, out_dtype, nodes[-1]
+        # A table slice under an unsqueeze does not occur (that form is AdaLayerNormContinuous's): read it as is.
+        self.scale = ModOperand(scale, table=unsqueeze_dim is None)
+        self.shift = None if shift is None else ModOperand(shift)
 
-    def scale_arg(self, graph: fx.Graph, scale: fx.Node) -> fx.Node:
-        """The scale as the op takes it (broadcastable to x): re-adds an unsqueeze the +1 sat inside."""
-        if self.unsqueeze_dim is None:
-            return scale
-        return graph.call_function(aten.unsqueeze.default, (scale, self.unsqueeze_dim))
+    @property
+    def inputs(self) -> list[fx.Node]:
+        return self.scale.inputs + (self.shift.inputs if self.shift is not None else [])
+
+    def emit_operands(self, graph: fx.Graph, it) -> tuple[fx.Node, fx.Node | None, fx.Node | None, fx.Node | None]:
+        """(scale, scale's second addend, shift, shift's second addend) as the op takes them, broadcastable
+        to x: re-adds an unsqueeze the +1 sat inside."""
+        scale, scale_t = self.scale.emit(graph, it, self.unsqueeze_dim)
+        shift, shift_t = self.shift.emit(graph, it) if self.shift is not None else (None, None)
+        return scale, scale_t, shift, shift_t
 
 
 def _modulate_chain(ln: fx.Node, mul: fx.Node, anchor: fx.Node) -> ModulateChain | str:

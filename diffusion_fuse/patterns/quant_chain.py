@@ -19,6 +19,7 @@ import torch.fx as fx
 
 from ..lowering.fp8_quant import FP8_MAX, MAX_QUANTS, Q_DIV, Q_MUL
 from .match_utils import aten, cast_dtype, is_op, single_user, val
+from .wan_temb import trim_defaults
 
 FP8 = torch.float8_e4m3fn
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -106,9 +107,14 @@ def quant_consumers(source: fx.Node) -> tuple[list[QuantChain], int]:
     return chains, others
 
 
-def emit_quant_op(graph: fx.Graph, op, args: tuple, lead: int, keep_out: bool, chains: list[QuantChain]):
-    """Emit an op returning Tensor[] ``[<lead outputs>, out?, q_1..q_n]`` and one getitem per output."""
+def emit_quant_op(graph: fx.Graph, op, args: tuple, lead: int, keep_out: bool, chains: list[QuantChain],
+                  tail: tuple = ()):
+    """Emit an op returning Tensor[] ``[<lead outputs>, out?, q_1..q_n]`` and one getitem per output.
+
+    ``tail``: the op's trailing optional arguments (a timestep table's second addends, patterns/wan_temb.py).
+    """
     c0 = chains[0]
-    both = graph.call_function(op, (*args, c0.mode, c0.lo, c0.hi, keep_out))
+    args = (*args, c0.mode, c0.lo, c0.hi, keep_out, *tail)
+    both = graph.call_function(op, trim_defaults(*args, required=len(args) - len(tail)))
     n = lead + int(keep_out) + len(chains)
     return [graph.call_function(operator.getitem, (both, i)) for i in range(n)]

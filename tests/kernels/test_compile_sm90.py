@@ -36,23 +36,27 @@ def compile_for_sm90(kernel, types: dict, const: dict):
 
 
 def compile_ln_modulate(D, x="bf16", mod="bf16", out="bf16", ln="bf16", affine=False, shift=True, n_q=0,
-                        keep_out=True, rows=0):
+                        keep_out=True, rows=0, temb=None):
     """Compile as the launcher does for contiguous, 16-byte aligned operands: x's unit stride along D
     is a constant, pointers and row strides carry Triton's divisibility-by-16 specialization.
-    ``rows`` > 0: the several-rows-per-program kernel (UNIFORM D only)."""
+    ``rows`` > 0: the several-rows-per-program kernel (UNIFORM D only). ``temb``: the dtype of
+    scale's and shift's second addends (Wan's timestep table), or None."""
     k = lm._ln_modulate_rows_kernel if rows else lm._ln_modulate_kernel
     n_iters = lns.n_iters_for(D)
     const = dict(N_ITERS=n_iters, LANES=lns.LANES, VEC=lns.VEC, HAS_W=affine, HAS_B=affine, HAS_SHIFT=shift,
                  LN_DT=CODE[ln], T_DT=CODE[mod], U_DT=CODE[mod], V_DT=CODE[mod], AFFINE_FMA=True,
                  **lns.DEFAULT_VARIANT.constexprs(), UNIFORM=lns.is_uniform(D, n_iters),
-                 **quant_constexprs(n_q, keep_out, out), **({"ROWS": rows} if rows else {}))
+                 **quant_constexprs(n_q, keep_out, out), **({"ROWS": rows} if rows else {}),
+                 HAS_SCALE_TEMB=temb is not None, HAS_SHIFT_TEMB=temb is not None and shift)
     names = k.arg_names
     sig = {"X": PTR[x], "W": PTR[ln], "B": PTR[ln], "SCALE": PTR[mod], "SHIFT": PTR[mod], "OUT": PTR[out],
+           "SCALE_T": PTR[temb or mod], "SHIFT_T": PTR[temb or mod],
            "N": "i32", "S": "i32", "M": "i32", "eps": "fp32", **QUANT_TYPES}
     sig = {n: sig.get(n, "i64") for n in names}
     sig.update({n: "constexpr" for n in [*const, "x_sd"]})
     constexprs = {(names.index(n),): v for n, v in {**const, "x_sd": 1}.items()}
-    aligned = ["X", "W", "B", "SCALE", "SHIFT", "OUT", "x_sb", "x_ss", "sc_sb", "sc_ss", "sh_sb", "sh_ss"]
+    aligned = ["X", "W", "B", "SCALE", "SHIFT", "OUT", "x_sb", "x_ss", "sc_sb", "sc_ss", "sh_sb", "sh_ss",
+               "SCALE_T", "SHIFT_T", "sct_sb", "sct_ss", "sht_sb", "sht_ss"]
     aligned += ["N"] if D % 16 == 0 else []
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     src = ASTSource(fn=k, signature=sig, constexprs=constexprs, attrs=attrs)
@@ -87,10 +91,11 @@ def test_aligned_rows_load_and_store_4_elements_per_instruction():
 
 
 @pytest.mark.parametrize("D", [64, 1000, 3072, 5120])
-@pytest.mark.parametrize("form", ["flux_bf16", "wan_fp32_ln", "affine_fp16"])
+@pytest.mark.parametrize("form", ["flux_bf16", "wan_fp32_ln", "affine_fp16", "wan_temb"])
 def test_ln_modulate_compiles_for_sm90(D, form):
     kw = {"flux_bf16": {}, "wan_fp32_ln": dict(mod="fp32", ln="fp32"),
-          "affine_fp16": dict(x="fp16", mod="fp16", out="fp16", ln="fp16", affine=True)}[form]
+          "affine_fp16": dict(x="fp16", mod="fp16", out="fp16", ln="fp16", affine=True),
+          "wan_temb": dict(mod="fp32", ln="fp32", temb="bf16")}[form]
     ck = compile_ln_modulate(D, **kw)
     ptx = ck.asm["ptx"]
     assert ck.asm.get("cubin")
@@ -101,25 +106,69 @@ def test_ln_modulate_compiles_for_sm90(D, form):
         assert "div.rn.f32" in ptx  # only var = m2 / N remains a division
 
 
+def test_table_addends_are_added_in_fp32_once_per_element():
+    # Wan's scale/shift = table + temb.float(): the kernel adds the widened bf16 temb to the fp32 table.
+    base = compile_ln_modulate(3072, mod="fp32", ln="fp32").asm["ptx"]
+    temb = compile_ln_modulate(3072, mod="fp32", ln="fp32", temb="bf16").asm["ptx"]
+    adds = [ptx.count("add.rn.f32") for ptx in (base, temb)]
+    # scale and shift each gain one add per element: 6 trips x 4 elements per thread x 2 operands
+    assert adds[1] - adds[0] == 6 * 4 * 2, adds
+    assert temb.count("fma.rn.f32") == base.count("fma.rn.f32")  # the add is not contracted into anything
+
+
 def compile_gated_residual_ln_modulate(D, dtype="bf16", n_q=0):
+    """``dtype``: one dtype throughout, or Wan's forms: "wan_norm_out" (bf16 residual and x, fp32 table gate,
+    scale and shift + bf16 temb, bf16 r, FP32LayerNorm) and "wan_norm2" (the same, affine, no modulate)."""
     from diffusion_fuse.kernels import gated_residual_ln as gr
 
     n_iters = lns.n_iters_for(D)
-    const = dict(M_DT=CODE[dtype], N_ITERS=n_iters, LANES=lns.LANES, VEC=lns.VEC, HAS_W=False, HAS_B=False,
-                 HAS_SHIFT=True, LN_DT=CODE[dtype], T_DT=CODE[dtype], U_DT=CODE[dtype], V_DT=CODE[dtype],
+    wan = dtype.startswith("wan")
+    plain = dtype == "wan_norm2"  # Wan's norm2: affine FP32LayerNorm read by no modulate
+    mod = "fp32" if wan else dtype  # Wan: fp32 table (+ bf16 temb), bf16 r and output, FP32LayerNorm
+    const = dict(M_DT=CODE[mod], N_ITERS=n_iters, LANES=lns.LANES, VEC=lns.VEC, HAS_W=plain, HAS_B=plain,
+                 HAS_SHIFT=not plain, LN_DT=CODE[mod], T_DT=CODE[mod], U_DT=CODE[mod], V_DT=CODE[mod],
                  AFFINE_FMA=True, **lns.DEFAULT_VARIANT.constexprs(), UNIFORM=lns.is_uniform(D, n_iters),
-                 **quant_constexprs(n_q, out=dtype))
-    ptrs = ["RES", "X", "GATE", "W", "B", "SCALE", "SHIFT", "R_OUT", "OUT"]
-    types = {**{p: PTR[dtype] for p in ptrs}, "N": "i32", "S": "i32", "eps": "fp32", **QUANT_TYPES}
+                 **quant_constexprs(n_q, out="bf16" if wan else dtype), HAS_GATE_TEMB=wan, HAS_SCALE=not plain,
+                 HAS_SCALE_TEMB=wan and not plain, HAS_SHIFT_TEMB=wan and not plain)
+    act = "bf16" if wan else dtype
+    types = {**{p: PTR[act] for p in ("RES", "X", "R_OUT", "OUT")},
+             **{p: PTR[mod] for p in ("GATE", "W", "B", "SCALE", "SHIFT")},
+             **{p: PTR["bf16" if wan else mod] for p in ("GATE_T", "SCALE_T", "SHIFT_T")},
+             "N": "i32", "S": "i32", "eps": "fp32", **QUANT_TYPES}
     return compile_for_sm90(gr._gated_residual_ln_modulate_kernel, types, const)
 
 
 @pytest.mark.parametrize("D, dtype, n_q", [(1000, "bf16", 0), (3072, "bf16", 0), (1000, "fp32", 0),
-                                           (3072, "fp32", 0), (1000, "bf16", 1), (3072, "bf16", 2)])
+                                           (3072, "fp32", 0), (1000, "bf16", 1), (3072, "bf16", 2),
+                                           (1000, "wan_norm2", 0), (3072, "wan_norm2", 0), (1000, "wan_norm_out", 0),
+                                           (3072, "wan_norm_out", 0), (3072, "wan_norm_out", 1)])
 def test_gated_residual_ln_modulate_compiles_for_sm90(D, dtype, n_q):
     ck = compile_gated_residual_ln_modulate(D, dtype, n_q)
     assert ck.asm.get("cubin") and "bar.sync" in ck.asm["ptx"]
     assert (E4M3_CVT in ck.asm["ptx"]) == (n_q > 0)
+    assert ".approx" not in ck.asm["ptx"].replace("rsqrt.approx", "").replace("ex2.approx", "")
+
+
+@pytest.mark.parametrize("temb", [None, "bf16"])
+def test_gated_residual_compiles_for_sm90(temb):
+    ptx = compile_gated_residual(temb).asm["ptx"]
+    assert "mul.rn.f32" in ptx and "fma" not in ptx  # g * x rounded on its own, then + residual
+    assert "ld.global.v2.b32" in ptx and "st.global.v2.b32" in ptx  # 4 bf16 per access
+
+
+def compile_gated_residual(temb=None):
+    from diffusion_fuse.kernels import gated_residual_ln as gr
+
+    k = gr._gated_residual_kernel
+    types = {"RES": "*bf16", "X": "*bf16", "GATE": "*fp32", "GATE_T": PTR[temb or "fp32"], "R_OUT": "*bf16",
+             "N": "i32", "S": "i32"}
+    const = dict(M_DT=CODE["fp32"], N_ITERS=lns.n_iters_for(3072), LANES=lns.LANES, VEC=lns.VEC,
+                 HAS_GATE_TEMB=temb is not None)
+    sig = {n: ("constexpr" if n in const else types.get(n, "i64")) for n in k.arg_names}
+    aligned = [n for n in k.arg_names if n not in const and n != "S"]  # 16-byte aligned rows, D = 3072
+    src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(n),): v for n, v in const.items()},
+                    attrs={(k.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": False})
 
 
 @pytest.mark.parametrize("D, n_q, keep_out, rows", [(1000, 1, False, 0), (3072, 3, True, 0), (3072, 4, False, 0),
@@ -166,9 +215,10 @@ def test_cat_quant_compiles_for_sm90(keep_cat):
 @pytest.mark.parametrize("compile_kernel", [
     lambda: compile_ln_modulate(3072), lambda: compile_ln_modulate(1000),
     lambda: compile_ln_modulate(3072, n_q=2, rows=4), lambda: compile_gated_residual_ln_modulate(3072, n_q=1),
-    compile_static_quant, lambda: compile_cat_quant(True)],
+    compile_static_quant, lambda: compile_cat_quant(True), lambda: compile_ln_modulate(3072, temb="bf16", rows=4),
+    lambda: compile_gated_residual_ln_modulate(3072, "wan_norm_out"), lambda: compile_gated_residual("bf16")],
     ids=["ln_modulate", "ln_modulate_general", "ln_modulate_rows_quant", "gated_residual_quant", "static_quant",
-         "cat_quant"])
+         "cat_quant", "ln_modulate_rows_temb", "gated_residual_ln_wan", "gated_residual"])
 def test_kernels_are_cuda_graph_capture_safe(compile_kernel):
     """No scratch memory: Triton's launcher would take it from its own allocator, outside the
     graph pool, on every launch. The kernels take no other host-side action when launched

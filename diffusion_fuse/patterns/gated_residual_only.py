@@ -1,0 +1,87 @@
+"""Family ``gated_residual``: a gated residual no LayerNorm reads in the same graph.
+
+Becomes ``diffusion_fuse::gated_residual`` (lowering/gated_residual.py): ``r = residual + gate * x``
+[→ cast], written once, without ``gate * x``, fp32 copies of residual and x, or an fp32 table sum.
+Under regional compilation (``compile_repeated_blocks``) a Wan block's graph ends with its FFN residual
+``(hidden_states.float() + ff_output.float() * c_gate_msa).type_as(hidden_states)``: the LayerNorm that
+reads it (the next block's norm1, or norm_out) is in another graph, so family gated_residual_norm_modulate
+cannot take it, and without this family its gate would keep the whole [B,S,6,D] fp32 table sum alive.
+
+Covered ATen forms (the residual of gated_residual_norm_modulate, patterns/gated_residual.py), only those
+that otherwise write fp32 tensors:
+
+- ``add(_to_copy(residual, f32), mul(x[.float()], gate)) → _to_copy(residual's dtype)``
+  (Wan's ``(residual.float() + x * gate).type_as(residual)``, bf16/fp16 model);
+- ``add(residual, mul(x, gate))`` [→ cast] whose gate is a chunked timestep-embedding table slice
+  (patterns/wan_temb.py: Wan in fp32, SANA in fp32).
+
+Plain gated residuals (FLUX, SD3.5, ... and SANA in bf16: one dtype, no table) are not covered yet.
+A residual a LayerNorm reads (directly or through a cast) is left to gated_residual_norm_modulate, which
+is matched at the LayerNorm, later in graph order.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from .gated_residual import match_gated_residual
+from .match_utils import aten, cast_dtype, dtype_of, is_op, single_user
+from .registry import NearMiss, PatternFamily, Site, register_family
+from .wan_temb import trim_defaults
+
+
+def _normalized(r: fx.Node) -> bool:
+    """Whether a LayerNorm reads ``r``, directly or through a dtype cast."""
+    for u in r.users:
+        if is_op(u, aten.native_layer_norm.default) and u.args[0] is r:
+            return True
+        if cast_dtype(u) is not None and any(is_op(v, aten.native_layer_norm.default) for v in u.users):
+            return True
+    return False
+
+
+@register_family
+class GatedResidualOnly(PatternFamily):
+    name = "gated_residual"
+    tier = "lossless"
+    anchors = (aten.add.Tensor,)
+    description = "r = residual + gate * x read by no LayerNorm: Wan's fp32 round trip or a timestep-table gate"
+    variants = (
+        "cast(add(residual.float(), x[.float()] * gate), residual dtype)  (Wan FFN residual at a block's end)",
+        "add(residual, x * gate), gate = (table + temb.float()).chunk(n)[j]  (Wan/SANA, fp32 model)",
+    )
+
+    def match(self, node: fx.Node) -> Site | NearMiss | None:
+        gated = match_gated_residual(node)
+        if gated is None:
+            return None
+        cast = single_user(node)
+        if cast_dtype(cast) is not None:
+            gated.r_cast, gated.r_dtype = cast, cast_dtype(cast)
+        # (residual.float() + ...).type_as(residual): a widening cast of the residual, narrowed back.
+        round_trip = gated.residual_widened and gated.r_dtype == dtype_of(gated.residual)
+        if not round_trip and gated.gate.slice is None:
+            return None
+        if _normalized(gated.r):
+            return None  # gated_residual_norm_modulate takes it with the LayerNorm
+        if single_user(gated.mul) is None:
+            return NearMiss(self.name, node, f"gate * x has {len(gated.mul.users)} users (needs 1: the residual add)")
+        inputs = gated.inputs
+
+        def emit(graph: fx.Graph, ins):
+            it = iter(ins)
+            res_n, x_n = next(it), next(it)
+            gate_n, gate_t = gated.gate.emit(graph, it)
+            args = trim_defaults(res_n, x_n, gate_n, gate_t, gated.r_dtype, required=3)
+            return [graph.call_function(torch.ops.diffusion_fuse.gated_residual.default, args)]
+
+        return Site(
+            pattern=self.name,
+            anchor=node,
+            nodes=gated.nodes,
+            inputs=inputs,
+            outputs=[gated.r],
+            emit=emit,
+            op="diffusion_fuse::gated_residual",
+        )
