@@ -41,6 +41,7 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = nosass ]; then
   step profile 120 python3 benchmarks/profile_ln_modulate.py
   step bench_norm 200 python3 benchmarks/bench_norm.py --json "$OUT/bench_norm.json"
   step bench_e2e 400 python3 benchmarks/bench_e2e.py --json "$OUT/bench_e2e.json"
+  step bench_wan_temb 400 python3 benchmarks/bench_wan_temb.py --json "$OUT/bench_wan_temb.json"
 fi
 [ "$what" = all ] && step sass 240 bash benchmarks/sass_layer_norm.sh
 tar -czf "$FINAL/results.tgz" -C /tmp df_results
@@ -51,4 +52,5 @@ cat "$OUT/summary.txt"
 [ -f "$OUT/bench_norm.log" ] && tail -n 6 "$OUT/bench_norm.log"
 [ -f "$OUT/bench_e2e.log" ] && tail -n 4 "$OUT/bench_e2e.log"
 [ -f "$OUT/bench_models.log" ] && grep -E "^(==|[A-Z].*  (eager|inductor|lossless|high))" "$OUT/bench_models.log"
+[ -f "$OUT/bench_wan_temb.log" ] && tail -n 14 "$OUT/bench_wan_temb.log"
 exit $status
