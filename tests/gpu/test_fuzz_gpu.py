@@ -4,7 +4,7 @@ Random forms (dtype, D incl. 512-multiples that take the register-tile kernels, 
 guard routes to the reference, gated or not, Wan fp32 LN, affine, per-token, swapped operands,
 transposed / strided x, amplitudes 1e-4..100) through the lossless backend: the output must be
 eager's bit for bit and every site must be kept by the verifier (a kernel that differed from
-eager would show as a rejected site). Budget: DIFFUSION_FUSE_FUZZ_EXAMPLES (default 150).
+eager would show as a rejected site). Budget: DIFFUSION_FUSE_FUZZ_EXAMPLES (default 100).
 Prints a summary; with $OUT set, writes fuzz_gpu.json.
 """
 
@@ -23,7 +23,7 @@ from helpers import bitwise_equal
 from test_fuzz import Modulated, forms, make_inputs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-EXAMPLES = int(os.environ.get("DIFFUSION_FUSE_FUZZ_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("DIFFUSION_FUSE_FUZZ_EXAMPLES", "100"))
 TALLY = {"examples": 0, "sites": 0, "kept": 0, "kernel_hits": 0, "guard_fallbacks": 0, "mismatches": 0}
 
 
