@@ -38,7 +38,14 @@ def ln_modulate_reference(x, weight, bias, eps, scale, shift, ln_dtype, out_dtyp
                           shift_temb=None) -> Tensor:
     """The ATen chain; ``scale=None`` (gated_residual_ln_modulate only) is the LayerNorm without modulate."""
     xin = x if ln_dtype is None else x.to(ln_dtype)
-    out = torch.ops.aten.native_layer_norm.default(xin, [xin.shape[-1]], weight, bias, eps)[0]
+    ln = torch.ops.aten.native_layer_norm.default(xin, [xin.shape[-1]], weight, bias, eps)[0]
+    return modulate_reference(ln, scale, shift, out_dtype, scale_temb, shift_temb)
+
+
+def modulate_reference(y, scale, shift, out_dtype, scale_temb=None, shift_temb=None) -> Tensor:
+    """``y * (scale + 1) [+ shift] [→ out_dtype]`` as the ATen ops the patterns replace (shared by the
+    norm families); without a scale, ``y [→ out_dtype]``."""
+    out = y
     if scale is not None:
         out = out * (with_addend(scale, scale_temb) + 1)
         if shift is not None:

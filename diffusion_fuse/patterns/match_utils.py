@@ -7,6 +7,7 @@ for dtype casts) and as Inductor's post-grad graph has them (``prims.convert_ele
 from __future__ import annotations
 
 import operator
+import os
 from collections.abc import Sequence
 
 import torch
@@ -139,15 +140,20 @@ def depends_on(node: object, target: fx.Node, limit: int = 64) -> bool:
     return False
 
 
-# Frames of quantization libraries: a quantizer is named by the model line that called the linear.
+# Frames skipped when a frame outside them exists: quantization libraries (a quantizer is named by
+# the model line that called the linear) and torch itself (F.rms_norm calls torch.rms_norm inside
+# torch/nn/functional.py: the site is named by the model line that called the norm).
 LIBRARY_FRAMES = ("/torchao/", "/modelopt/", "diffusion_fuse/testing/fp8.py")
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
 
 def source_location(node: fx.Node) -> str:
-    """``file:line`` of the innermost user frame in the node's stack trace (quantization libraries skipped)."""
+    """``file:line`` of the innermost user frame in the node's stack trace (quantization libraries
+    and torch skipped)."""
     trace = node.meta.get("stack_trace") or ""
     lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip().startswith("File ")]
     lines = [ln for ln in lines if not any(f in ln for f in LIBRARY_FRAMES)] or lines
+    lines = [ln for ln in lines if not ln.startswith(f'File "{_TORCH_DIR}')] or lines
     if not lines:
         return "?"
     last = lines[-1]  # 'File "/path/x.py", line 12, in forward'

@@ -146,7 +146,7 @@ def match_ln_chains(pattern: str, node: fx.Node) -> tuple[fx.Node, list[Modulate
     # each becomes its own op, so the normalized tensor is never written.
     chains = []
     for user in ln.users:
-        chain = _modulate_chain(ln, user, node)
+        chain = modulate_chain(ln, user, node)
         if isinstance(chain, str):
             n = len(ln.users)
             return NearMiss(pattern, node, chain if n == 1 else f"one of the LN output's {n} users: {chain}")
@@ -175,7 +175,7 @@ class ModulateChain:
         return scale, scale_t, shift, shift_t
 
 
-def _modulate_chain(ln: fx.Node, mul: fx.Node, anchor: fx.Node) -> ModulateChain | str:
+def modulate_chain(ln: fx.Node, mul: fx.Node, anchor: fx.Node) -> ModulateChain | str:
     """The modulate chain starting at ``mul``, or why it is not one."""
     if not is_op(mul, aten.mul.Tensor):
         return f"LN output feeds {mul.target}, not a mul by (1 + scale)"
