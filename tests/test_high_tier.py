@@ -8,6 +8,7 @@ from diffusion_fuse.fxpasses.inductor_pass import InductorFusePass
 from diffusion_fuse.testing.tiny_models import build
 from helpers import compile_and_run
 from test_models_lossless import EXPECTED_SITES
+from test_rms_norm_patterns import CHAIN_SITES
 from test_verifier import SigmoidModulate, inputs, search
 
 
@@ -17,9 +18,11 @@ def test_high_tier_compiles_through_inductor_with_the_pattern_applied(name):
     ref, out, report = compile_and_run(model, kwargs, {"quality": "high"})
     g = report.graphs[0]
     assert g.quality == "high"
-    # The pass ran inside Inductor and took the same sites the verifier judged.
-    assert sorted(g.inductor_sites) == sorted(g.sites) and len(g.sites) == EXPECTED_SITES[name]
+    # The pass ran inside Inductor and took the same sites the verifier judged: the lossless
+    # families' and, tier high only, every RMSNorm chain (not exact, judged within tolerance).
+    assert sorted(g.inductor_sites) == sorted(g.sites) and len(g.sites) == EXPECTED_SITES[name] + CHAIN_SITES[name]
     assert all(s.status == "kept" for s in g.sites.values())
+    assert sorted(s.exact for s in g.sites.values() if s.pattern == "rms_norm_chain") == [False] * CHAIN_SITES[name]
     assert g.verifications[-1]["inductor_within_tolerance"], g.verifications
     torch.testing.assert_close(out[0], ref[0], rtol=1e-4, atol=1e-4)
 

@@ -57,6 +57,7 @@ def test_lossless_equals_eager_and_matches_every_site(name, dtype):
     assert {f: report.count(f) for f in (N, G, R)} == {f: fams.get(f, 0) for f in (N, G, R)}, report.table()
     assert sum(s.ops for s in sites) == sum(calls.values())
     assert all(s.status == "kept" for s in sites), report.table()
+    assert "rms_norm_chain" not in report.graphs[0].families  # tier high only
     near = [m for g in report.graphs for m in g.near_misses]
     assert not near, report.table()
     # On CPU every op call takes the reference path, and says so (verifier check + fused run).

@@ -1,0 +1,93 @@
+"""RMSNorm at real shapes: eager vs diffusion_fuse's ops vs the HBM floor.
+
+Workloads: FLUX.1 QK norm over head_dim [1,4608,24,128] bf16 (``torch.nn.RMSNorm`` →
+``_fused_rms_norm``; op ``rms_norm``, lossless), Wan2.1-14B QK norm across heads [1,32760,5120]
+bf16 (same op), SD3.5/Qwen-Image QK norm as diffusers' RMSNorm writes it [2,24,4096,64]
+(transposed view; op ``rms_norm_chain``, tier high), LTX-style RMSNorm + modulate [1,8192,2048]
+(chain + ``* (1 + scale) + shift``). GPU times are medians of ``triton.testing.do_bench`` (CUDA
+events, L2 flushed); "eager" is the op's reference impl (the ATen ops eager runs), "op" the
+``torch.ops.diffusion_fuse`` call (guard + plan cache + kernel). The floor is the bytes that must
+move over the measured copy bandwidth.
+The host column is the wall time of 200 back-to-back calls without synchronizing, per call (what a
+CPU-bound step pays).
+
+    python benchmarks/bench_rms_norm.py [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+from tabulate import tabulate
+from triton.testing import do_bench
+
+import diffusion_fuse  # noqa: F401  (registers the ops)
+from diffusion_fuse.lowering.rms_norm import rms_norm_chain_reference, rms_norm_reference
+
+
+def copy_bandwidth() -> float:
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    return 2 * n / (do_bench(lambda: b.copy_(a), warmup=25, rep=200, return_mode="median") * 1e-3)
+
+
+def workloads():
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def rn(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, device="cuda", generator=g).to(dtype)
+
+    yield "FLUX QK norm [1,4608,24,128]", "rms_norm", (rn(1, 4608, 24, 128), rn(128), 1e-6, None, None, None)
+    yield "Wan2.1 QK norm [1,32760,5120]", "rms_norm", (rn(1, 32760, 5120), rn(5120), 1e-6, None, None, None)
+    x = rn(2, 4096, 24, 64).transpose(1, 2)
+    yield "SD3.5 QK chain [2,24,4096,64]^T", "rms_norm_chain", (x, 1e-6, torch.bfloat16, rn(64), None, None, None,
+                                                                None, None)
+    sc, sh = rn(1, 1, 2048), rn(1, 1, 2048)
+    yield "LTX RMS+mod [1,8192,2048]", "rms_norm_chain", (rn(1, 8192, 2048), 1e-6, torch.bfloat16, None, None, None,
+                                                          sc, sh, None)
+
+
+def host_us(fn, n=200) -> float:
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    bw = copy_bandwidth()
+    rows, out = [], []
+    for name, op_name, op_args in workloads():
+        op = getattr(torch.ops.diffusion_fuse, op_name)
+        reference = rms_norm_reference if op_name == "rms_norm" else rms_norm_chain_reference
+        y = op(*op_args)
+        moved = sum(t.numel() * t.element_size() for t in (*op_args, y) if isinstance(t, torch.Tensor))
+        t_eager = do_bench(lambda: reference(*op_args), return_mode="median")
+        t_op = do_bench(lambda: op(*op_args), return_mode="median")
+        floor = moved / bw * 1e3
+        h_eager, h_op = host_us(lambda: reference(*op_args)), host_us(lambda: op(*op_args))
+        rows.append([name, op_name, f"{t_eager * 1e3:.1f}", f"{t_op * 1e3:.1f}", f"{floor * 1e3:.1f}",
+                     f"{t_eager / t_op:.2f}x", f"{h_eager:.0f}", f"{h_op:.0f}"])
+        out.append(dict(workload=name, op=op_name, eager_us=t_eager * 1e3, op_us=t_op * 1e3, floor_us=floor * 1e3,
+                        host_eager_us=h_eager, host_op_us=h_op))
+    print(f"copy bandwidth {bw / 1e9:.0f} GB/s ({torch.cuda.get_device_name()}, torch {torch.__version__})")
+    print(tabulate(rows, headers=["workload", "op", "eager µs", "op µs", "floor µs", "speedup",
+                                  "host eager µs/call", "host op µs/call"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"copy_bandwidth": bw, "rows": out}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

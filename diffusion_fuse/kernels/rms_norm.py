@@ -1,0 +1,355 @@
+"""Triton kernel for ``diffusion_fuse::rms_norm`` and ``diffusion_fuse::rms_norm_chain``.
+
+What eager computes (``aten._fused_rms_norm``, torch 2.11, CUDA)
+================================================================
+
+``torch.nn.RMSNorm`` / ``F.rms_norm`` → ``rms_norm_symint`` (``aten/src/ATen/native/layer_norm.cpp``)
+calls ``at::_fused_rms_norm`` when the weight (if any) has the input's dtype and the input is
+neither channels-last nor complex; otherwise it runs ``rms_norm_composite`` (the pow → mean →
+rsqrt chain, which the ``rms_norm_chain`` family sees). ``_fused_rms_norm_cuda``
+(``aten/src/ATen/native/cuda/layer_norm_kernel.cu``, read from a recent main; the lead found the
+``vectorized_layer_norm_kernel<T, T, true>`` instantiations in torch 2.11's libtorch_cuda.so)
+reuses LayerNorm's kernels with ``template <..., bool rms_norm>``:
+
+* ``X = input.expect_contiguous()``, ``Y`` a fresh contiguous tensor, ``rstd`` fp32 ``[M]``;
+  ``eps = static_cast<float>(eps.value_or(FLT_EPSILON))``.
+* The vectorized kernel runs when T is float/Half/BFloat16, ``N <= 2**24``, ``N % 4 == 0`` and
+  X, Y and gamma are aligned to ``4 * sizeof(T)``; else ``RowwiseMomentsCUDAKernel`` (generic
+  Welford, ``rsqrt(m2 + m1*m1 + eps)``) — not replicated, the guard sends those inputs to the
+  reference path. One block of (32, 4) threads per row, as for LayerNorm
+  (kernels/layer_norm_stats.py).
+* Per thread ``t`` (vectors ``t, t+128, ...`` of 4 elements, in order), ``cuWelfordOnlineSum<rms>``:
+  ``sigma2 = sigma2 + val * val`` — nvcc contracts it to ``fma(val, val, sigma2)`` (PUSH_FMA,
+  the default; the GPU test checks the alternative too).
+* ``cuWelfordCombine<rms>``: ``sigma2 = dataB.sigma2 + dataA.sigma2`` over the same shfl_down
+  tree (offsets 16..1 in each warp) and cross-warp tree (warp y takes y+2, then y+1) as LayerNorm.
+  A plain fp32 add is commutative, so only the pairing matters, not the operand order.
+* ``var = sigma2 / float(N)`` (div.rn), ``rstd = rsqrtf(var + eps)`` (MUFU.RSQ, as LayerNorm).
+* Output, in float, rounded once to T on store: ``gamma * (rstd * x)`` or ``rstd * x``.
+
+Numerics contract
+=================
+``rms_norm`` (lossless): for x of a dtype in {fp32, fp16, bf16}, D % 4 == 0, D <= 16384, a
+weight of x's dtype (or none), eager's vectorized-kernel inputs (the guard in
+lowering/rms_norm.py), the kernel returns eager's bits: the sum of squares in exactly the order
+above, then each op of the replaced chain in fp32, rounded to its eager result dtype::
+
+    y = round_T(rn(w * rn(x * rstd)))        # _fused_rms_norm's output (no w: round_T(x * rstd))
+    t = round_t(scale + 1); u = round_u(y * t); v = round_v(u + shift); out = round_out(v)   # optional
+
+Launched with ``enable_fp_fusion=False``; the only FMA is the PUSH_FMA push. Verified on the H200
+by tests/gpu/test_rms_norm_gpu.py (until it has run, the default variant is the hypothesis).
+
+``rms_norm_chain`` (tier high, not exact): the same sum of squares, ``h = x * rstd`` in fp32,
+then the tail of the matched chain with each op rounded to its eager dtype::
+
+    h = round_c1(h); h = round_w(h * w); h = round_b(h + b); h = round_c2(h); then the modulate
+
+Eager computes the mean with ATen's generic reduce kernel (``pow`` rounded to fp32, a
+launch-config-dependent summation order, ``sum * (1/N)``), which is not replicated: the result
+differs from eager by a few ulps of the normalized value; the verifier checks it within
+``rtol``/``atol``.
+
+Layout: x is addressed as rows over up to three leading dims, each with its own stride, and a
+stride along D (lowering/rms_norm.py merges the leading dims); scale/shift broadcast to x with
+unit stride along D. Small rows: eager's rows of D <= 512 occupy the first ``D/4`` lanes only and
+the lanes past them add +0.0 at every tree level, so a program packs ``128 / LPR`` rows
+(``LPR = next_pow2(D/4)`` lanes each) and runs the tree levels below LPR: the same sums, bit
+for bit, with all 128 threads busy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from ..lowering.rms_norm import Tail
+from .launch import CachedLaunch
+from .layer_norm_stats import LANES, USE_SHUFFLES, VEC, WARP, _as_f32, _shfl_down, is_uniform
+from .ln_modulate import _DT_CODE, round_to
+
+MAX_ROWS_PER_PROGRAM = 16  # LPR >= 8 lanes: small rows of D <= 32 share a program 16 at a time
+
+
+@triton.jit
+def _sum_level(s, OUTER: tl.constexpr, HALF: tl.constexpr):
+    # One shfl_down(HALF) level on a flat [OUTER*2*HALF] state, by relayout: in each block of
+    # 2*HALF lanes, lane j < HALF takes s[j] + s[j + HALF] (the interpreter's path).
+    lo, hi = tl.split(tl.permute(tl.reshape(s, [OUTER, 2, HALF]), [0, 2, 1]))
+    return tl.reshape(lo + hi, [OUTER * HALF])
+
+
+@triton.jit
+def _shfl_sum(s, HALF: tl.constexpr):
+    # The same level as warp shuffles: lane l takes s[l] + s[l + HALF] (what shfl_down gives).
+    return s + _shfl_down(s, HALF)
+
+
+@triton.jit
+def _lane_group_leaders(v, GROUPS: tl.constexpr, G: tl.constexpr):
+    # [GROUPS*G] -> [GROUPS]: the first lane of each group, bit for bit (integer sum with zeros).
+    first = tl.arange(0, G)[None, :] == 0
+    bits = tl.reshape(v.to(tl.int32, bitcast=True), [GROUPS, G])
+    return tl.sum(tl.where(first, bits, 0), axis=1).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def rms_row_sum_squares(
+    x_lanes, lane_ok, N, stride_d,
+    N_ITERS: tl.constexpr, ROWS: tl.constexpr, LPR: tl.constexpr, VEC: tl.constexpr,
+    PUSH_FMA: tl.constexpr, UNIFORM: tl.constexpr, SHUFFLE: tl.constexpr = USE_SHUFFLES,
+):
+    """[ROWS] fp32 sums of squares in eager's order; flat lane f = r * LPR + l is lane l of row r.
+
+    ``x_lanes`` ([ROWS*LPR] pointers, or the row's pointer when ROWS == 1) is the start of each
+    lane's row, ``lane_ok`` whether that row exists. Lane l pushes the elements of vectors l,
+    l+LPR, ... in order; then the intra-warp shfl_down levels below LPR and the cross-warp levels
+    of the (32, 4) block. Masked elements load as 0.0 and leave the sums unchanged
+    (fma(0, 0, s) == s). Lane f is thread f (1-D blocked layout, as in
+    kernels/layer_norm_stats.py), which the shuffles rely on.
+    """
+    W_LANES: tl.constexpr = LPR if LPR < 32 else 32  # lanes of a row inside one warp
+    NWR: tl.constexpr = LPR // W_LANES  # warps per row
+    L: tl.constexpr = ROWS * LPR
+    tl.static_assert(L == 4 * 32, "one program is 4 warps, one lane per thread")
+    tl.static_assert(VEC == 4, "the column split below is written for vec_size 4")
+    lane = tl.arange(0, L) % LPR if ROWS > 1 else tl.arange(0, L)  # (no % when it is the identity: vector loads)
+    col = tl.arange(0, VEC)
+    s = tl.zeros([L], tl.float32)
+    for it in tl.static_range(N_ITERS):
+        c = (it * LPR + lane)[:, None] * VEC + col[None, :]  # [L, VEC] column of each element
+        if ROWS == 1:  # one program per row: x_lanes is the row's pointer
+            ptrs = x_lanes + c * stride_d
+            if UNIFORM:  # every column exists
+                xv = tl.load(ptrs)
+            else:
+                xv = tl.load(ptrs, mask=c < N, other=0.0)
+        else:
+            ptrs = x_lanes[:, None] + c * stride_d
+            if UNIFORM:
+                xv = tl.load(ptrs, mask=lane_ok[:, None], other=0.0)
+            else:
+                xv = tl.load(ptrs, mask=lane_ok[:, None] & (c < N), other=0.0)
+        # [L, 4] -> columns 0..3 without arithmetic: (a, b) = col 2a+b.
+        even, odd = tl.split(tl.reshape(xv.to(tl.float32), [L, 2, 2]))
+        c0, c2 = tl.split(even)
+        c1, c3 = tl.split(odd)
+        if PUSH_FMA:
+            s = tl.fma(c3, c3, tl.fma(c2, c2, tl.fma(c1, c1, tl.fma(c0, c0, s))))
+        else:
+            s = s + c0 * c0
+            s = s + c1 * c1
+            s = s + c2 * c2
+            s = s + c3 * c3
+    # intra-warp shfl_down levels that stay inside a row: lane l < off takes (l, l+off)
+    if SHUFFLE:
+        if W_LANES >= 32:
+            s = _shfl_sum(s, 16)
+        if W_LANES >= 16:
+            s = _shfl_sum(s, 8)
+        if W_LANES >= 8:
+            s = _shfl_sum(s, 4)
+        if W_LANES >= 4:
+            s = _shfl_sum(s, 2)
+        if W_LANES >= 2:
+            s = _shfl_sum(s, 1)
+        s = _lane_group_leaders(s, ROWS * NWR, W_LANES)
+    else:
+        if W_LANES >= 32:
+            s = _sum_level(s, ROWS * NWR, 16)
+        if W_LANES >= 16:
+            s = _sum_level(s, ROWS * NWR, 8)
+        if W_LANES >= 8:
+            s = _sum_level(s, ROWS * NWR, 4)
+        if W_LANES >= 4:
+            s = _sum_level(s, ROWS * NWR, 2)
+        if W_LANES >= 2:
+            s = _sum_level(s, ROWS * NWR, 1)
+    # cross-warp through shared memory: warp y < off takes (y, y+off)
+    if NWR >= 4:
+        s = _sum_level(s, ROWS, 2)
+    if NWR >= 2:
+        s = _sum_level(s, ROWS, 1)
+    return s
+
+
+@triton.jit
+def _row_offsets(r, L1, L2, s0, s1, s2):
+    # element offset of row r of a tensor whose rows are [L0, L1, L2] with strides (s0, s1, s2)
+    return (r // (L1 * L2)) * s0 + ((r // L2) % L1) * s1 + (r % L2) * s2
+
+
+@triton.jit(do_not_specialize=["M", "L1", "L2"])  # strides specialize (% 16, == 1): vector loads and stores
+def _rms_norm_kernel(
+    X, W, B, SCALE, SHIFT, OUT, RSTD,
+    M, N, L1, L2, eps,
+    x_s0, x_s1, x_s2, x_sd, sc_s0, sc_s1, sc_s2, sh_s0, sh_s1, sh_s2, o_s0, o_s1, o_s2, o_sd,
+    N_ITERS: tl.constexpr, ROWS: tl.constexpr, LPR: tl.constexpr, VEC: tl.constexpr,
+    PUSH_FMA: tl.constexpr, UNIFORM: tl.constexpr, STORE_RSTD: tl.constexpr,
+    C1_DT: tl.constexpr, HAS_W: tl.constexpr, W_DT: tl.constexpr, HAS_B: tl.constexpr, B_DT: tl.constexpr,
+    C2_DT: tl.constexpr, HAS_SCALE: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr,
+    HAS_SHIFT: tl.constexpr, V_DT: tl.constexpr,
+):
+    first = tl.program_id(0).to(tl.int64) * ROWS
+    if ROWS == 1:
+        x_lanes = X + _row_offsets(first, L1, L2, x_s0, x_s1, x_s2)  # one row: a scalar pointer
+        lane_ok = first < M
+    else:
+        lane_row = first + tl.arange(0, ROWS * LPR) // LPR
+        x_lanes = X + _row_offsets(lane_row, L1, L2, x_s0, x_s1, x_s2)
+        lane_ok = lane_row < M
+    sumsq = rms_row_sum_squares(x_lanes, lane_ok, N, x_sd, N_ITERS, ROWS, LPR, VEC, PUSH_FMA, UNIFORM)
+    var = tl.math.div_rn(sumsq, tl.cast(N, tl.float32))
+    rstd = tl.math.rsqrt(var + eps)
+    r = first + tl.arange(0, ROWS)
+    row_ok = r < M
+    if STORE_RSTD:
+        tl.store(RSTD + r, rstd, mask=row_ok)
+    BLOCK: tl.constexpr = LPR * VEC
+    cols = tl.arange(0, BLOCK)
+    x_rows = X + _row_offsets(r, L1, L2, x_s0, x_s1, x_s2)
+    o_off = _row_offsets(r, L1, L2, o_s0, o_s1, o_s2)[:, None]
+    sc_off = _row_offsets(r, L1, L2, sc_s0, sc_s1, sc_s2)[:, None]
+    sh_off = _row_offsets(r, L1, L2, sh_s0, sh_s1, sh_s2)[:, None]
+    for it in range(N_ITERS):
+        c = it * BLOCK + cols
+        mask = row_ok[:, None] & (c < N)[None, :]
+        x = tl.load(x_rows[:, None] + (c * x_sd)[None, :], mask=mask, other=0.0).to(tl.float32)
+        y = round_to(x * rstd[:, None], C1_DT)
+        if HAS_W:
+            y = round_to(y * tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)[None, :], W_DT)
+        if HAS_B:
+            y = round_to(y + tl.load(B + c, mask=c < N, other=0.0).to(tl.float32)[None, :], B_DT)
+        y = round_to(y, C2_DT)
+        if HAS_SCALE:
+            t = round_to(tl.load(SCALE + sc_off + c[None, :], mask=mask, other=0.0).to(tl.float32) + 1.0, T_DT)
+            y = round_to(y * t, U_DT)
+        if HAS_SHIFT:
+            y = round_to(y + tl.load(SHIFT + sh_off + c[None, :], mask=mask, other=0.0).to(tl.float32), V_DT)
+        tl.store(OUT + o_off + (c * o_sd)[None, :], y.to(OUT.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------------------
+# Launch plans
+# ----------------------------------------------------------------------------------------
+
+
+def tail_constexprs(tail: Tail) -> dict:
+    """The kernel's constexprs for the ops after ``x * rstd`` (lowering/rms_norm.py ``Tail``)."""
+
+    def code(dt):
+        return _DT_CODE[dt] if dt is not None else 0  # fp32: no rounding
+
+    return dict(C1_DT=code(tail.c1), HAS_W=tail.w is not None, W_DT=code(tail.w), HAS_B=tail.b is not None,
+                B_DT=code(tail.b), C2_DT=code(tail.c2), HAS_SCALE=tail.t is not None, T_DT=code(tail.t),
+                U_DT=code(tail.u), HAS_SHIFT=tail.v is not None, V_DT=code(tail.v))
+
+
+def lanes_per_row(D: int) -> int:
+    """Lanes a row of D elements needs (a power of two <= 128); 128 when D > 512."""
+    need = triton.cdiv(D, VEC)
+    return LANES if need >= LANES else max(LANES // MAX_ROWS_PER_PROGRAM, triton.next_power_of_2(need))
+
+
+def stats_constexprs(D: int, push_fma: bool = True) -> dict:
+    lpr = lanes_per_row(D)
+    n_iters = max(1, triton.cdiv(triton.cdiv(D, VEC), lpr))
+    return dict(N_ITERS=n_iters, ROWS=LANES // lpr, LPR=lpr, VEC=VEC, PUSH_FMA=push_fma,
+                UNIFORM=is_uniform(D, n_iters, lpr, VEC))
+
+
+def _expanded_strides(t: torch.Tensor | None, shape) -> tuple[int, ...] | None:
+    return None if t is None else t.expand(shape).stride()
+
+
+def plan_rms_norm(x, out_shape, out_strides, out_dtype, weight, bias, eps, scale, shift, tail: Tail,
+                  rows, push_fma: bool = True, store_rstd: bool = False):
+    """A launch for inputs of this layout (the guards in lowering/rms_norm.py accepted them).
+
+    ``rows`` is ``(sizes[3], strides[3] of x, scale, shift, out)`` from ``lowering.rms_norm.row_layout``.
+    Returns ``launch(x, weight, bias, scale, shift) -> (out, rstd or None)``.
+    """
+    D = x.shape[-1]
+    M = x.numel() // D
+    (L0, L1, L2), (xs, scs, shs, os_) = rows
+    const = dict(**stats_constexprs(D, push_fma), STORE_RSTD=store_rstd, **tail_constexprs(tail))
+    grid = (triton.cdiv(M, const["ROWS"]),)
+    kernel = CachedLaunch(_rms_norm_kernel, grid, const, num_warps=LANES // WARP, enable_fp_fusion=False)
+    device = x.device
+    eps32 = _as_f32(eps)
+    args = (M, D, L1, L2, eps32, *xs, x.stride(-1), *scs, *shs, *os_, out_strides[-1])
+
+    def launch(x, weight, bias, scale, shift):
+        out = torch.empty_strided(out_shape, out_strides, dtype=out_dtype, device=device)
+        rstd = torch.empty(M if store_rstd else 0, dtype=torch.float32, device=device)
+        if M:
+            kernel(x, weight if weight is not None else x, bias if bias is not None else x,
+                   scale if scale is not None else x, shift if shift is not None else x, out, rstd, *args)
+        return out, (rstd if store_rstd else None)
+
+    return launch
+
+
+def rms_norm_exact(x2d: torch.Tensor, weight: torch.Tensor | None = None, eps: float | None = 1e-6, *,
+                   push_fma: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton replica of ``torch.ops.aten._fused_rms_norm(x2d, [N], weight, eps)`` on CUDA: (y, rstd [M]).
+
+    For tests and benchmarks; the op (lowering/rms_norm.py) caches plans per layout instead.
+    """
+    if x2d.dim() != 2:
+        raise ValueError("x2d must be 2-D")
+    M, D = x2d.shape
+    if eps is None:
+        eps = float(torch.finfo(torch.float32).eps)
+    tail = Tail(w=torch.float32 if weight is not None else None, c2=x2d.dtype)
+    rows = ((1, 1, M), ((0, 0, x2d.stride(0)), (0, 0, 0), (0, 0, 0), (0, 0, D)))
+    launch = plan_rms_norm(x2d, (M, D), (D, 1), x2d.dtype, weight, None, eps, None, None, tail, rows,
+                           push_fma=push_fma, store_rstd=True)
+    return launch(x2d, weight, None, None, None)
+
+
+# ----------------------------------------------------------------------------------------
+# CPU model of eager's order (numpy float32: every op rounded once, as the GPU rounds it)
+# ----------------------------------------------------------------------------------------
+
+
+def emulate_rms_sum_squares(x2d: torch.Tensor, push_fma: bool = False) -> np.ndarray:
+    """Per-row fp32 sums of squares in ``vectorized_layer_norm_kernel<T, float, true>``'s order.
+
+    With push_fma=False every operation is one IEEE fp32 op, so this is bit-exact for that
+    variant (and equals what Triton's interpreter computes, whose ``tl.fma`` is a mul then an
+    add). push_fma=True rounds fma via float64 (exact product, then the sum rounded twice; rare
+    double rounding): a logic model, not a reference.
+    """
+    x = x2d.detach().to("cpu", torch.float32).numpy()
+    m, n = x.shape
+    nvec = -(-n // VEC)
+    iters = max(1, -(-nvec // LANES))
+    xv = np.zeros((m, iters * LANES * VEC), np.float32)
+    xv[:, :n] = x
+    xv = xv.reshape(m, iters, LANES, VEC)
+    s = np.zeros((m, LANES), np.float32)
+    for it in range(iters):
+        for k in range(VEC):
+            v = xv[:, it, :, k]
+            if push_fma:
+                s = (v.astype(np.float64) * v.astype(np.float64) + s.astype(np.float64)).astype(np.float32)
+            else:
+                s = s + v * v
+    s = s.reshape(m, LANES // WARP, WARP)
+    half = WARP // 2
+    while half >= 1:  # shfl_down tree inside each warp
+        s = s[..., :half] + s[..., half:2 * half]
+        half //= 2
+    s = s.reshape(m, LANES // WARP)
+    half = s.shape[1] // 2
+    while half >= 1:  # cross-warp tree
+        s = s[:, :half] + s[:, half:2 * half]
+        half //= 2
+    return s[:, 0]
+
+
+__all__ = ["emulate_rms_sum_squares", "lanes_per_row", "plan_rms_norm", "rms_norm_exact",
+           "rms_row_sum_squares", "stats_constexprs", "tail_constexprs"]

@@ -1,0 +1,227 @@
+"""Families ``rms_norm`` and ``rms_norm_chain``: RMSNorm [+ weight] [+ AdaLN modulate] as one op.
+
+``rms_norm`` (lossless) becomes ``diffusion_fuse::rms_norm`` (lowering/rms_norm.py). It covers
+``torch.nn.RMSNorm`` / ``F.rms_norm`` as a CUDA graph holds them (PyTorch routes them to
+``aten._fused_rms_norm``, which has a CUDA kernel and so is not decomposed):
+
+- ``_fused_rms_norm(x, [D], w?, eps) → getitem 0``: QK norm over head_dim (FLUX, FLUX.2:
+  ``[B,S,H,Dh]``), across heads (Wan, LTX: ``[B,S,H*Dh]``);
+- optionally followed by the modulate ``* (1 + scale) [+ shift] [→ cast]``, every spelling
+  family ``norm_modulate`` accepts.
+
+On a CPU build ``_fused_rms_norm`` is CompositeImplicit, so CPU graphs hold the chain below instead.
+
+``rms_norm_chain`` (tier high, not bit-exact: eager's mean is ATen's generic reduce kernel) becomes
+``diffusion_fuse::rms_norm_chain``. It covers the pow → mean → rsqrt chain as diffusers' RMSNorm
+(SD3.5, Qwen-Image, SANA, LTX, Cosmos, ...) and PyTorch's composite ``rms_norm`` write it:
+
+- ``[_to_copy(x, f32)] → pow(·, 2) → mean(·, [-1], True) → add(·, eps) → rsqrt → mul(x or xf, ·)``
+  (``add.Tensor``/``add.Scalar``, the mean's dim as -1 or ndim-1, Inductor's ``convert_element_type``);
+- then, in this order and each optional: a cast, ``* weight [D]``, ``+ bias [D]``, a cast;
+- then optionally the modulate, as above.
+
+Sites are sized to what only they read: a chain stops at a value read by more than one op.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from .match_utils import aten, cast_dtype, getitem_users, is_op, is_scalar, other_operand, same_shape, single_user, val
+from .norm_modulate import ModulateChain, modulate_chain
+from .registry import NearMiss, PatternFamily, Site, register_family
+from .wan_temb import ModOperand
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _arg(node: fx.Node, i: int, name: str, default=None):
+    return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
+
+
+def _single_modulate(y: fx.Node, anchor: fx.Node) -> ModulateChain | None:
+    """The modulate reading ``y`` if it is ``y``'s only reader, else None."""
+    user = single_user(y)
+    if user is None:
+        return None
+    chain = modulate_chain(y, user, anchor)
+    return chain if isinstance(chain, ModulateChain) else None
+
+
+def _modulate_inputs(chain: ModulateChain | None) -> list[fx.Node]:
+    # scale and shift as the nodes they are (a Wan timestep-table slice is not split into its addends)
+    if chain is None:
+        return []
+    return [chain.scale.node] + ([chain.shift.node] if chain.shift is not None else [])
+
+
+def _emit_modulate(graph: fx.Graph, chain: ModulateChain | None, it) -> tuple:
+    """(scale, shift, out_dtype) arguments of the op, taking the modulate's inputs from ``it``."""
+    if chain is None:
+        return None, None, None
+    scale = ModOperand(chain.scale.node, table=False).emit(graph, it, chain.unsqueeze_dim)[0]
+    shift = next(it) if chain.shift is not None else None
+    return scale, shift, chain.out_dtype
+
+
+@register_family
+class RmsNorm(PatternFamily):
+    name = "rms_norm"
+    tier = "lossless"
+    anchors = (aten._fused_rms_norm.default,)
+    description = "torch.nn.RMSNorm (_fused_rms_norm) [+ AdaLN modulate (1 + scale) [+ shift] [→ cast]]"
+    variants = (
+        "_fused_rms_norm(x, [D], w, eps)[0]                (QK norm over head_dim: FLUX/FLUX.2; across heads: Wan)",
+        "_fused_rms_norm(x, [D], None, eps)[0]             (no weight)",
+        "_fused_rms_norm(...)[0] * (1 + scale) [+ shift] [→ cast]   (modulate, any norm_modulate spelling)",
+    )
+
+    def match(self, node: fx.Node) -> Site | NearMiss | None:
+        x, normalized_shape = node.args[:2]
+        weight, eps = _arg(node, 2, "weight"), _arg(node, 3, "eps")
+        if len(normalized_shape) != 1:
+            return NearMiss(self.name, node, f"normalized_shape {list(normalized_shape)} spans more than the last dim")
+        try:
+            outs = getitem_users(node)
+        except LookupError as e:
+            return NearMiss(self.name, node, str(e))
+        if set(outs) != {0}:
+            return NearMiss(self.name, node, f"rstd output is used (getitems {sorted(outs)})") if outs else None
+        y = outs[0]
+        if not y.users:
+            return None
+        chain = _single_modulate(y, node)
+        has_w = isinstance(weight, fx.Node)
+
+        def emit(graph: fx.Graph, ins):
+            it = iter(ins)
+            x_n = next(it)
+            w_n = next(it) if has_w else None
+            scale, shift, out_dtype = _emit_modulate(graph, chain, it)
+            return [graph.call_function(torch.ops.diffusion_fuse.rms_norm.default,
+                                        (x_n, w_n, None if eps is None else float(eps), scale, shift, out_dtype))]
+
+        return Site(
+            pattern=self.name,
+            anchor=node,
+            nodes=[node, y] + (chain.nodes if chain else []),
+            inputs=[x] + ([weight] if has_w else []) + _modulate_inputs(chain),
+            outputs=[chain.last if chain else y],
+            emit=emit,
+            op="diffusion_fuse::rms_norm",
+        )
+
+
+def _eps_of(add: object) -> tuple[fx.Node, float] | None:
+    """(mean, eps) if ``add`` is ``mean + eps`` with a float eps, else None."""
+    if not is_op(add, aten.add.Tensor, aten.add.Scalar) or len(add.args) != 2 or add.kwargs.get("alpha", 1) != 1:
+        return None
+    a, eps = add.args
+    if not isinstance(a, fx.Node) or not isinstance(eps, (int, float)) or isinstance(eps, bool):
+        return None
+    return a, float(eps)
+
+
+def _param_of(node: fx.Node, prev: fx.Node, target, D: int) -> fx.Node | None:
+    """p if ``node`` is ``target(prev, p)`` (either order) with p a [D] tensor, else None."""
+    if not is_op(node, target) or len(node.args) != 2 or node.kwargs.get("alpha", 1) != 1 or prev not in node.args:
+        return None
+    try:
+        p = other_operand(node, prev)
+    except LookupError:
+        return None
+    v = val(p)
+    return p if isinstance(p, fx.Node) and v is not None and tuple(v.shape) == (D,) else None
+
+
+class _Tail:
+    """The ops after ``mul(x, rsqrt)``: [cast1] [* weight] [+ bias] [cast2], in this order."""
+
+    def __init__(self, mul: fx.Node, D: int) -> None:
+        self.nodes: list[fx.Node] = []
+        self.cast1 = self.weight = self.bias = self.cast2 = None
+        cur, stage = mul, 0
+        while (u := single_user(cur)) is not None:
+            if stage == 0 and cast_dtype(u) is not None:
+                self.cast1, stage = cast_dtype(u), 1
+            elif stage <= 1 and (w := _param_of(u, cur, aten.mul.Tensor, D)) is not None:
+                self.weight, stage = w, 2
+            elif stage <= 2 and (b := _param_of(u, cur, aten.add.Tensor, D)) is not None:
+                self.bias, stage = b, 3
+            elif stage <= 3 and cast_dtype(u) is not None:
+                self.cast2, stage = cast_dtype(u), 4
+            else:
+                break
+            self.nodes.append(u)
+            cur = u
+        self.last = cur
+
+
+@register_family
+class RmsNormChain(PatternFamily):
+    name = "rms_norm_chain"
+    tier = "high"
+    anchors = (aten.rsqrt.default,)
+    description = "RMSNorm as pow → mean → rsqrt (diffusers RMSNorm, composite rms_norm) [+ modulate]; not exact"
+    variants = (
+        "x.float().pow(2).mean(-1, keepdim) + eps → rsqrt → x * r → .to(bf16) → * w  (diffusers, half weight)",
+        "x.pow(2).mean(-1, keepdim) + eps → rsqrt → x * r → * w [+ b]              (fp32 model)",
+        "x * r → .to(x.dtype)                                                      (no weight)",
+        "xf * r → * w → .to(x.dtype)                                               (composite rms_norm)",
+        "... → * (1 + scale) [+ shift] [→ cast]                                   (LTX, Cosmos, Lumina AdaLN)",
+    )
+
+    def match(self, node: fx.Node) -> Site | NearMiss | None:
+        found = _eps_of(node.args[0])
+        if found is None:
+            return None
+        add, (mean, eps) = node.args[0], found
+        if not is_op(mean, aten.mean.dim) or not is_op(mean.args[0], aten.pow.Tensor_Scalar):
+            return None
+        pow_ = mean.args[0]
+        xf = pow_.args[0]
+        if not is_scalar(pow_.args[1], 2.0) or val(xf) is None:
+            return None
+        ndim = val(xf).dim()
+        dims, keepdim = _arg(mean, 1, "dim"), _arg(mean, 2, "keepdim", False)
+        if list(dims or []) not in ([-1], [ndim - 1]) or not keepdim or mean.kwargs.get("dtype") is not None:
+            return NearMiss(self.name, node, f"mean over dims {dims} (keepdim={keepdim}), not the last dim only")
+        if val(xf).dtype != torch.float32:
+            return NearMiss(self.name, node, f"pow input is {val(xf).dtype}, not float32")
+        mul = single_user(node)
+        if not is_op(mul, aten.mul.Tensor) or list(mul.args).count(node) != 1:
+            return NearMiss(self.name, node, "rsqrt is not read by one mul by the input")
+        a = other_operand(mul, node)
+        # Fold the input cast x.to(f32) when only the chain reads it.
+        x, nodes = xf, [pow_, mean, add, node, mul]
+        src = xf.args[0] if cast_dtype(xf) == torch.float32 and isinstance(xf.args[0], fx.Node) else None
+        if src is not None and val(src) is not None and val(src).dtype in _HALF and set(xf.users) <= {pow_, mul}:
+            x, nodes = src, [xf] + nodes
+        if a not in (x, xf) or not same_shape(mul, x):
+            return NearMiss(self.name, node, "the normalized value is not x * rsqrt(...) of the pow's input")
+        D = val(x).shape[-1]
+        tail = _Tail(mul, D)
+        chain = _single_modulate(tail.last, node)
+        nodes += tail.nodes + (chain.nodes if chain else [])
+        params = [p for p in (tail.weight, tail.bias) if p is not None]
+
+        def emit(graph: fx.Graph, ins):
+            it = iter(ins)
+            x_n = next(it)
+            w_n = next(it) if tail.weight is not None else None
+            b_n = next(it) if tail.bias is not None else None
+            scale, shift, out_dtype = _emit_modulate(graph, chain, it)
+            return [graph.call_function(torch.ops.diffusion_fuse.rms_norm_chain.default,
+                                        (x_n, eps, tail.cast1, w_n, b_n, tail.cast2, scale, shift, out_dtype))]
+
+        return Site(
+            pattern=self.name,
+            anchor=node,
+            nodes=nodes,
+            inputs=[x] + params + _modulate_inputs(chain),
+            outputs=[chain.last if chain else tail.last],
+            emit=emit,
+            op="diffusion_fuse::rms_norm_chain",
+            exact=False,
+        )

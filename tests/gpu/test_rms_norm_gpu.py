@@ -1,0 +1,286 @@
+"""GPU: the rms_norm kernel is bit-identical to eager's ``_fused_rms_norm``; rms_norm_chain is within tolerance.
+
+Stages (module-scoped fixtures, each runs once; a table per stage; ``$OUT/rms_norm_gpu.json``):
+
+1. variants: ``rms_norm_exact`` with PUSH_FMA on (``fma(v, v, s)``, the default) and off
+   (``s + v*v``) against ``torch.ops.aten._fused_rms_norm`` — y and rstd bits — over D in
+   {24, 64, 128, 1000, 3072, 5120} (row packing, masks, 1/6/10 trips), rows 1/7/many (up to
+   30k for QK-norm sizes), amplitudes 1e-4/1/100 plus adversarial rows, eps 1e-6 and None,
+   bf16 with and without weight. Decides PUSH_FMA: the default must be the exact one.
+2. dtypes: the default variant, fp16/fp32, with weight.
+3. the op ``diffusion_fuse::rms_norm`` through its dispatch (kernel hits counted) against its
+   reference impl on CUDA, bitwise: FLUX QK norm [2, 4096, 24, 128], Wan across heads
+   [1, 8192, 5120], SD3.5's transposed [B, H, S, Dh] view, modulate + fp32 cast, per-token
+   scale slices; a misaligned x takes the reference path and is counted.
+4. ``diffusion_fuse::rms_norm_chain`` against diffusers' RMSNorm / the composite rms_norm,
+   within the verifier's default tolerance; the share of bitwise-equal elements is printed.
+5. tiny FLUX and Wan compiled on CUDA: the graph holds ``_fused_rms_norm`` (not the chain),
+   every rms_norm site is kept, the kernel ran.
+
+Run: ``python -m pytest -q -s tests/gpu/test_rms_norm_gpu.py`` (about a minute on an H200).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+
+try:
+    import diffusion_fuse
+except ImportError:  # running from a checkout without an install
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    import diffusion_fuse
+from diffusion_fuse.kernels.rms_norm import rms_norm_exact  # noqa: E402
+from diffusion_fuse.lowering import counters  # noqa: E402
+from diffusion_fuse.lowering.rms_norm import rms_norm_chain_reference, rms_norm_reference  # noqa: E402
+from diffusion_fuse.verify.compare import compare_close  # noqa: E402
+
+DIMS = (24, 64, 128, 1000, 3072, 5120)
+AMPS = (1e-4, 1.0, 100.0)
+EPSS = (1e-6, None)
+_DT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+RESULTS: dict = {}
+
+
+def _bits(t):
+    return t.contiguous().view(torch.int32 if t.element_size() == 4 else torch.int16)
+
+
+def _ndiff(a, b) -> int:
+    return int((_bits(a).reshape(-1) != _bits(b).reshape(-1)).sum())
+
+
+def _rows(d: int) -> int:
+    return 30000 if d <= 128 else 4096
+
+
+def make_input(rows, d, amp, dtype, seed):
+    """Rows of varied scale, plus adversarial rows: zeros, a lone outlier, small integers, -0.0."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(rows, d, device="cuda", generator=g) * torch.exp(torch.randn(rows, 1, device="cuda", generator=g))
+    if rows > 4:
+        x[1] = 0.0  # sum of squares exactly 0: rstd = rsqrt(eps)
+        x[2] = torch.arange(d, device="cuda", dtype=torch.float32) % 7 - 3
+        x[3, :] = -0.0
+        x[3, d // 2] = 1000.0
+        x[4] = torch.logspace(-3, 2.5, d, device="cuda")[torch.randperm(d, device="cuda", generator=g)]
+    if dtype == torch.float16:
+        x = x.clamp(-500.0, 500.0)  # amp 100 stays finite in fp16
+    x = (amp * x).to(dtype)
+    assert torch.isfinite(x).all()
+    return x
+
+
+def make_weight(d, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    w = 1 + 0.3 * torch.randn(d, device="cuda", generator=g)
+    w[:5] = torch.tensor([-1.0, 0.0, 1.0, -0.0, 2.0])
+    return w.to(dtype)
+
+
+def _native_override() -> str:
+    """Whether torch._native overrides _fused_rms_norm on CUDA (quack; torch >= 2.12 with cutlass-dsl)."""
+    try:
+        from torch._native import cutedsl_utils
+    except ImportError:
+        return "none (no torch._native)"
+    try:
+        return "quack override ACTIVE" if cutedsl_utils.runtime_available() else "none (cutlass-dsl not installed)"
+    except Exception as e:  # noqa: BLE001 - informational only
+        return f"unknown ({type(e).__name__})"
+
+
+def _sweep(dtypes, variants, weights):
+    table = {}
+    for push_fma in variants:
+        for dtype in dtypes:
+            for with_w in weights:
+                key = f"{_DT[dtype]} push_fma={push_fma} w={with_w}"
+                bad_cases, cases, first = 0, 0, ""
+                for d in DIMS:
+                    w = make_weight(d, dtype, seed=d) if with_w else None
+                    for amp in AMPS:
+                        x_all = make_input(_rows(d), d, amp, dtype, seed=d + int(amp * 10))
+                        for rows in (1, 7, _rows(d)):
+                            x = x_all[:rows]
+                            for eps in EPSS:
+                                y_ref, r_ref = torch.ops.aten._fused_rms_norm(x, [d], w, eps)
+                                y, r = rms_norm_exact(x, w, eps, push_fma=push_fma)
+                                nd = (_ndiff(y, y_ref), _ndiff(r, r_ref.reshape(-1)))
+                                cases += 1
+                                if any(nd):
+                                    bad_cases += 1
+                                    first = first or f"D={d} rows={rows} amp={amp} eps={eps}: y/rstd diffs {nd}"
+                table[key] = {"cases": cases, "bad_cases": bad_cases, "first": first}
+    print("\n" + "\n".join(f"  {'EXACT' if v['bad_cases'] == 0 else 'no   '} {v['bad_cases']:4d}/{v['cases']:4d}  {k}"
+                           + (f"   first: {v['first']}" if v["first"] else "") for k, v in table.items()))
+    return table
+
+
+@pytest.fixture(scope="module")
+def variants():
+    print(f"\n== stage 1: PUSH_FMA variants vs aten._fused_rms_norm (torch {torch.__version__}; "
+          f"torch._native: {_native_override()})")
+    RESULTS["variants"] = _sweep((torch.bfloat16,), (True, False), (False, True))
+    return RESULTS["variants"]
+
+
+def test_default_variant_is_bit_exact(variants):
+    bad = {k: v for k, v in variants.items() if "push_fma=True" in k and v["bad_cases"]}
+    exact = [k for k, v in variants.items() if v["bad_cases"] == 0]
+    assert not bad, f"default PUSH_FMA not exact: {bad}; exact: {exact}"
+
+
+def test_the_variants_are_told_apart(variants):
+    # the sweep can tell fma(v, v, s) from s + v*v: the other variant misses somewhere
+    assert any(v["bad_cases"] for k, v in variants.items() if "push_fma=False" in k), variants
+
+
+def test_fp16_fp32_are_bit_exact(variants):
+    print("\n== stage 2: default variant, fp16/fp32, with weight")
+    table = _sweep((torch.float16, torch.float32), (True,), (True,))
+    RESULTS["dtypes"] = table
+    assert all(v["bad_cases"] == 0 for v in table.values()), table
+
+
+# ----------------------------------------------------------------------------------------
+# stage 3: the op through its dispatch
+# ----------------------------------------------------------------------------------------
+
+
+def _op_cases():
+    g = torch.Generator(device="cuda").manual_seed(3)
+
+    def rn(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, device="cuda", generator=g).to(dtype)
+
+    table = rn(2, 4096, 6, 3072)  # Wan2.2-style per-token modulation, sliced per chunk
+    return {
+        "flux_qk_norm": (rn(2, 4096, 24, 128), rn(128), 1e-6, None, None, None),
+        "wan_across_heads": (rn(1, 8192, 5120), rn(5120), 1e-6, None, None, None),
+        "sd35_transposed": (rn(2, 1024, 24, 64).transpose(1, 2), rn(64), 1e-6, None, None, None),
+        "eps_none_fp32": (rn(3000, 1000, dtype=torch.float32), None, None, None, None, None),
+        "modulate_cast_fp32": (rn(2, 4096, 3072), None, 1e-6, rn(2, 1, 3072), rn(2, 1, 3072), torch.float32),
+        "modulate_per_token": (rn(2, 4096, 3072), rn(3072), 1e-6, table[:, :, 1], table[:, :, 0], None),
+        "misaligned": (rn(4096 * 128 + 1)[1:].view(32, 128, 128), rn(128), 1e-6, None, None, None),
+    }
+
+
+@pytest.fixture(scope="module")
+def op_results():
+    res = {}
+    for name, args in _op_cases().items():
+        counters.reset()
+        out = torch.ops.diffusion_fuse.rms_norm(*args)
+        snap = counters.snapshot()
+        ref = rms_norm_reference(*args)
+        res[name] = {"diffs": _ndiff(out, ref), "numel": ref.numel(), "kernel": snap["kernel"].get("rms_norm", 0),
+                     "fallback": snap["fallback"].get("rms_norm", {}), "layout": out.stride() == ref.stride()}
+    print("\n== stage 3: diffusion_fuse::rms_norm vs its reference on CUDA")
+    for k, v in res.items():
+        print(f"  {k:22s} diffs {v['diffs']}/{v['numel']}  kernel {v['kernel']}  fallback {v['fallback']}")
+    RESULTS["op"] = res
+    return res
+
+
+@pytest.mark.parametrize("name", ["flux_qk_norm", "wan_across_heads", "sd35_transposed", "eps_none_fp32",
+                                  "modulate_cast_fp32", "modulate_per_token"])
+def test_op_kernel_is_bit_exact(op_results, name):
+    r = op_results[name]
+    assert r["kernel"] == 1 and r["diffs"] == 0 and r["layout"], r
+
+
+def test_misaligned_x_takes_the_reference_path(op_results):
+    r = op_results["misaligned"]
+    assert r["kernel"] == 0 and r["diffs"] == 0
+    assert list(r["fallback"]) == ["x is not 8-byte aligned (eager takes its non-vectorized RMSNorm)"]
+
+
+# ----------------------------------------------------------------------------------------
+# stage 4: rms_norm_chain (tier high) against eager's chain
+# ----------------------------------------------------------------------------------------
+
+
+def test_chain_is_within_tolerance():
+    from diffusers.models.normalization import RMSNorm
+
+    g = torch.Generator(device="cuda").manual_seed(4)
+    res = {}
+    forms = (  # name, D, x dtype, weight dtype, affine, modulate
+        ("diffusers_bf16_qk", 128, torch.bfloat16, torch.bfloat16, True, False),
+        ("diffusers_fp32", 3072, torch.float32, torch.float32, True, False),
+        ("diffusers_no_weight_modulate", 3072, torch.bfloat16, None, False, True),
+        ("composite_fp32_weight", 5120, torch.bfloat16, torch.float32, True, False),
+    )
+    for name, D, dtype, pdtype, affine, mod in forms:
+        x = torch.randn(4, 2048, D, device="cuda", generator=g).to(dtype)
+        sc, sh = (torch.randn(4, 1, D, device="cuda", generator=g).to(dtype) for _ in range(2))
+        if name.startswith("composite"):  # weight dtype != x dtype: PyTorch runs rms_norm_composite
+            w = torch.randn(D, device="cuda", generator=g).to(pdtype)
+            ref = torch.nn.functional.rms_norm(x, [D], w, 1e-6)
+            args = (x, 1e-6, None, w, None, torch.bfloat16, None, None, None)
+        else:
+            m = RMSNorm(D, eps=1e-6, elementwise_affine=affine).to("cuda")
+            if affine:
+                with torch.no_grad():
+                    m.weight.normal_(generator=g)
+                m.to(pdtype)
+            ref = m(x) * (1 + sc) + sh if mod else m(x)
+            cast1 = pdtype if pdtype in (torch.bfloat16, torch.float16) else (None if affine else dtype)
+            args = (x, 1e-6, cast1, m.weight if affine else None, None, None, sc if mod else None,
+                    sh if mod else None, None)
+        counters.reset()
+        out = torch.ops.diffusion_fuse.rms_norm_chain(*args)
+        kernel = counters.snapshot()["kernel"].get("rms_norm_chain", 0)
+        v = compare_close(ref, out, 2e-2, 1e-3)
+        same = 1 - _ndiff(ref, out) / ref.numel()
+        res[name] = {"ok": bool(v), "detail": v.detail, "max_abs_err": v.max_abs_err, "bitwise_equal_share": same,
+                     "kernel": kernel, "reference_equal": _ndiff(rms_norm_chain_reference(*args), ref) == 0}
+    print("\n== stage 4: diffusion_fuse::rms_norm_chain vs eager (tolerance; share of equal elements)")
+    for k, v in res.items():
+        print(f"  {k:30s} ok={v['ok']} max|err|={v['max_abs_err']:.3g} equal={v['bitwise_equal_share']:.4f} "
+              f"kernel={v['kernel']} reference==eager: {v['reference_equal']}")
+    RESULTS["chain"] = res
+    assert all(v["ok"] and v["kernel"] == 1 and v["reference_equal"] for v in res.values()), res
+
+
+# ----------------------------------------------------------------------------------------
+# stage 5: tiny models on CUDA
+# ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, sites", [("flux", 6), ("wan21", 4)])
+def test_tiny_model_qk_norms_are_kept_with_the_kernel(name, sites):
+    from diffusion_fuse.testing.tiny_models import build
+
+    torch._dynamo.reset()
+    model, kwargs = build(name, torch.bfloat16, "cuda")
+    report = diffusion_fuse.Report()
+    compiled = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(None, report), fullgraph=True)
+    with torch.no_grad():
+        ref = model(**kwargs)[0]
+        out = compiled(**kwargs)[0]
+    rms = report.sites("kept")
+    res = {"equal": _ndiff(ref, out) == 0, "rms_norm_sites": report.count("rms_norm"),
+           "kept": sum(s.pattern == "rms_norm" for s in rms), "kernel": report.counters()["kernel"].get("rms_norm", 0),
+           "statuses": sorted({s.status for s in report.sites()})}
+    RESULTS.setdefault("models", {})[name] = res
+    print(f"\n== stage 5: tiny {name} bf16 on CUDA: {res}")
+    assert res["equal"] and res["rms_norm_sites"] == sites and res["kept"] == sites and res["kernel"] > 0, \
+        report.table()
+
+
+def teardown_module(module):
+    out = os.environ.get("OUT")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "rms_norm_gpu.json").write_text(json.dumps(
+            {"torch": torch.__version__, "native_override": _native_override(), **RESULTS}, indent=1, default=str))

@@ -1,0 +1,271 @@
+"""CPU checks of kernels/rms_norm.py: its order of operations in Triton's interpreter, its dispatch, its sm_90 build.
+
+The interpreter runs fp32 arithmetic one IEEE op at a time (its ``tl.fma`` is a mul then an
+add), so with fp32 inputs and the ``push_fma=False`` variant the kernel must equal
+``emulate_rms_sum_squares`` (eager's lanes, pushes and trees in numpy) *bit for bit*: that
+checks the lane layout, the row packing of small D, the masks and both reduction trees. Inputs
+span six decades so that another summation order gives other bits (checked too). bf16 numerics
+and the FMA variant are the GPU test's job (tests/gpu/test_rms_norm_gpu.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":
+    os.environ["TRITON_INTERPRET"] = "1"
+    sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parent)]
+
+import pytest
+import torch
+from _interp import run_worker, worker_main
+
+DIMS = [16, 24, 64, 128, 200, 520, 1000, 3072]
+ROWS = [1, 5, 17]
+
+
+def _wide(M, D, seed):
+    g = torch.Generator().manual_seed(seed)
+    amp = torch.logspace(-3, 3, D)[torch.randperm(D, generator=g)]
+    return torch.randn(M, D, generator=g) * amp, torch.randn(D, generator=g)
+
+
+def _order_results() -> dict:
+    import numpy as np
+
+    from diffusion_fuse.kernels.rms_norm import emulate_rms_sum_squares, rms_norm_exact
+
+    res = {}
+    for D in DIMS:
+        for M in ROWS:
+            x, w = _wide(M, D, seed=D * 31 + M)
+            for with_w in (False, True):
+                y, rstd = rms_norm_exact(x, w if with_w else None, 1e-6, push_fma=False)
+                s = emulate_rms_sum_squares(x)
+                var = s / np.float32(D)
+                r = np.float32(1) / np.sqrt(var + np.float32(1e-6))
+                ye = x.numpy() * r[:, None]
+                if with_w:
+                    ye = ye * w.numpy()
+                flat = x.numpy().astype(np.float32) ** 2
+                seq = np.zeros(M, np.float32)
+                for j in range(D):  # one lane summing the row in order: another order, other bits
+                    seq = seq + flat[:, j]
+                res[f"D={D} M={M} w={with_w}"] = {
+                    "rstd_equal": bool(np.array_equal(rstd.numpy().view(np.int32), r.view(np.int32))),
+                    "y_equal": bool(np.array_equal(y.numpy().view(np.int32), ye.view(np.int32))),
+                    "sequential_differs": bool(not np.array_equal(seq.view(np.int32), s.view(np.int32))),
+                }
+    return res
+
+
+def _dispatch_cases():
+    g = torch.Generator().manual_seed(0)
+
+    def rn(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    x4 = rn(2, 9, 3, 64)
+    w = rn(64)
+    sc, sh = rn(2, 1, 192), rn(2, 9, 192)
+    xt = rn(2, 9, 3, 64).transpose(1, 2)  # SD3.5's [B, H, S, Dh] view
+    rms = {  # op args: x, weight, eps, scale, shift, out_dtype
+        "qk_norm_4d": (x4, w, 1e-6, None, None, None),
+        "qk_norm_eps_none": (x4, w, None, None, None, None),
+        "across_heads_modulate_cast": (rn(2, 9, 192), rn(192), 1e-6, sc, sh, torch.float32),
+        "transposed_rows": (xt, w, 1e-6, None, None, None),
+        "fp16_no_weight": (rn(7, 1000, dtype=torch.float16), None, 1e-5, None, None, None),
+        "misaligned": (rn(2 * 9 * 64 + 1)[1:].view(2, 9, 64), w, 1e-6, None, None, None),
+        "odd_D": (rn(2, 9, 30), None, 1e-6, None, None, None),
+        "weight_other_dtype": (x4, w.float(), 1e-6, None, None, None),
+        "float64": (x4.double(), w.double(), 1e-6, None, None, None),
+        "rows_over_4_dims": (rn(7, 5, 3, 2, 64).permute(3, 2, 1, 0, 4), w, 1e-6, None, None, None),
+    }
+    chain = {  # op args: x, eps, cast1, weight, bias, cast2, scale, shift, out_dtype
+        "diffusers_bf16_weight": (x4, 1e-6, torch.bfloat16, w, None, None, None, None, None),
+        "composite_fp32_weight": (x4, 1e-6, None, w.float(), None, torch.bfloat16, None, None, None),
+        "diffusers_bias_modulate": (rn(2, 9, 192), 1e-6, torch.bfloat16, rn(192), rn(192), None, sc, sh, None),
+        "transposed_rows": (xt, 1e-6, torch.bfloat16, w, None, None, None, None, None),
+        "odd_D": (rn(2, 9, 30), 1e-5, None, None, None, torch.bfloat16, None, None, None),
+        "float64": (x4.double(), 1e-6, None, None, None, None, None, None, None),
+    }
+    return rms, chain
+
+
+def _dispatch_results() -> dict:
+    from diffusion_fuse.lowering import counters
+    from diffusion_fuse.lowering.rms_norm import rms_norm_chain_reference, rms_norm_reference
+
+    rms, chain = _dispatch_cases()
+    res = {}
+    for op_name, cases, reference in (("rms_norm", rms, rms_norm_reference),
+                                      ("rms_norm_chain", chain, rms_norm_chain_reference)):
+        op = getattr(torch.ops.diffusion_fuse, op_name)
+        for key, args in cases.items():
+            counters.reset()
+            out = op(*args)
+            ref = reference(*args)
+            err = float((ref.double() - out.double()).norm() / ref.double().norm())
+            res[f"{op_name}:{key}"] = {"counters": counters.snapshot(), "equal": bool(torch.equal(out, ref)),
+                                       "rel_err": err, "same_layout": (out.dtype, out.shape, out.stride()) ==
+                                       (ref.dtype, ref.shape, ref.stride())}
+    return res
+
+
+def _model_results() -> dict:
+    # A module with one rms_norm site and live kernels: the interpreter's order is not the CPU
+    # reference's (the composite chain), so the verifier must reject the site, name the first
+    # differing element, and the output must stay eager's.
+    import diffusion_fuse
+    from torch._decomp.decompositions import _fused_rms_norm
+
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("_fused_rms_norm", lambda x, shape, w, eps: _fused_rms_norm(x, shape, w, eps), "CPU")
+    model = torch.nn.RMSNorm(512, eps=1e-6)
+    x = torch.randn(3, 40, 512) * 10
+    report = diffusion_fuse.Report()
+    with torch.no_grad():
+        ref = model(x)
+        out = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(None, report), fullgraph=True)(x)
+    return {"equal": bool(torch.equal(ref, out)), "sites": [(s.pattern, s.status, s.reason) for s in report.sites()],
+            "kernel_calls": report.counters()["kernel"].get("rms_norm", 0)}
+
+
+def worker() -> dict:
+    return {"order": _order_results(), "dispatch": _dispatch_results(), "model": _model_results()}
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_worker(__file__)
+
+
+@pytest.mark.parametrize("D", DIMS)
+def test_kernel_sums_in_eagers_order_bit_for_bit(results, D):
+    cases = {k: v for k, v in results["order"].items() if k.startswith(f"D={D} ")}
+    assert len(cases) == 2 * len(ROWS)
+    bad = {k: v for k, v in cases.items() if not (v["rstd_equal"] and v["y_equal"])}
+    assert not bad, bad
+
+
+def test_the_order_check_can_fail(results):
+    # The inputs are chosen so that summing in another order changes the bits: the check above
+    # tells eager's tree from a sequential sum.
+    differs = [v["sequential_differs"] for k, v in results["order"].items() if not k.startswith(("D=16 ", "D=24 "))]
+    assert sum(differs) > len(differs) // 2
+
+
+@pytest.mark.parametrize("key", ["qk_norm_4d", "qk_norm_eps_none", "across_heads_modulate_cast", "transposed_rows",
+                                 "fp16_no_weight"])
+def test_rms_norm_guard_accepts_and_the_kernel_runs(results, key):
+    r = results["dispatch"][f"rms_norm:{key}"]
+    assert r["counters"]["kernel"] == {"rms_norm": 1} and r["counters"]["fallback"] == {}
+    assert r["same_layout"] and r["rel_err"] < 1e-2, r  # the interpreter truncates to bf16 where CUDA rounds
+
+
+@pytest.mark.parametrize("key, reason", [
+    ("misaligned", "x is not 8-byte aligned (eager takes its non-vectorized RMSNorm)"),
+    ("odd_D", "D=30 (kernel takes multiples of 4 up to 16384"),
+    ("weight_other_dtype", "weight is not a contiguous [64] torch.bfloat16 tensor"),
+    ("float64", "unsupported dtype (x torch.float64"),
+    ("rows_over_4_dims", "x's rows span more than 3 strided dims"),
+])
+def test_rms_norm_guard_rejections_take_the_reference_path_and_are_counted(results, key, reason):
+    r = results["dispatch"][f"rms_norm:{key}"]
+    assert r["equal"] and r["counters"]["kernel"] == {}
+    ((got, n),) = r["counters"]["fallback"]["rms_norm"].items()
+    assert got.startswith(reason) and n == 1, got
+
+
+@pytest.mark.parametrize("key", ["diffusers_bf16_weight", "composite_fp32_weight", "diffusers_bias_modulate",
+                                 "transposed_rows", "odd_D"])
+def test_rms_norm_chain_kernel_is_within_tolerance_with_the_reference_layout(results, key):
+    r = results["dispatch"][f"rms_norm_chain:{key}"]
+    assert r["counters"]["kernel"] == {"rms_norm_chain": 1} and r["counters"]["fallback"] == {}
+    assert r["same_layout"] and r["rel_err"] < 3e-2, r  # up to six bf16 truncations in the interpreter
+
+
+def test_rms_norm_chain_guard_rejection_is_counted(results):
+    r = results["dispatch"]["rms_norm_chain:float64"]
+    assert r["equal"] and list(r["counters"]["fallback"]["rms_norm_chain"]) == [
+        "unsupported dtype (x torch.float64; kernel takes ['torch.bfloat16', 'torch.float16', 'torch.float32'])"]
+
+
+def test_live_kernel_that_is_not_eager_is_rejected_and_the_output_is_eager(results):
+    r = results["model"]
+    assert r["equal"] and r["kernel_calls"] >= 1
+    ((pattern, status, reason),) = r["sites"]
+    assert (pattern, status) == ("rms_norm", "rejected") and "elements differ; first at [" in reason
+
+
+# ----------------------------------------------------------------------------------------
+# sm_90 build (no interpreter): the kernel compiles for every configuration the guards can pick
+# ----------------------------------------------------------------------------------------
+
+
+def _compile_sm90(D, x="bf16", push_fma=True, tail=None, out="bf16"):
+    """Compile ``_rms_norm_kernel`` for sm_90 as the launcher does for these operands."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from diffusion_fuse.kernels import rms_norm as rk
+    from diffusion_fuse.lowering.rms_norm import Tail
+
+    ptr = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
+    k = rk._rms_norm_kernel
+    const = dict(**rk.stats_constexprs(D, push_fma), STORE_RSTD=False, **rk.tail_constexprs(tail or Tail()))
+    sig = {**{p: ptr[x] for p in ("X", "W", "B", "SCALE", "SHIFT")}, "OUT": ptr[out], "RSTD": "*fp32",
+           "M": "i64", "N": "i32", "L1": "i64", "L2": "i64", "eps": "fp32",
+           **{n: "i64" for n in k.arg_names[12:len(k.arg_names) - len(const)]}, **{n: "constexpr" for n in const}}
+    # As the launcher compiles contiguous, 16-byte aligned operands: unit strides along D are
+    # constants, pointers and row strides carry Triton's divisibility-by-16 specialization.
+    unit = {"x_sd": 1, "o_sd": 1}
+    sig.update({n: "constexpr" for n in unit})
+    names = k.arg_names
+    aligned = ["X", "W", "B", "SCALE", "SHIFT", "OUT", "RSTD"] + [n for n in names if n[:2] in ("x_", "sc", "sh", "o_")
+                                                                   and n not in unit]
+    aligned += ["N"] if D % 16 == 0 else []
+    src = ASTSource(fn=k, signature=sig, constexprs={(names.index(n),): v for n, v in {**const, **unit}.items()},
+                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
+    return const, triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4,
+                                                                               "enable_fp_fusion": False})
+
+
+@pytest.mark.parametrize("D", [16, 64, 128, 3072, 5120])
+def test_rms_norm_compiles_for_sm90_with_only_the_push_fma(D):
+    import torch as _torch
+    from test_compile_sm90 import IDENTITY_LAYOUTS, shuffle_layouts
+
+    from diffusion_fuse.lowering.rms_norm import Tail
+
+    tail = Tail(w=_torch.float32, c2=_torch.bfloat16)  # _fused_rms_norm's w * (x * rstd), rounded to bf16
+    const, ck = _compile_sm90(D, tail=tail)
+    ptx = ck.asm["ptx"]
+    assert ck.asm.get("cubin") and const["ROWS"] * const["LPR"] == 128
+    # one push per element a thread owns: no lane is computed twice (a replicated layout would be)
+    assert len(re.findall(r"\bfma\.rn\.f32", ptx)) == 4 * const["N_ITERS"]
+    assert "div.rn.f32" in ptx and "rsqrt.approx" in ptx and ".approx" not in ptx.replace("rsqrt.approx", "")
+    # x: 4 bf16 per load (one scalar load is the weight when a row is 128 elements, one per thread)
+    assert "ld.global.v2.b32" in ptx and ptx.count("ld.global.b16") <= (D == 128)
+    layouts = shuffle_layouts(ck.asm["ttgir"])
+    assert layouts and layouts <= IDENTITY_LAYOUTS, layouts  # lane i of the sums is thread i
+    _, ck = _compile_sm90(D, push_fma=False, tail=tail)
+    assert "fma.rn.f32" not in ck.asm["ptx"]  # no contraction Triton chose on its own
+
+
+def test_rms_norm_chain_tail_with_modulate_compiles_for_sm90():
+    import torch as _torch
+
+    from diffusion_fuse.lowering.rms_norm import Tail
+
+    bf = _torch.bfloat16
+    _, ck = _compile_sm90(2240, tail=Tail(c1=bf, w=bf, b=bf, t=bf, u=bf, v=bf))
+    assert ck.asm.get("cubin")
+
+
+if __name__ == "__main__":
+    worker_main(worker)
