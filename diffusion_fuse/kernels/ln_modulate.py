@@ -228,7 +228,7 @@ def _ln_modulate_rows_kernel(
         row = nxt
 
 
-ROWS_PER_PROGRAM = 4  # UNIFORM rows: programs that prefetch the next row (0: one program per row)
+ROWS_PER_PROGRAM = 1  # >1: programs that prefetch the next row; measured slower on H200 (NOTES.md)
 
 
 def _row_strides(t: torch.Tensor | None, x: torch.Tensor) -> tuple[int, int]:

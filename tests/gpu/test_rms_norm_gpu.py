@@ -129,7 +129,9 @@ def _sweep(dtypes, variants, weights):
 def variants():
     print(f"\n== stage 1: PUSH_FMA variants vs aten._fused_rms_norm (torch {torch.__version__}; "
           f"torch._native: {_native_override()})")
-    RESULTS["variants"] = _sweep((torch.bfloat16,), (True, False), (False, True))
+    # fp32 inputs: for bf16/fp16 every v*v is exact in fp32 (at most 22 significant bits), so
+    # fma(v, v, s) and s + v*v give the same bits and cannot tell the variants apart (measured).
+    RESULTS["variants"] = _sweep((torch.float32,), (True, False), (False, True))
     return RESULTS["variants"]
 
 
@@ -144,9 +146,9 @@ def test_the_variants_are_told_apart(variants):
     assert any(v["bad_cases"] for k, v in variants.items() if "push_fma=False" in k), variants
 
 
-def test_fp16_fp32_are_bit_exact(variants):
-    print("\n== stage 2: default variant, fp16/fp32, with weight")
-    table = _sweep((torch.float16, torch.float32), (True,), (True,))
+def test_bf16_fp16_are_bit_exact(variants):
+    print("\n== stage 2: default variant, bf16/fp16, with weight")
+    table = _sweep((torch.bfloat16, torch.float16), (True,), (True,))
     RESULTS["dtypes"] = table
     assert all(v["bad_cases"] == 0 for v in table.values()), table
 
