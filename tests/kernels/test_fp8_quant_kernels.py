@@ -93,7 +93,7 @@ def worker() -> dict:
     for keep in (False, True):
         run(f"gated_keep{keep}", ops.gated_residual_ln_modulate_quant, L.gated_residual_ln_modulate_quant_reference,
             res_in, xin, gate, None, None, 1e-6, sc, sh, None, scales[:2], L.Q_DIV, -448.0, 448.0, keep)
-    # D % 512 == 0: rows held in registers (several rows per program for ln, the register tile for gated)
+    # D % 512 == 0: rows held in registers (the register tile, for ln and gated)
     D = 512
     xin, res_in = ((rn(1, 10, D) * 3 + 1).to(torch.bfloat16) for _ in range(2))
     sc, sh, gate = (rn(1, 1, D).to(torch.bfloat16) for _ in range(3))
