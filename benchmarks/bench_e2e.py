@@ -1,4 +1,4 @@
-"""End to end at real shapes: eager vs Inductor vs diffusion_fuse lossless, in one run.
+"""End to end at real shapes: eager vs Inductor vs diffusion_fuse lossless (pointwise pass on and off), in one run.
 
 Models (random weights, bf16, real widths; issue #3):
 - flux_stack: FLUX.1-dev-sized FluxTransformer2DModel with 2 double + 4 single blocks, 1024²
@@ -103,6 +103,7 @@ def main() -> None:
     ap.add_argument("--models", default="flux_stack,flux_fp8_stack,wan22_block")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--skip-inductor", action="store_true")
+    ap.add_argument("--skip-nopw", action="store_true", help="skip the lossless run with the pointwise pass off")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_e2e.json"))
     args = ap.parse_args()
     rows, records = [], []
@@ -112,6 +113,9 @@ def main() -> None:
         variants = {"eager": model}
         report = diffusion_fuse.Report()
         variants["lossless"] = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(None, report))
+        if not args.skip_nopw:  # the same tier without the pointwise pass: what the pass is worth
+            variants["lossless_nopw"] = torch.compile(
+                model, backend=diffusion_fuse.DiffusionFuseBackend({"patterns": {"pointwise": False}}, diffusion_fuse.Report()))
         if not args.skip_inductor:
             variants["inductor"] = torch.compile(model)
         rec: dict = {"model": name}
@@ -131,17 +135,24 @@ def main() -> None:
             rec["eager_ms_2"], _ = timed(lambda: model(**kw), args.reps)
             rec["lossless_ms_2"], _ = timed(lambda: variants["lossless"](**kw), args.reps)
         rec["lossless_equal"] = torch.equal(bits(outs["eager"]), bits(outs["lossless"]))
+        if "lossless_nopw" in outs:
+            rec["lossless_nopw_equal"] = torch.equal(bits(outs["eager"]), bits(outs["lossless_nopw"]))
         rec["inductor_equal"] = torch.equal(bits(outs["eager"]), bits(outs["inductor"])) if "inductor" in outs else None
         rec["sites"] = len(report.sites())
         rec["kept"] = report.count(status="kept")
+        rec["pointwise_sites"] = report.count("pointwise")
+        rec["pointwise_kept"] = report.count("pointwise", status="kept")
         rec["counters"] = report.counters()
         rec["report"] = report.table()
         records.append(rec)
         ind = rec.get("inductor_ms")
+        nopw = rec.get("lossless_nopw_ms")
         rows.append([name, f"{rec['eager_ms']:.2f} / {rec['eager_ms_2']:.2f}", f"{ind:.2f}" if ind else "-",
+                     f"{nopw:.2f}" if nopw else "-",
                      f"{rec['lossless_ms']:.2f} / {rec['lossless_ms_2']:.2f}",
                      f"{rec['eager_ms'] / rec['lossless_ms']:.3f}", f"{ind / rec['lossless_ms']:.3f}" if ind else "-",
-                     f"{rec['kept']}/{rec['sites']}", rec["lossless_equal"], rec["inductor_equal"],
+                     f"{rec['kept']}/{rec['sites']} ({rec['pointwise_kept']}/{rec['pointwise_sites']} pointwise)",
+                     rec["lossless_equal"], rec["inductor_equal"],
                      f"{rec['lossless_first_call_s']:.1f}", f"{rec.get('inductor_first_call_s', 0):.1f}"])
         print(rec["report"])
         del model, variants, outs
@@ -149,7 +160,8 @@ def main() -> None:
     with open(args.json, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "records": records}, f,
                   indent=2, default=str)
-    print(tabulate(rows, headers=["model", "eager ms (2 rounds)", "inductor ms", "lossless ms (2 rounds)",
+    print(tabulate(rows, headers=["model", "eager ms (2 rounds)", "inductor ms", "lossless w/o pointwise ms",
+                                  "lossless ms (2 rounds)",
                                   "eager/lossless", "inductor/lossless", "sites kept", "lossless exact",
                                   "inductor exact", "lossless 1st call s", "inductor 1st call s"]))
 

@@ -52,6 +52,7 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = nosass ]; then
   step profile 120 python3 benchmarks/profile_ln_modulate.py
   step bench_norm 200 python3 benchmarks/bench_norm.py --json "$OUT/bench_norm.json"
   step bench_rms_norm 120 python3 benchmarks/bench_rms_norm.py --json "$OUT/bench_rms_norm.json"
+  step bench_pointwise 200 python3 benchmarks/bench_pointwise.py --json "$OUT/bench_pointwise.json"
   step bench_e2e 400 python3 benchmarks/bench_e2e.py --json "$OUT/bench_e2e.json"
   step bench_wan_temb 400 python3 benchmarks/bench_wan_temb.py --json "$OUT/bench_wan_temb.json"
 fi
@@ -63,6 +64,7 @@ cat "$OUT/summary.txt"
 [ -f "$OUT/profile.log" ] && tail -n 9 "$OUT/profile.log"
 [ -f "$OUT/bench_norm.log" ] && tail -n 6 "$OUT/bench_norm.log"
 [ -f "$OUT/bench_rms_norm.log" ] && tail -n 6 "$OUT/bench_rms_norm.log"
+[ -f "$OUT/bench_pointwise.log" ] && tail -n 12 "$OUT/bench_pointwise.log"
 [ -f "$OUT/bench_e2e.log" ] && tail -n 4 "$OUT/bench_e2e.log"
 [ -f "$OUT/bench_models.log" ] && grep -E "^(==|[A-Z].*  (eager|inductor|lossless|high))" "$OUT/bench_models.log"
 [ -f "$OUT/bench_wan_temb.log" ] && tail -n 14 "$OUT/bench_wan_temb.log"

@@ -19,6 +19,9 @@ input is a gated residual ``residual + gate * x`` goes to family gated_residual_
 - sd35: 8 LayerNorms with 9 modulates: the dual-attention block's SD35AdaLayerNormZeroX
   normalizes once for two modulates (one site, two ops); 6 LayerNorms read a gated residual
   (norm2 and norm2_context of both blocks, and block 1's norm1/norm1_context)
+
+Family ``pointwise`` (on by default) then groups what is left; its counts are its own
+(``POINTWISE_SITES``) and change none of the above.
 """
 
 import pytest
@@ -33,15 +36,23 @@ EXPECTED_BY_FAMILY = {
     "sana": {N: 2, G: 1}, "qwen_image": {N: 2, G: 2}, "sd35": {N: 2, G: 6},
 }
 FP32_EXPECTED_BY_FAMILY = {**EXPECTED_BY_FAMILY, "sana": {N: 2, G: 1, R: 1}}
-EXPECTED_SITES = {name: sum(c.values()) for name, c in EXPECTED_BY_FAMILY.items()}
+EXPECTED_SITES = {name: sum(c.values()) for name, c in EXPECTED_BY_FAMILY.items()}  # the AdaLN families' (tier high too)
+# Family pointwise (fxpasses/pointwise.py): the groups of pointwise ops the other families left
+# (timestep embeddings, silu of temb, the QK-RMSNorm tails with RoPE, gated residual adds,
+# gelu + clone/cat, casts); fp32 graphs have fewer (no casts to group).
+P = "pointwise"
+POINTWISE_SITES = {"flux": 17, "flux2": 17, "wan21": 15, "wan22_ti2v": 15, "sana": 12, "qwen_image": 14, "sd35": 23}
+FP32_POINTWISE_SITES = {"flux": 11, "flux2": 11, "wan21": 9, "wan22_ti2v": 9, "sana": 9, "qwen_image": 7, "sd35": 13}
 
 
 def expected(name, dtype):
     """(sites per family, op calls per op) for one model and dtype."""
-    fams = (FP32_EXPECTED_BY_FAMILY if dtype == torch.float32 else EXPECTED_BY_FAMILY)[name]
-    # an SD3.5 AdaLayerNormZeroX site is two ln_modulate calls
+    fp32 = dtype == torch.float32
+    fams = {**(FP32_EXPECTED_BY_FAMILY if fp32 else EXPECTED_BY_FAMILY)[name],
+            P: (FP32_POINTWISE_SITES if fp32 else POINTWISE_SITES)[name]}
+    # an SD3.5 AdaLayerNormZeroX site is two ln_modulate calls; a pointwise site is one call
     calls = {"ln_modulate": fams.get(N, 0) + (name == "sd35"), "gated_residual_ln_modulate": fams.get(G, 0),
-             "gated_residual": fams.get(R, 0)}
+             "gated_residual": fams.get(R, 0), "pointwise": fams[P]}
     return fams, calls
 
 
@@ -54,7 +65,7 @@ def test_lossless_equals_eager_and_matches_every_site(name, dtype):
     fams, calls = expected(name, dtype)
     sites = report.sites()
     assert len(sites) == sum(fams.values()), report.table()
-    assert {f: report.count(f) for f in (N, G, R)} == {f: fams.get(f, 0) for f in (N, G, R)}, report.table()
+    assert {f: report.count(f) for f in (N, G, R, P)} == {f: fams.get(f, 0) for f in (N, G, R, P)}, report.table()
     assert sum(s.ops for s in sites) == sum(calls.values())
     assert all(s.status == "kept" for s in sites), report.table()
     assert "rms_norm_chain" not in report.graphs[0].families  # tier high only

@@ -60,6 +60,14 @@ def _propagate_fake(nodes: list[fx.Node]) -> None:
             n.meta["val"] = n.target(*args, **kwargs)
 
 
+REF_NAME = "diffusion_fuse_ref"
+
+
+def ref_name(node: fx.Node) -> str:
+    """The name of the reference-graph node whose value ``node`` holds."""
+    return node.meta.get(REF_NAME, node.name)
+
+
 def _last_in_order(nodes: list[fx.Node]) -> fx.Node:
     order = {n: i for i, n in enumerate(nodes[0].graph.nodes)}
     return max(nodes, key=order.__getitem__)
@@ -80,6 +88,9 @@ def apply_site(graph: fx.Graph, site: Site, mapping: dict[fx.Node, fx.Node]) -> 
     for old, new in zip(site.outputs, new_outs):
         old.replace_all_uses_with(new)
         mapping[old] = new
+        # The verifier runs sites on the reference graph: a later site reading this value
+        # names it by the node it replaced there.
+        new.meta[REF_NAME] = ref_name(old)
     for n in reversed(site.nodes):
         if not n.users:
             graph.erase_node(n)

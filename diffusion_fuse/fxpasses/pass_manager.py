@@ -1,8 +1,10 @@
 """The ordered pass pipeline per tier.
 
-lossless: fuse_patterns (lossless families) → cleanup; the result runs as ATen + our ops.
+lossless: fuse_patterns (lossless families) → pointwise (groups what the families left) →
+          cleanup; the result runs as ATen + our ops.
 high:     the same passes run inside Inductor as a post-grad ``CustomGraphPass``
-          (fxpasses/inductor_pass.py), with the tier-"high" families enabled too.
+          (fxpasses/inductor_pass.py), with the tier-"high" families enabled too; the pointwise
+          pass does nothing there (Inductor fuses pointwise ops itself).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from ..config import Options
 from .base import GraphPass, PassContext
 from .cleanup import CleanupPass
 from .fuse_patterns import FusePatternsPass
+from .pointwise import PointwiseFusionPass
 
 
 def copy_graph_module(ref: fx.GraphModule) -> fx.GraphModule:
@@ -33,7 +36,7 @@ def copy_graph_module(ref: fx.GraphModule) -> fx.GraphModule:
 class PassManager:
     def __init__(self, options: Options) -> None:
         self.options = options
-        self.passes: list[GraphPass] = [FusePatternsPass(), CleanupPass()]
+        self.passes: list[GraphPass] = [FusePatternsPass(), PointwiseFusionPass(), CleanupPass()]
 
     def run(self, graph: fx.Graph, exclude: frozenset[str] = frozenset()) -> PassContext:
         ctx = PassContext(options=self.options, exclude=exclude)

@@ -40,6 +40,9 @@ class Site:
     key: str | None = None  # set by the fuse pass: pattern@source-line#ordinal
     n_ops: int | None = None  # op calls the site becomes (default: one per output)
     where: fx.Node | None = None  # the node whose source line names the site (default: the last output)
+    # For a site the verifier rejects: given the site's input values, what went wrong (e.g. which
+    # of the ops a fused group replaced first differs from eager), added to the verdict.
+    diagnose: Callable[[Sequence[object]], str] | None = None
 
     @property
     def located_at(self) -> fx.Node:
@@ -72,6 +75,9 @@ class PatternFamily:
     anchors: ClassVar[tuple[Callable, ...]] = ()
     variants: ClassVar[tuple[str, ...]] = ()
     description: ClassVar[str] = ""
+    # A family whose sites a pass of its own finds (fxpasses/<name>.py) instead of ``match``
+    # on anchors: it has no anchors, and is listed here for options, reports and docs.
+    found_by_pass: ClassVar[bool] = False
 
     def match(self, node: fx.Node) -> Site | NearMiss | None:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -85,7 +91,7 @@ class Registry:
     def add(self, family: PatternFamily, *, replace: bool = False) -> PatternFamily:
         if family.tier not in TIERS:
             raise ValueError(f"pattern {family.name!r}: tier={family.tier!r} is not allowed; allowed: {list(TIERS)}")
-        if not family.anchors:
+        if not family.anchors and not family.found_by_pass:
             raise ValueError(f"pattern {family.name!r} has no anchor ops")
         with self._lock:
             if family.name in self._families and not replace:

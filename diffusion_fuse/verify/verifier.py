@@ -29,6 +29,7 @@ import torch.fx as fx
 from ..config import Options
 from ..fxpasses import PassManager
 from ..lowering.dispatch import capturing
+from ..fxpasses.fuse_patterns import ref_name
 from ..log import get_logger
 from ..patterns.match_utils import describe, source_location
 from ..patterns.registry import REGISTRY, Site
@@ -46,6 +47,7 @@ class SiteCheck:
     outputs: list[str]
     replacement: fx.GraphModule
     exact: bool
+    diagnose: Callable[[Sequence[Any]], str] | None = None
 
 
 def build_site_check(site: Site) -> SiteCheck:
@@ -55,10 +57,11 @@ def build_site_check(site: Site) -> SiteCheck:
     g.output(tuple(outs))
     return SiteCheck(
         id=site.id,
-        inputs=[n.name for n in site.inputs],
-        outputs=[n.name for n in site.outputs],
+        inputs=[ref_name(n) for n in site.inputs],
+        outputs=[ref_name(n) for n in site.outputs],
         replacement=fx.GraphModule(torch.nn.Module(), g),
         exact=site.exact,
+        diagnose=site.diagnose,
     )
 
 
@@ -77,8 +80,8 @@ def site_record(site: Site, tier: str) -> SiteRecord:
         shapes=" ".join(shape(n) for n in site.inputs[:1] + site.outputs),
         ops=site.n_ops if site.n_ops is not None else len(site.outputs),
         nodes=[n.name for n in site.nodes],
-        input_nodes=[n.name for n in site.inputs],
-        output_nodes=[n.name for n in site.outputs],
+        input_nodes=[ref_name(n) for n in site.inputs],
+        output_nodes=[ref_name(n) for n in site.outputs],
         input_shapes=[shape(n) for n in site.inputs],
         output_shapes=[shape(n) for n in site.outputs],
     )
@@ -159,6 +162,11 @@ def run_with_site_checks(
                 verdicts[c.id] = judge(c, refs, got)
             except Exception as e:  # noqa: BLE001 - a failing replacement is a rejection, not a crash
                 verdicts[c.id] = Verdict(False, f"replacement raised {type(e).__name__}: {e}")
+            if not verdicts[c.id] and c.diagnose is not None:
+                try:
+                    verdicts[c.id].detail += f"; {c.diagnose(ins)}"
+                except Exception as e:  # noqa: BLE001 - a diagnosis must not break verification
+                    verdicts[c.id].detail += f"; diagnosis failed: {type(e).__name__}: {e}"
             for x in c.inputs + c.outputs:
                 pins[by_name[x]] -= 1
                 release(by_name[x])

@@ -226,3 +226,59 @@ def test_kernels_are_cuda_graph_capture_safe(compile_kernel):
     ck = compile_kernel()
     assert ck.metadata.global_scratch_size == 0
     assert ck.metadata.profile_scratch_size == 0
+
+
+# --- kernels the pointwise pass generates (kernels/pointwise_codegen.py) ------------------------
+def compile_pointwise(fn, *args):
+    """Generate the kernel for ``fn`` (as one program) at these inputs' layout and compile it for sm_90."""
+    import torch
+
+    from diffusion_fuse.kernels.pointwise_codegen import BLOCK, NUM_WARPS, load_kernel
+    from diffusion_fuse.lowering.pointwise import generate_source
+    from diffusion_fuse.testing.pointwise import program_of
+
+    ptr = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.bool: "*i1"}
+    src = generate_source(list(args), program_of(fn, *args))
+    k = load_kernel(src)
+    sig = {**{f"in{i}": ptr[t.dtype] for i, t in enumerate(args)},
+           **{f"out{j}": ptr[o.dtype] for j, o in enumerate(src.outputs)}, "numel": "i32", "BLOCK": "constexpr"}
+    # what Triton's JIT specializes at runtime for aligned pointers and a numel divisible by 16
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(sig) - 1)}
+    ast = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index("BLOCK"),): BLOCK}, attrs=attrs)
+    return src, triton.compile(ast, target=GPUTarget("cuda", 90, 32),
+                               options={"num_warps": NUM_WARPS, "enable_fp_fusion": False})
+
+
+def _pointwise_case(name):
+    import torch
+
+    from diffusion_fuse.testing import pointwise as pw
+
+    g = torch.Generator().manual_seed(0)
+    rn = lambda *s, dtype=torch.bfloat16: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
+    return {
+        "gated_residual": (pw.gated_residual, (rn(1, 64, 3072), rn(1, 3072), rn(1, 64, 3072))),
+        "rope_double": (pw.rope_double, (rn(1, 8, 24, 128), rn(1, 16, 24, 128), rn(24, 1, 128, dtype=torch.float32),
+                                         rn(24, 1, 128, dtype=torch.float32))),
+        "wan_residual": (pw.wan_residual, (rn(1, 64, 3072), rn(1, 64, 3072), rn(1, 1, 3072, dtype=torch.float32))),
+        "gelu_cat": (pw.gelu_cat, (rn(1, 64, 3072), rn(1, 64, 12288))),
+        "silu_div": (lambda x, y: torch.nn.functional.silu(x) / y, (rn(64, 3072, dtype=torch.float32),
+                                                                     rn(64, 3072, dtype=torch.float32))),
+    }[name]
+
+
+@pytest.mark.parametrize("name", ["gated_residual", "rope_double", "wan_residual", "gelu_cat", "silu_div"])
+def test_pointwise_kernels_compile_for_sm90(name):
+    fn, args = _pointwise_case(name)
+    src, ck = compile_pointwise(fn, *args)
+    ptx = ck.asm["ptx"]
+    assert ck.asm.get("cubin")
+    # IEEE division only (div_rn), never the approximate one Triton's `/` gives
+    assert "div.full" not in ptx and "div.approx" not in ptx
+    if "libdevice" not in src.source and "tl.fma" not in src.source:
+        assert "fma" not in ptx  # enable_fp_fusion=False: no contraction of our mul + add
+    if "tl.fma" in src.source:
+        assert "fma.rn.f32" in ptx
+    if name in ("gated_residual", "wan_residual", "gelu_cat"):
+        # contiguous operands: the index simplifies to the flat offset, loads and stores are 16-byte vectors
+        assert "ld.global.v4" in ptx and "st.global.v4" in ptx, name

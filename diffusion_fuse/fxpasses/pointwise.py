@@ -1,0 +1,279 @@
+"""Pass: group connected pointwise ATen ops into ``diffusion_fuse::pointwise`` calls (family ``pointwise``).
+
+Runs after ``fuse_patterns`` (the families take their sites first; their ops, and the nodes of
+sites the verifier put back, are opaque here) and only in the lossless tier. What it groups:
+the ops of kernels/pointwise_ops.py's table (each checked: dtypes bf16/fp16/fp32, scalars it
+can reproduce), ``cat``/``stack``, and the views (view, unsqueeze, expand, permute, slice,
+select, unbind/split items, ...) between them.
+
+Grouping, in graph order: each computed node joins the groups of the values it reads, looking
+through views (a view joins the group whose value it views when a node of that group reads it;
+a view of an outside value stays outside, and the kernel reads it at its strides), unless a
+path would leave the merged group and come back through an outside node (the group becomes one
+op call: that would be a cycle).
+
+Then per group: the values read outside become outputs, computed by the kernel and written
+once, when they are computed values of the group's largest element count; a view, or a smaller
+value (``scale + 1`` of shape [B,1,D] next to [B,S,D]), read outside also stays in the graph,
+and the kernel recomputes it where it needs it. A group that would replace fewer than two
+computed ops (nothing to save) is left alone.
+
+Each group is a ``Site`` (pattern ``pointwise``) the verifier judges like the others; its program
+(the group's own subgraph, also the reference impl) is registered under the key the op call
+carries. A site the verifier rejects is diagnosed: the report names the first op whose kernel
+differs from eager.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+
+import torch
+import torch.fx as fx
+
+from ..kernels.pointwise_codegen import MULTI_VIEW_OPS, STRUCTURAL_OPS, VIEW_OPS
+from ..kernels.pointwise_ops import FLOAT_DTYPES, RECIPES
+from ..lowering.pointwise import diagnose, register_program
+from ..patterns.match_utils import describe
+from ..patterns.registry import Site
+from .base import GraphPass, PassContext
+from .fuse_patterns import _assign_keys, apply_site, stable_topological_sort
+
+PATTERN = "pointwise"
+_WHERE = torch.ops.aten.where.self
+
+
+def _numel(v) -> object:
+    """An element count usable as a dict key: an int, or the printed symbolic expression."""
+    n = v.numel()
+    return n if isinstance(n, int) else str(n)
+
+
+def _tensor(v, dtypes=FLOAT_DTYPES) -> bool:
+    return isinstance(v, torch.Tensor) and v.dtype in dtypes
+
+
+def _only_tensor_nodes(n: fx.Node) -> bool:
+    """Every fx.Node argument is a tensor, or tensors (no SymInt nodes: shapes must be constants)."""
+    def ok(v) -> bool:
+        return isinstance(v, torch.Tensor) or (isinstance(v, (list, tuple)) and all(ok(x) for x in v))
+
+    return all(ok(a.meta.get("val")) for a in n.all_input_nodes)
+
+
+def classify(n: fx.Node) -> str | None:
+    """'compute' (materializes a value), 'view', 'multi' (unbind/split), or None (not groupable)."""
+    if n.op != "call_function" or not _only_tensor_nodes(n):
+        return None
+    v = n.meta.get("val")
+    t = n.target
+    if t is operator.getitem:
+        p = n.args[0]
+        ok = isinstance(p, fx.Node) and p.op == "call_function" and p.target in MULTI_VIEW_OPS and _tensor(v)
+        return "view" if ok else None
+    if t in MULTI_VIEW_OPS:
+        ok = isinstance(v, (list, tuple)) and all(_tensor(x) for x in v) and _tensor(n.args[0].meta.get("val"))
+        return "multi" if ok else None
+    if not _tensor(v):
+        return None
+    ins = n.all_input_nodes
+    if t in VIEW_OPS:
+        return "view" if all(_tensor(a.meta.get("val")) for a in ins) else None
+    if t in STRUCTURAL_OPS:
+        return "compute" if all(_tensor(a.meta.get("val")) for a in ins) and ins else None
+    r = RECIPES.get(t)
+    if r is None or r.check(n):
+        return None
+    for i, a in enumerate(n.args):
+        if isinstance(a, fx.Node):
+            allowed = FLOAT_DTYPES + (torch.bool,) if (t is _WHERE and i == 0) else FLOAT_DTYPES
+            if i not in r.tensor_args or not _tensor(a.meta.get("val"), allowed):
+                return None
+            if a.meta["val"].device != v.device:
+                return None
+    return "compute"
+
+
+@dataclasses.dataclass
+class _Group:
+    nodes: set[fx.Node]  # computed nodes and the views between them
+    lo: int  # smallest graph position of its nodes
+
+
+class PointwiseFusionPass(GraphPass):
+    name = "pointwise"
+
+    def __call__(self, graph: fx.Graph, ctx: PassContext) -> None:
+        if ctx.options.quality != "lossless" or not ctx.options.pattern_enabled(PATTERN, "lossless"):
+            return
+        opaque = {n for s in ctx.skipped for n in s.nodes}  # sites the verifier put back stay as they are
+        sites = [s for s in (group_site(g) for g in find_groups(graph, opaque)) if s is not None]
+        _assign_keys(sites)
+        ctx.skipped.extend(s for s in sites if s.id in ctx.exclude)
+        sites = [s for s in sites if s.id not in ctx.exclude]
+        mapping: dict[fx.Node, fx.Node] = {}
+        for s in sites:
+            apply_site(graph, s, mapping)
+        ctx.sites.extend(sites)
+        if sites:
+            stable_topological_sort(graph)
+
+
+# ---------------------------------------------------------------------------------------------
+# grouping
+# ---------------------------------------------------------------------------------------------
+def find_groups(graph: fx.Graph, opaque: set[fx.Node] = frozenset()) -> list[list[fx.Node]]:
+    """The groups of connected groupable nodes (graph order), before choosing outputs.
+
+    Computed nodes are grouped; a view joins a group when a computed node of that group reads
+    it and the value it views is computed in that group too (a view of an outside value, or
+    one whose readers are elsewhere, stays outside).
+    """
+    nodes = list(graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    kind = {n: k for n in nodes if n not in opaque for k in [classify(n)] if k is not None}
+    group_of: dict[fx.Node, _Group] = {}
+
+    def chain(a: fx.Node) -> tuple[fx.Node, list[fx.Node]]:
+        """(root, views): the value ``a`` views through groupable views, and those views."""
+        views = []
+        while kind.get(a) in ("view", "multi"):
+            views.append(a)
+            a = a.args[0]
+        return a, views
+
+    def creates_cycle(members: set[fx.Node], lo: int) -> bool:
+        """Whether an outside node between two members would make the merged group a cycle."""
+        clear: set[fx.Node] = set()  # outside nodes known not to depend on a member
+        for m in members:
+            for a in m.all_input_nodes:
+                if a in members or index[a] < lo or a in clear:
+                    continue
+                stack, seen = [a], {a}
+                while stack:
+                    x = stack.pop()
+                    for y in x.all_input_nodes:
+                        if y in members:
+                            return True
+                        if y not in seen and y not in clear and index[y] >= lo:
+                            seen.add(y)
+                            stack.append(y)
+                clear |= seen
+        return False
+
+    for n in nodes:
+        if kind.get(n) != "compute":
+            continue
+        g = _Group({n}, index[n])
+        candidates: dict[int, tuple[_Group, list[fx.Node]]] = {}
+        for a in n.all_input_nodes:
+            root, views = chain(a)
+            ga = group_of.get(root)
+            if ga is not None:
+                prev = candidates.get(id(ga))
+                candidates[id(ga)] = (ga, views + (prev[1] if prev else []))
+        for ga, views in sorted(candidates.values(), key=lambda c: -len(c[0].nodes)):
+            members = g.nodes | ga.nodes | set(views)
+            lo = min(g.lo, ga.lo)
+            if not creates_cycle(members, lo):
+                g = _Group(members, lo)
+        for m in g.nodes:
+            group_of[m] = g
+    seen, out = set(), []
+    for n in nodes:
+        g = group_of.get(n)
+        if g is not None and id(g) not in seen:
+            seen.add(id(g))
+            out.append(sorted(g.nodes, key=index.__getitem__))
+    return out
+
+
+def group_site(group: list[fx.Node]) -> Site | None:
+    """The site of one group: outputs, the nodes it replaces, its program; None if not worth it."""
+    members = set(group)
+    kinds = {n: classify(n) for n in group}
+    ext = {n for n in group if any(u not in members for u in n.users)}
+    # The computed values read outside, directly or through views (which stay in the graph).
+    computed, stack, seen = set(), list(ext), set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if kinds[n] == "compute":
+            computed.add(n)
+        else:
+            stack.extend(a for a in n.all_input_nodes if a in members)
+    if not computed:
+        return None
+    counts = {_numel(n.meta["val"]) for n in computed}
+    ints = [c for c in counts if isinstance(c, int)]
+    if len(counts) > 1 and len(ints) != len(counts):
+        return None  # symbolic counts that may differ: leave it
+    domain = max(ints) if ints else next(iter(counts))
+    outputs: list[fx.Node] = []
+    kept: set[fx.Node] = set()  # stay in the graph (views, other element counts) and are recomputed inside
+    work = sorted(ext, key=group.index)
+    while work:
+        n = work.pop()
+        if n in kept or n in outputs:
+            continue
+        if kinds[n] == "compute" and _numel(n.meta["val"]) == domain:
+            outputs.append(n)
+        else:
+            kept.add(n)
+            work.extend(a for a in n.all_input_nodes if a in members)
+    outputs.sort(key=group.index)
+    # What the kernel computes: the outputs and what they read inside the group.
+    live: set[fx.Node] = set()
+    stack = list(outputs)
+    while stack:
+        n = stack.pop()
+        if n in live:
+            continue
+        live.add(n)
+        stack.extend(a for a in n.all_input_nodes if a in members)
+    replaced = [n for n in group if n not in kept]
+    if sum(kinds[n] == "compute" for n in replaced) < 2:
+        return None
+    body = [n for n in group if n in live]
+    inputs: list[fx.Node] = []
+    for n in body:
+        for a in n.all_input_nodes:
+            if a not in members and a not in inputs:
+                inputs.append(a)
+    if not inputs:
+        return None  # nothing read from outside (constants only): leave it to eager
+    ops = describe([n for n in replaced if kinds[n] == "compute"])
+    key = register_program(_program(body, inputs, outputs), ops)
+    op = torch.ops.diffusion_fuse.pointwise.default
+
+    def emit(graph: fx.Graph, ins):
+        call = graph.call_function(op, (list(ins), key))
+        return [graph.call_function(operator.getitem, (call, i)) for i in range(len(outputs))]
+
+    return Site(
+        pattern=PATTERN,
+        anchor=outputs[-1],
+        nodes=replaced,
+        inputs=inputs,
+        outputs=outputs,
+        emit=emit,
+        op="diffusion_fuse::pointwise",  # the report lists the ATen ops it replaced
+        n_ops=1,
+        diagnose=lambda ins: diagnose(key, ins),
+    )
+
+
+def _program(body: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node]) -> fx.GraphModule:
+    """The group as its own graph, with canonical names (equal groups give equal code and keys)."""
+    g = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for i, a in enumerate(inputs):
+        env[a] = g.placeholder(f"in_{i}")
+    for k, n in enumerate(body):
+        args, kwargs = fx.node.map_arg((n.args, n.kwargs), env.__getitem__)
+        env[n] = g.create_node(n.op, n.target, args, kwargs, name=f"v{k}")
+    g.output(tuple(env[o] for o in outputs))
+    return fx.GraphModule(torch.nn.Module(), g)

@@ -1,0 +1,481 @@
+"""Code generation for ``diffusion_fuse::pointwise``: one Triton kernel per fused group and input layout.
+
+A group (fxpasses/pointwise.py) is a small ATen graph of pointwise ops, the views between
+them, ``cat``/``stack`` and copies. For one layout of its inputs (shapes, strides, dtypes,
+known on the first call) this module writes a Triton kernel that computes every output of the
+group in one pass:
+
+* the iteration space is the outputs' element count; program ``p`` covers flat indices
+  ``f = p*BLOCK + arange(BLOCK)``; each output unravels ``f`` in its own shape (row-major) and
+  stores at its own strides (those eager gives it, from fake-tensor propagation);
+* a node's value at a multi-index is an fp32 expression: views map the index to their input's
+  index (no copy), compute nodes apply their recipe (kernels/pointwise_ops.py, the numerics
+  contract) to their operands at the broadcast index, ``cat``/``stack`` select an input by the
+  index along their dimension (loads masked to the selected input), inputs are loaded at their
+  strides;
+* indices are symbolic ``sum(c * (f // div % mod)) + const`` expressions, simplified so that a
+  view of a view of contiguous data loads at ``f`` again (vectorized); common subexpressions
+  are emitted once.
+
+The generated source is written to a cache directory (Triton reads kernel source from a file)
+and named by its hash, so equal groups share one kernel and Triton's on-disk cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import math
+import operator
+import os
+import tempfile
+import threading
+from collections.abc import Sequence
+
+import torch
+import torch.fx as fx
+
+from . import triton_interpret
+from .pointwise_ops import DEFAULT_VARIANTS, FLOAT_DTYPES, RECIPES, Emit, Val, Variants, round_code, to_common
+
+aten = torch.ops.aten
+BLOCK = 1024
+NUM_WARPS = 4
+_TL_DTYPE = {torch.float32: "tl.float32", torch.bfloat16: "tl.bfloat16", torch.float16: "tl.float16"}
+
+
+class Unsupported(Exception):
+    """The group cannot be generated for this layout (the reference path runs instead)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# index algebra
+# ---------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, order=True)
+class Term:
+    """``var // div % mod`` (``mod == 0``: no modulo)."""
+
+    var: str
+    div: int
+    mod: int
+
+    def code(self) -> str:
+        s = self.var if self.div == 1 else f"{self.var} // {self.div}"
+        return s if self.mod == 0 else f"{s} % {self.mod}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Lin:
+    """``sum(coeff * term) + const`` over non-negative integer terms."""
+
+    terms: tuple[tuple[Term, int], ...] = ()
+    const: int = 0
+
+    @staticmethod
+    def of(term: Term) -> Lin:
+        return Lin(((term, 1),))
+
+    def is_const(self) -> bool:
+        return not self.terms
+
+    def pure(self) -> Term | None:
+        """The term itself if this is exactly one term with coefficient 1 and no constant."""
+        if len(self.terms) == 1 and self.terms[0][1] == 1 and self.const == 0:
+            return self.terms[0][0]
+        return None
+
+    def __add__(self, other: Lin | int) -> Lin:
+        if isinstance(other, int):
+            return Lin(self.terms, self.const + other)
+        acc: dict[Term, int] = dict(self.terms)
+        for t, c in other.terms:
+            acc[t] = acc.get(t, 0) + c
+        return _simplify(acc, self.const + other.const)
+
+    def scale(self, k: int) -> Lin:
+        if k == 0:
+            return Lin()
+        return Lin(tuple((t, c * k) for t, c in self.terms), self.const * k)
+
+    def code(self) -> str:
+        parts = [t.code() if c == 1 else f"({t.code()}) * {c}" for t, c in self.terms]
+        if self.const or not parts:
+            parts.append(str(self.const))
+        return " + ".join(parts)
+
+
+def _simplify(acc: dict[Term, int], const: int) -> Lin:
+    """Merge ``c*(v//d % m) + c*m*(v//(d*m) % m2)`` into ``c*(v//d % (m*m2))`` until nothing changes."""
+    acc = {t: c for t, c in acc.items() if c}
+    changed = True
+    while changed:
+        changed = False
+        for t1, c1 in list(acc.items()):
+            if t1.mod == 0:
+                continue
+            for t2, c2 in list(acc.items()):
+                if t2 is t1 or t2.var != t1.var or t2.div != t1.div * t1.mod or c2 != c1 * t1.mod:
+                    continue
+                del acc[t1], acc[t2]
+                merged = Term(t1.var, t1.div, 0 if t2.mod == 0 else t1.mod * t2.mod)
+                acc[merged] = acc.get(merged, 0) + c1
+                changed = True
+                break
+            if changed:
+                break
+    return Lin(tuple(sorted(acc.items())), const)
+
+
+def contiguous_strides(shape: Sequence[int]) -> list[int]:
+    out, acc = [0] * len(shape), 1
+    for k in range(len(shape) - 1, -1, -1):
+        out[k] = acc
+        acc *= shape[k]
+    return out
+
+
+def flatten(idx: Sequence[Lin], strides: Sequence[int], shape: Sequence[int]) -> Lin:
+    out = Lin()
+    for i, s, n in zip(idx, strides, shape):
+        if n != 1:
+            out = out + i.scale(s)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# views: the index of a view's input for an index of the view
+# ---------------------------------------------------------------------------------------------
+def _norm_dim(d: int, ndim: int) -> int:
+    return d % ndim if ndim else 0
+
+
+def _arg(n: fx.Node, i: int, name: str, default=None):
+    return n.args[i] if len(n.args) > i else n.kwargs.get(name, default)
+
+
+def _slice_start(n: fx.Node, size: int) -> int:
+    start = _arg(n, 2, "start", 0)
+    start = 0 if start is None else start
+    start = start + size if start < 0 else start
+    return min(max(start, 0), size)
+
+
+def _squeezed_dims(n: fx.Node, in_shape: Sequence[int]) -> set[int]:
+    nd = len(in_shape)
+    if n.target is aten.squeeze.default:
+        dims = range(nd)
+    elif n.target is aten.squeeze.dim:
+        dims = [n.args[1]]
+    else:
+        dims = n.args[1]
+    return {_norm_dim(d, nd) for d in dims if in_shape[_norm_dim(d, nd)] == 1}
+
+
+def view_input_index(gen: Generator, n: fx.Node, idx: list[Lin]) -> tuple[fx.Node, list[Lin]]:
+    """(input node, its index) for view node ``n`` at ``idx``."""
+    t = n.target
+    if t is operator.getitem:
+        parent, k = n.args
+        x = parent.args[0]
+        in_shape = gen.shape(x)
+        dim = _norm_dim(_arg(parent, 1 if parent.target is aten.unbind.int else 2, "dim", 0), len(in_shape))
+        if parent.target is aten.unbind.int:
+            return x, idx[:dim] + [Lin((), k)] + idx[dim:]
+        if parent.target is aten.split.Tensor:
+            offset = parent.args[1] * k
+        else:  # split_with_sizes
+            offset = sum(parent.args[1][:k])
+        return x, idx[:dim] + [idx[dim] + offset] + idx[dim + 1:]
+    x = n.args[0]
+    in_shape, out_shape = gen.shape(x), gen.shape(n)
+    if t in (aten.view.default, aten._unsafe_view.default, aten.reshape.default):
+        return x, gen.unravel(flatten(idx, contiguous_strides(out_shape), out_shape), in_shape)
+    if t in (aten.alias.default, aten.detach.default):
+        return x, idx
+    if t is aten.unsqueeze.default:
+        d = _norm_dim(n.args[1], len(out_shape))
+        return x, idx[:d] + idx[d + 1:]
+    if t in (aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims):
+        gone, it, out = _squeezed_dims(n, in_shape), iter(idx), []
+        for k in range(len(in_shape)):
+            out.append(Lin() if k in gone else next(it))
+        return x, out
+    if t is aten.expand.default:
+        lead = len(out_shape) - len(in_shape)
+        return x, [Lin() if in_shape[k] == 1 else idx[k + lead] for k in range(len(in_shape))]
+    if t is aten.permute.default:
+        dims = [_norm_dim(d, len(in_shape)) for d in n.args[1]]
+        out = [Lin()] * len(in_shape)
+        for k, d in enumerate(dims):
+            out[d] = idx[k]
+        return x, out
+    if t in (aten.t.default, aten.transpose.int):
+        if len(in_shape) < 2:
+            return x, idx
+        d0, d1 = (0, 1) if t is aten.t.default else (_norm_dim(n.args[1], len(in_shape)),
+                                                     _norm_dim(n.args[2], len(in_shape)))
+        out = list(idx)
+        out[d0], out[d1] = idx[d1], idx[d0]
+        return x, out
+    if t is aten.slice.Tensor:
+        d = _norm_dim(_arg(n, 1, "dim", 0), len(in_shape))
+        step = _arg(n, 4, "step", 1)
+        return x, idx[:d] + [idx[d].scale(step) + _slice_start(n, in_shape[d])] + idx[d + 1:]
+    if t is aten.select.int:
+        d = _norm_dim(n.args[1], len(in_shape))
+        i = n.args[2] + in_shape[d] if n.args[2] < 0 else n.args[2]
+        return x, idx[:d] + [Lin((), i)] + idx[d:]
+    raise Unsupported(f"view op {t}")  # pragma: no cover - the pass only groups the ops above
+
+
+VIEW_OPS = frozenset({
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.alias.default, aten.detach.default,
+    aten.unsqueeze.default, aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.expand.default,
+    aten.permute.default, aten.t.default, aten.transpose.int, aten.slice.Tensor, aten.select.int,
+})
+MULTI_VIEW_OPS = frozenset({aten.unbind.int, aten.split.Tensor, aten.split_with_sizes.default})
+STRUCTURAL_OPS = frozenset({aten.cat.default, aten.stack.default})
+
+
+# ---------------------------------------------------------------------------------------------
+# the generator
+# ---------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclasses.dataclass
+class KernelSource:
+    source: str
+    name: str
+    outputs: list[TensorSpec]  # what to allocate, in the group's output order
+    numel: int
+
+
+class Generator(Emit):
+    def __init__(self, gm: fx.GraphModule, metas: dict[fx.Node, object], inputs: Sequence[TensorSpec],
+                 variants: Variants = DEFAULT_VARIANTS, index_dtype: str = "int32") -> None:
+        self.gm, self.metas, self.inputs, self.variants = gm, metas, list(inputs), variants
+        self.placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+        self.lines: list[str] = []
+        self._cse: dict[str, str] = {}
+        self._memo: dict[tuple, Val] = {}
+        self.index_dtype = index_dtype
+
+    # --- emission --------------------------------------------------------------------------
+    def tmp(self, expr: str) -> str:
+        if expr.isidentifier():
+            return expr
+        name = self._cse.get(expr)
+        if name is None:
+            name = f"t{len(self._cse)}"
+            self._cse[expr] = name
+            self.lines.append(f"{name} = {expr}")
+        return name
+
+    def index_code(self, i: Lin) -> str:
+        return str(i.const) if i.is_const() else self.tmp(i.code())
+
+    def unravel(self, flat: Lin, shape: Sequence[int]) -> list[Lin]:
+        """Row-major multi-index of ``flat`` in ``shape``; the outermost dimension needs no modulo."""
+        cs = contiguous_strides(shape)
+        if flat.is_const():
+            return [Lin((), (flat.const // cs[k]) % shape[k] if shape[k] else 0) for k in range(len(shape))]
+        base = flat.pure()
+        first = next((k for k, s in enumerate(shape) if s != 1), None)
+
+        def term_for(b: Term, k: int) -> Term | None:
+            if k == first:
+                if b.mod and b.mod % cs[k]:
+                    return None
+                return Term(b.var, b.div * cs[k], b.mod // cs[k] if b.mod else 0)
+            if b.mod and b.mod % (cs[k] * shape[k]):
+                return None
+            return Term(b.var, b.div * cs[k], shape[k])
+
+        if base is None or any(term_for(base, k) is None for k in range(len(shape)) if shape[k] != 1):
+            base = Term(self.tmp(flat.code()), 1, 0)
+        out = []
+        for k in range(len(shape)):
+            t = term_for(base, k) if shape[k] != 1 else None
+            out.append(Lin() if t is None or t.mod == 1 else Lin.of(t))
+        return out
+
+    # --- metadata --------------------------------------------------------------------------
+    def meta(self, n: fx.Node) -> TensorSpec:
+        if n.op == "placeholder":
+            return self.inputs[self.placeholders[n]]
+        m = self.metas[n]
+        if not isinstance(m, TensorSpec):
+            raise Unsupported(f"{n.name} is not a tensor")
+        return m
+
+    def shape(self, n: fx.Node) -> tuple[int, ...]:
+        return self.meta(n).shape
+
+    # --- values ----------------------------------------------------------------------------
+    def value(self, n: fx.Node, idx: list[Lin], mask: str) -> Val:
+        key = (n, tuple(idx), mask)
+        v = self._memo.get(key)
+        if v is None:
+            v = self._value(n, idx, mask)
+            self._memo[key] = v
+        return v
+
+    def _value(self, n: fx.Node, idx: list[Lin], mask: str) -> Val:
+        if n.op == "placeholder":
+            spec = self.meta(n)
+            k = self.placeholders[n]
+            off = flatten(idx, spec.stride, spec.shape)
+            if off.is_const():
+                load = f"tl.load(in{k} + {off.const})"  # one element: a valid address, no mask needed
+            else:
+                load = f"tl.load(in{k} + {self.index_code(off)}, mask={mask}, other=0)"
+            if spec.dtype == torch.bool:
+                return Val(self.tmp(load), torch.bool)
+            if spec.dtype not in FLOAT_DTYPES:
+                raise Unsupported(f"input dtype {spec.dtype}")
+            return Val(self.tmp(f"{load}.to(tl.float32)" if spec.dtype != torch.float32 else load), spec.dtype)
+        t = n.target
+        if t in VIEW_OPS or t is operator.getitem:
+            x, in_idx = view_input_index(self, n, idx)
+            return self.value(x, in_idx, mask)
+        if t in STRUCTURAL_OPS:
+            return self._select(n, idx, mask)
+        r = RECIPES.get(t)
+        if r is None:
+            raise Unsupported(f"op {t}")
+        why = r.check(n)
+        if why:
+            raise Unsupported(why)
+        out = self.meta(n)
+        if out.dtype not in FLOAT_DTYPES:
+            raise Unsupported(f"{n.name} has dtype {out.dtype}")
+        ops = []
+        for i in r.tensor_args:
+            a = n.args[i]
+            if isinstance(a, fx.Node):
+                ops.append(to_common(self, self.value(a, self._broadcast(a, idx, out.shape), mask), out.dtype))
+            else:
+                ops.append(to_common(self, a, out.dtype))
+        v = self.tmp(r.build(self, n, ops, self.variants))
+        return Val(v if r.selects else self.tmp(round_code(v, out.dtype)), out.dtype)
+
+    def _broadcast(self, a: fx.Node, idx: list[Lin], out_shape: Sequence[int]) -> list[Lin]:
+        shape = self.shape(a)
+        lead = len(out_shape) - len(shape)
+        return [Lin() if shape[k] == 1 else idx[k + lead] for k in range(len(shape))]
+
+    def _select(self, n: fx.Node, idx: list[Lin], mask: str) -> Val:
+        """``cat`` / ``stack``: the input the index along ``dim`` falls in, loads masked to it."""
+        out = self.meta(n)
+        tensors = list(n.args[0])
+        stack = n.target is aten.stack.default
+        dim = _norm_dim(_arg(n, 1, "dim", 0), len(out.shape))
+        branches = []  # (lo, hi, node, input index)
+        lo = 0
+        for x in tensors:
+            xs = self.shape(x)
+            if stack:
+                branches.append((lo, lo + 1, x, idx[:dim] + idx[dim + 1:]))
+                lo += 1
+                continue
+            if len(xs) == 1 and xs[0] == 0 or xs[dim] == 0:
+                continue  # cat skips empty inputs
+            branches.append((lo, lo + xs[dim], x, idx[:dim] + [idx[dim] + (-lo)] + idx[dim + 1:]))
+            lo += xs[dim]
+        d = idx[dim]
+        if d.is_const():  # the branch is known: no select
+            for b_lo, b_hi, x, xi in branches:
+                if b_lo <= d.const < b_hi:
+                    v = self.value(x, xi, mask)
+                    return Val(self.tmp(round_code(v.code, out.dtype)) if v.dtype != out.dtype else v.code, out.dtype)
+            raise Unsupported("cat index out of range")  # pragma: no cover
+        dc = self.index_code(d)
+        vals = []
+        for b_lo, b_hi, x, xi in branches:
+            # the index is never negative where the enclosing mask holds: no lower bound at 0
+            cond = (f"({dc} == {b_lo})" if b_hi == b_lo + 1 else
+                    f"({dc} < {b_hi})" if b_lo == 0 else f"({dc} >= {b_lo}) & ({dc} < {b_hi})")
+            v = self.value(x, xi, self.tmp(f"{mask} & {cond}"))
+            code = v.code if v.dtype == out.dtype or out.dtype == torch.float32 else self.tmp(round_code(v.code, out.dtype))
+            vals.append((b_hi, code))
+        acc = vals[-1][1]
+        for b_hi, code in reversed(vals[:-1]):
+            acc = self.tmp(f"tl.where({dc} < {b_hi}, {code}, {acc})")
+        return Val(acc, out.dtype)
+
+    # --- the kernel ------------------------------------------------------------------------
+    def generate(self, title: str = "") -> KernelSource:
+        out_node = next(n for n in self.gm.graph.nodes if n.op == "output")
+        outs = list(out_node.args[0])
+        specs = [self.meta(o) for o in outs]
+        numel = math.prod(specs[0].shape)
+        if any(math.prod(s.shape) != numel for s in specs):
+            raise Unsupported("outputs differ in element count")
+        if numel == 0:
+            raise Unsupported("empty output")
+        body_start = len(self.lines)
+        f = Lin.of(Term("f", 1, 0))
+        stores = []
+        for j, (o, spec) in enumerate(zip(outs, specs)):
+            if spec.dtype not in FLOAT_DTYPES:
+                raise Unsupported(f"output dtype {spec.dtype}")
+            idx = self.unravel(f, spec.shape)
+            v = self.value(o, idx, "m")
+            off = self.index_code(flatten(idx, spec.stride, spec.shape))
+            cast = "" if spec.dtype == torch.float32 else f".to({_TL_DTYPE[spec.dtype]})"
+            stores.append(f"tl.store(out{j} + {off}, {v.code}{cast}, mask=m)")
+        body = self.lines[body_start:] + stores
+        n_in, n_out = len(self.inputs), len(outs)
+        params = [f"in{k}" for k in range(n_in)] + [f"out{j}" for j in range(n_out)] + ["numel", "BLOCK: tl.constexpr"]
+        pid = "tl.program_id(0)" if self.index_dtype == "int32" else "tl.program_id(0).to(tl.int64)"
+        text = "\n".join(f"    {ln}" for ln in [f"f = {pid} * BLOCK + tl.arange(0, BLOCK)", "m = f < numel", *body])
+        libdevice = ("from diffusion_fuse.kernels.pointwise_ops import interpreter_libdevice\n"
+                     "libdevice = interpreter_libdevice()\n" if triton_interpret()
+                     else "from triton.language.extra import libdevice\n")
+        digest = hashlib.sha256(f"{libdevice}{','.join(params)}{text}".encode()).hexdigest()[:16]
+        name = f"pointwise_{digest}"
+        header = "".join(f"# {ln}\n" for ln in title.splitlines())
+        source = (f"{header}import triton\nimport triton.language as tl\n{libdevice}\n\n"
+                  f"@triton.jit\ndef {name}({', '.join(params)}):\n{text}\n")
+        return KernelSource(source, name, specs, numel)
+
+
+# ---------------------------------------------------------------------------------------------
+# loading generated kernels
+# ---------------------------------------------------------------------------------------------
+_loaded: dict[str, object] = {}
+_load_lock = threading.Lock()
+
+
+def cache_dir() -> str:
+    d = os.environ.get("DIFFUSION_FUSE_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), f"diffusion_fuse_{os.getuid() if hasattr(os, 'getuid') else 'user'}")
+    path = os.path.join(d, "pointwise")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def load_kernel(src: KernelSource):
+    """The ``@triton.jit`` function of ``src`` (one per distinct source in the process)."""
+    with _load_lock:
+        fn = _loaded.get(src.name)
+        if fn is not None:
+            return fn
+        path = os.path.join(cache_dir(), f"{src.name}.py")
+        if not os.path.exists(path):
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as fh:
+                fh.write(src.source)
+            os.replace(tmp, path)
+        spec = importlib.util.spec_from_file_location(f"diffusion_fuse_generated.{src.name}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        fn = getattr(module, src.name)
+        _loaded[src.name] = fn
+        return fn

@@ -1,0 +1,228 @@
+"""``diffusion_fuse::pointwise``: a group of pointwise ATen ops as one op call.
+
+``pointwise(Tensor[] inputs, str key) -> Tensor[]``. ``key`` names a ``PointwiseProgram``
+registered by the pointwise pass (fxpasses/pointwise.py) when it built the group: the ATen
+subgraph itself, as a small GraphModule whose placeholders are the group's inputs and whose
+outputs are the values the rest of the graph reads. Semantics are that subgraph's:
+
+* the reference impl runs it (CPU, and every input a guard rejects): exact by construction;
+* the fake impl runs it on fake tensors (shapes, dtypes and strides are eager's);
+* on CUDA, the first call with a new input layout generates a Triton kernel for the group
+  (kernels/pointwise_codegen.py; numerics contract in kernels/pointwise_ops.py), with outputs
+  allocated at the strides eager gives them; later calls with that layout launch it directly
+  (``GuardedKernel`` caches the plan per layout).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import operator
+import threading
+
+import torch
+import torch.fx as fx
+
+from ..kernels import triton_interpret
+from ..kernels.pointwise_codegen import BLOCK, NUM_WARPS, VIEW_OPS, Generator, KernelSource, TensorSpec, Unsupported
+from ..kernels.pointwise_ops import DEFAULT_VARIANTS, FLOAT_DTYPES, Variants
+from .dispatch import GuardedKernel, error_message
+
+OP = "pointwise"
+_INT32_LIMIT = 2**31 - 2 * BLOCK
+
+
+@dataclasses.dataclass
+class PointwiseProgram:
+    key: str
+    gm: fx.GraphModule  # placeholders: the group's inputs; output: the tuple of its outputs
+    ops: list[str]  # short op names, for reports
+
+    def reference(self, inputs) -> list[torch.Tensor]:
+        return list(self.gm(*inputs))
+
+
+PROGRAMS: dict[str, PointwiseProgram] = {}
+_programs_lock = threading.Lock()
+
+
+def register_program(gm: fx.GraphModule, ops: list[str]) -> str:
+    """Register a group's subgraph; returns its key (the hash of its code: equal groups share one)."""
+    key = hashlib.sha256(gm.code.encode()).hexdigest()[:24]
+    with _programs_lock:
+        PROGRAMS.setdefault(key, PointwiseProgram(key, gm, ops))
+    return key
+
+
+def pointwise_reference(inputs, key):
+    return PROGRAMS[key].reference(inputs)
+
+
+def _spec(v) -> object:
+    if isinstance(v, torch.Tensor):
+        return TensorSpec(tuple(v.shape), tuple(v.stride()), v.dtype)
+    if isinstance(v, (list, tuple)):
+        return [_spec(x) for x in v]
+    return None
+
+
+def propagate_specs(gm: fx.GraphModule, inputs) -> dict[fx.Node, object]:
+    """Shape, strides and dtype of every node of ``gm`` for these inputs (fake tensors: no GPU work)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    specs: dict[fx.Node, object] = {}
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        env: dict[fx.Node, object] = {}
+        it = iter(mode.from_tensor(t) for t in inputs)
+        for n in gm.graph.nodes:
+            if n.op == "placeholder":
+                env[n] = next(it)
+            elif n.op == "call_function":
+                args, kwargs = fx.node.map_arg((n.args, n.kwargs), env.__getitem__)
+                env[n] = n.target(*args, **kwargs)
+            else:
+                continue
+            specs[n] = _spec(env[n])
+    return specs
+
+
+def _extent(shape, stride) -> int:
+    """One past the largest element offset of a tensor."""
+    return 1 + sum((s - 1) * abs(st) for s, st in zip(shape, stride))
+
+
+def generate_source(inputs, key, variants: Variants = DEFAULT_VARIANTS) -> KernelSource:
+    """The kernel for ``PROGRAMS[key]`` and this input layout; raises ``Unsupported``."""
+    prog = PROGRAMS[key]
+    in_specs = [TensorSpec(tuple(t.shape), tuple(t.stride()), t.dtype) for t in inputs]
+    specs = propagate_specs(prog.gm, inputs)
+    outs = [specs[o] for o in next(n for n in prog.gm.graph.nodes if n.op == "output").args[0]]
+    big = max([math.prod(o.shape) for o in outs] + [_extent(s.shape, s.stride) for s in in_specs + outs])
+    gen = Generator(prog.gm, specs, in_specs, variants, index_dtype="int32" if big < _INT32_LIMIT else "int64")
+    return gen.generate(title=f"diffusion_fuse::pointwise {key}: {' '.join(prog.ops)}")
+
+
+def layout_key(inputs, key) -> tuple:
+    """Everything the guard and the plan depend on; pointer alignment too (Triton specializes on it)."""
+    return (key, tuple((t.device, t.dtype, t.shape, t.stride(), t.data_ptr() & 15) for t in inputs))
+
+
+_prepared: dict[tuple, KernelSource] = {}
+
+
+def can_use_pointwise(inputs, key) -> tuple[bool, str]:
+    """Whether a generated kernel reproduces the group for these inputs; else the reason."""
+    if not inputs:
+        return False, "no tensor inputs"
+    dev = inputs[0].device
+    if dev.type != "cuda" and not (dev.type == "cpu" and triton_interpret()):
+        return False, f"device is {dev.type}"
+    if any(t.device != dev for t in inputs):
+        return False, "inputs on different devices"
+    bad = [t.dtype for t in inputs if t.dtype not in FLOAT_DTYPES + (torch.bool,)]
+    if bad:
+        return False, f"unsupported dtype {bad[0]}"
+    if key not in PROGRAMS:
+        return False, "unknown program"
+    try:
+        src = generate_source(inputs, key)
+    except Unsupported as e:
+        return False, f"not generated: {e}"
+    except Exception as e:  # noqa: BLE001 - a codegen bug must fall back, not break the forward
+        return False, f"not generated: {error_message(e)}"
+    _prepared[layout_key(inputs, key)] = src
+    return True, ""
+
+
+def _plan(inputs, key):
+    from ..kernels.launch import CachedLaunch
+    from ..kernels.pointwise_codegen import load_kernel
+
+    src = _prepared.pop(layout_key(inputs, key), None) or generate_source(inputs, key)
+    kernel = CachedLaunch(load_kernel(src), (triton_cdiv(src.numel, BLOCK),), {"BLOCK": BLOCK},
+                          num_warps=NUM_WARPS, enable_fp_fusion=False)
+    outs, numel = src.outputs, src.numel
+    device = inputs[0].device
+
+    def launch(inputs, key):
+        res = [torch.empty_strided(o.shape, o.stride, dtype=o.dtype, device=device) for o in outs]
+        kernel(*inputs, *res, numel)
+        return res
+
+    return launch
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def launch_once(key: str, inputs, variants: Variants = DEFAULT_VARIANTS) -> list[torch.Tensor]:
+    """Generate ``key``'s kernel for ``inputs`` and launch it through Triton's JIT (no guard, no plan cache)."""
+    from ..kernels.pointwise_codegen import load_kernel
+
+    src = generate_source(inputs, key, variants)
+    outs = [torch.empty_strided(o.shape, o.stride, dtype=o.dtype, device=inputs[0].device) for o in src.outputs]
+    load_kernel(src)[(triton_cdiv(src.numel, BLOCK),)](*inputs, *outs, src.numel, BLOCK=BLOCK, num_warps=NUM_WARPS,
+                                                       enable_fp_fusion=False)
+    return outs
+
+
+def _prefix_program(gm: fx.GraphModule, node: fx.Node) -> fx.GraphModule:
+    """``gm`` cut down to what ``node`` reads, with ``node`` as its one output (same placeholders)."""
+    g = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    needed, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        if n not in needed:
+            needed.add(n)
+            stack.extend(n.all_input_nodes)
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            env[n] = g.placeholder(n.name)
+        elif n in needed:
+            env[n] = g.node_copy(n, env.__getitem__)
+    g.output((env[node],))
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+def diagnose(key: str, inputs) -> str:
+    """For a rejected group: the first of its ops whose generated kernel differs from eager on ``inputs``."""
+    from ..patterns.match_utils import describe
+    from ..verify.compare import compare_bitwise
+
+    ok, why = can_use_pointwise(list(inputs), key)
+    _prepared.pop(layout_key(list(inputs), key), None)
+    if not ok:
+        return f"the reference path ran ({why}): the difference is not the kernel's"
+    gm = PROGRAMS[key].gm
+    env: dict[fx.Node, object] = {}
+    it = iter(inputs)
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            env[n] = next(it)
+        elif n.op == "call_function":
+            args, kwargs = fx.node.map_arg((n.args, n.kwargs), env.__getitem__)
+            env[n] = n.target(*args, **kwargs)
+            if (not isinstance(env[n], torch.Tensor) or env[n].dtype not in FLOAT_DTYPES
+                    or n.target in VIEW_OPS or n.target is operator.getitem):
+                continue  # a view: judged through the ops that read it
+            sub = _prefix_program(gm, n)
+            (got,) = launch_once(register_program(sub, describe([n])), list(inputs))
+            v = compare_bitwise(env[n], got)
+            if not v:
+                return f"first op to differ from eager: {describe([n])[0]} ({v.detail})"
+    return "each op alone equals eager"
+
+
+_dispatch = GuardedKernel(OP, layout_key, can_use_pointwise, _plan, pointwise_reference)
+
+_lib = torch.library.Library("diffusion_fuse", "FRAGMENT")
+_lib.define("pointwise(Tensor[] inputs, str key) -> Tensor[]")
+_lib.impl("pointwise", _dispatch, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("diffusion_fuse::pointwise", lib=_lib)
+def _(inputs, key):
+    return PROGRAMS[key].reference(inputs)

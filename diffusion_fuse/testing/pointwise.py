@@ -1,0 +1,133 @@
+"""Helpers to exercise the pointwise pass and its generated kernels on small functions (tests, benchmarks).
+
+    gm, sites = fuse(fn, *args)            # fn traced to ATen, rewritten by the pointwise pass
+    key = program_of(fn, *args)            # the whole traced fn as one program (even a single op)
+    outs = run_program(key, inputs)        # its generated kernel, launched directly (no guard, no cache)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from ..kernels.pointwise_ops import DEFAULT_VARIANTS, Variants
+
+
+def trace(fn, *args) -> fx.GraphModule:
+    """``fn`` as an ATen graph without decompositions (what the lossless tier sees), with fake values."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(fn, tracing_mode="fake")(*args)
+
+
+def fuse(fn, *args):
+    """(graph module rewritten by the pointwise pass, its sites)."""
+    from ..config import Options
+    from ..fxpasses.base import PassContext
+    from ..fxpasses.cleanup import CleanupPass
+    from ..fxpasses.pointwise import PointwiseFusionPass
+
+    gm = trace(fn, *args)
+    ctx = PassContext(options=Options())
+    PointwiseFusionPass()(gm.graph, ctx)
+    CleanupPass()(gm.graph, ctx)
+    gm.recompile()
+    return gm, ctx.sites
+
+
+def site_ops(site) -> list[str]:
+    """Short names of the computing ops a pointwise site replaced, in graph order (views left out)."""
+    import operator
+
+    from ..kernels.pointwise_codegen import MULTI_VIEW_OPS, VIEW_OPS
+    from ..patterns.match_utils import describe
+
+    views = VIEW_OPS | MULTI_VIEW_OPS | {operator.getitem}
+    return [d.split(".")[0] for n, d in zip(site.nodes, describe(site.nodes)) if n.target not in views]
+
+
+def program_of(fn, *args) -> str:
+    """Register all of ``fn``'s ops as one program (no grouping rules); returns its key."""
+    from ..fxpasses.pointwise import _program
+    from ..lowering.pointwise import register_program
+    from ..patterns.match_utils import describe
+
+    gm = trace(fn, *args)
+    inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    body = [n for n in gm.graph.nodes if n.op == "call_function"]
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    outputs = list(out) if isinstance(out, (list, tuple)) else [out]
+    return register_program(_program(body, inputs, outputs), describe(body))
+
+
+def run_program(key: str, inputs, variants: Variants = DEFAULT_VARIANTS) -> list[torch.Tensor]:
+    """Generate ``key``'s kernel for ``inputs`` (with ``variants``) and launch it through Triton's JIT."""
+    from ..lowering.pointwise import launch_once
+
+    return launch_once(key, list(inputs), variants)
+
+
+# ---------------------------------------------------------------------------------------------
+# The chains the pass fuses in diffusion transformers, at real shapes (GPU test, benchmark)
+# ---------------------------------------------------------------------------------------------
+def rope(x, cos, sin):
+    """diffusers ``apply_rotary_emb(use_real=True, use_real_unbind_dim=-1)`` (FLUX, HunyuanVideo, ...)."""
+    x_real, x_imag = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
+    x_rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(3)
+    return (x.float() * cos + x_rotated.float() * sin).to(x.dtype)
+
+
+def rope_double(q_txt, q_img, cos, sin):  # FLUX double block: txt/img cat, then RoPE
+    return rope(torch.cat([q_txt, q_img], dim=1), cos, sin)
+
+
+def gated_residual(res, gate, y):  # x + gate.unsqueeze(1) * attn_output
+    return res + gate.unsqueeze(1) * y
+
+
+def gelu_cat(attn, mlp):  # FLUX single block: cat([attn, gelu(proj_mlp(x))]) feeding proj_out
+    return torch.cat([attn, torch.nn.functional.gelu(mlp, approximate="tanh")], dim=2)
+
+
+def residual_split_cat(res, gate, y):  # single block output, split into txt/img, cat by the next block
+    h = res + gate.unsqueeze(1) * y
+    return torch.cat([h[:, :512], h[:, 512:]], dim=1)
+
+
+def swiglu(x):  # FLUX.2 feed-forward
+    a, b = x.chunk(2, dim=-1)
+    return torch.nn.functional.silu(a) * b
+
+
+def wan_residual(x, y, gate):  # Wan: (x.float() + y * gate).type_as(x), gate fp32
+    return (x.float() + y * gate).type_as(x)
+
+
+def gelu_clone(x):  # FF: GELU then Dropout(p=0) = clone
+    return torch.nn.functional.gelu(x, approximate="tanh").clone()
+
+
+CHAINS = ("flux_rope_single", "flux_rope_double", "flux_gated_residual", "flux_gelu_cat", "flux_residual_split_cat",
+          "flux_gelu_clone", "swiglu", "wan_fp32_residual")
+
+
+def chain(name: str, device="cuda", seed: int = 0):
+    """(fn, args) of one of ``CHAINS`` at FLUX-dev / FLUX.2 / Wan2.2-5B shapes (bf16 activations)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    bf16, f32 = torch.bfloat16, torch.float32
+
+    def rn(*s, dtype=bf16):
+        return torch.randn(*s, device=device, generator=g).to(dtype)
+
+    freqs = torch.rand(4608, 1, 128, device=device, generator=g) * 3000
+    cos, sin = freqs.cos(), freqs.sin()
+    return {
+        "flux_rope_single": (rope, (rn(1, 4608, 24, 128), cos, sin)),
+        "flux_rope_double": (rope_double, (rn(1, 512, 24, 128), rn(1, 4096, 24, 128), cos, sin)),
+        "flux_gated_residual": (gated_residual, (rn(1, 4096, 3072), rn(1, 3072), rn(1, 4096, 3072))),
+        "flux_gelu_cat": (gelu_cat, (rn(1, 4608, 3072), rn(1, 4608, 12288))),
+        "flux_residual_split_cat": (residual_split_cat, (rn(1, 4608, 3072), rn(1, 3072), rn(1, 4608, 3072))),
+        "flux_gelu_clone": (gelu_clone, (rn(1, 4096, 12288),)),
+        "swiglu": (swiglu, (rn(1, 4096, 2 * 6144),)),
+        "wan_fp32_residual": (wan_residual, (rn(1, 27280, 3072), rn(1, 27280, 3072), rn(1, 1, 3072, dtype=f32))),
+    }[name]

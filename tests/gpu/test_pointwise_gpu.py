@@ -1,0 +1,194 @@
+"""diffusion_fuse::pointwise on CUDA: every recipe and the fused chains bitwise equal to eager.
+
+1. Per op (kernels/pointwise_ops.py's table): each op alone as a generated kernel vs the eager
+   op, bf16/fp16/fp32, over 3 x 2^16 values at amplitudes 1e-4, 1 and 100 with 0, -0, +-1,
+   +-inf, NaN and extremes mixed in; compared as int views (NaN bits too). Decides the
+   ``Variants``: each candidate (gelu-tanh's FMA contraction, how a float is negated) runs,
+   and the default must be one of the exact ones. A mismatch names the op: that op's recipe is what to fix.
+2. Chains as the pass groups them, at FLUX-dev / FLUX.2 / Wan shapes (testing/pointwise.py
+   CHAINS: RoPE with and without the txt/img cat, gated residual, gelu + cat, residual + split
+   + cat, gelu + clone, SwiGLU, Wan's fp32 residual): through the registered op (kernel hits
+   counted), repeated calls, CUDA-graph replay.
+
+Prints a table; writes ``$OUT/pointwise_gpu.json`` when OUT is set. About a minute on an H200
+(most of it compiling ~60 small kernels).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+
+import torch.nn.functional as F  # noqa: E402
+
+from diffusion_fuse.kernels.pointwise_ops import DEFAULT_VARIANTS, Variants  # noqa: E402
+from diffusion_fuse.lowering import counters  # noqa: E402
+from diffusion_fuse.testing.pointwise import CHAINS, chain, fuse, program_of, run_program, site_ops  # noqa: E402
+
+bf16, f16, f32 = torch.bfloat16, torch.float16, torch.float32
+DTYPES = (bf16, f16, f32)
+RESULTS: list[dict] = []
+_INT = {2: torch.int16, 4: torch.int32}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(_INT[t.element_size()])
+
+
+def ndiff(ref: torch.Tensor, got: torch.Tensor) -> int:
+    assert ref.dtype == got.dtype and ref.shape == got.shape and ref.stride() == got.stride()
+    return int((_bits(ref) != _bits(got)).sum())
+
+
+def values(dtype, seed, positive=False, n=1 << 16) -> torch.Tensor:
+    """3 x n values: amplitudes 1e-4, 1, 100; specials in the first 16 of each row."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(3, n, device="cuda", generator=g) * torch.tensor([[1e-4], [1.0], [100.0]], device="cuda")
+    big = torch.finfo(dtype).max
+    specials = torch.tensor([0.0, -0.0, 1.0, -1.0, float("inf"), float("-inf"), float("nan"), big, -big,
+                             torch.finfo(dtype).tiny, 0.5, -0.5, 2.0, 3.0, 1e-3, -7.25], device="cuda")
+    x[:, :16] = specials
+    if positive:
+        x = x.abs()
+    return x.to(dtype)
+
+
+# name: (fn, number of tensor inputs, positive inputs only)
+OPS = {
+    "add": (lambda a, b: a + b, 2, False),
+    "sub": (lambda a, b: a - b, 2, False),
+    "mul": (lambda a, b: a * b, 2, False),
+    "div": (lambda a, b: a / b, 2, False),
+    "add_scalar_1": (lambda a: a + 1, 1, False),
+    "rsub_1": (lambda a: 1 - a, 1, False),
+    "mul_scalar": (lambda a: a * 1000, 1, False),
+    "mul_scalar_frac": (lambda a: a * -9.210340371976184, 1, False),
+    "div_scalar_pow2": (lambda a: a / 128, 1, False),
+    "div_scalar_3": (lambda a: a / 3.0, 1, False),
+    "neg": (lambda a: -a, 1, False),
+    "exp": (torch.exp, 1, False),
+    "sin": (torch.sin, 1, False),
+    "cos": (torch.cos, 1, False),
+    "tanh": (torch.tanh, 1, False),
+    "rsqrt": (torch.rsqrt, 1, True),
+    "sqrt": (torch.sqrt, 1, True),
+    "reciprocal": (torch.reciprocal, 1, False),
+    "sigmoid": (torch.sigmoid, 1, False),
+    "silu": (F.silu, 1, False),
+    "gelu": (F.gelu, 1, False),
+    "gelu_tanh": (lambda a: F.gelu(a, approximate="tanh"), 1, False),
+    "relu": (torch.relu, 1, False),
+    "clamp_fp8": (lambda a: a.clamp(-448.0, 448.0), 1, False),
+    "clamp_frac": (lambda a: a.clamp(0.1, 0.3), 1, False),
+    "pow2": (lambda a: a.pow(2), 1, False),
+    "where": (lambda m, a, b: torch.where(m, a, b), 3, False),  # m: a bool mask (made below)
+}
+CASTS = {"to_bf16": bf16, "to_fp16": f16, "to_fp32": f32}
+# The candidates the source does not settle (kernels/pointwise_ops.py Variants), run beside the default.
+ALTERNATIVES = {
+    "gelu_tanh": [Variants(gelu_tanh_fma=False)],
+    "neg": [Variants(neg="fadd")],
+    "silu": [Variants(neg="fadd")],
+    "sigmoid": [Variants(neg="fadd")],
+}
+
+
+def _record(**kw) -> dict:
+    RESULTS.append(kw)
+    return kw
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("op", list(OPS))
+def test_each_op_is_bitwise_eager(op, dtype):
+    fn, n_in, positive = OPS[op]
+    args = [values(dtype, seed=i, positive=positive) for i in range(n_in)]
+    if op == "where":
+        args[0] = args[0] > args[1]
+    key = program_of(fn, *args)
+    ref = fn(*args)
+    variants = [DEFAULT_VARIANTS] + ALTERNATIVES.get(op, [])
+    res = {v: ndiff(ref, run_program(key, args, v)[0]) for v in variants}
+    _record(kind="op", op=op, dtype=str(dtype), ndiff={str(v): n for v, n in res.items()}, numel=ref.numel())
+    assert res[DEFAULT_VARIANTS] == 0, f"{op} {dtype}: {res}"
+
+
+@pytest.mark.parametrize("src", DTYPES, ids=["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("cast", list(CASTS))
+def test_casts_are_bitwise_eager(cast, src):
+    x = values(src, seed=3)
+    fn = lambda a: a.to(CASTS[cast])  # noqa: E731
+    ref = fn(x)
+    if ref.dtype == src:
+        pytest.skip("no cast")
+    n = ndiff(ref, run_program(program_of(fn, x), [x])[0])
+    _record(kind="op", op=cast, dtype=str(src), ndiff={"default": n}, numel=ref.numel())
+    assert n == 0
+
+
+def test_mixed_dtype_operands_round_as_eager():
+    # bf16 * fp32 [D] promotes to fp32; bf16 * fp32 0-dim stays bf16 (the scalar tensor rounded to bf16 first)
+    x = values(bf16, seed=4)
+    w = values(f32, seed=5)[1, :].clone()
+    s = torch.tensor(1.2345678, device="cuda")
+    for name, fn, args in [("bf16*fp32[D]", lambda a, b: (a * b).to(bf16), (x, w)),
+                           ("bf16*fp32 0-dim", lambda a, t: a * t + t, (x, s))]:
+        ref = fn(*args)
+        n = ndiff(ref, run_program(program_of(fn, *args), list(args))[0])
+        _record(kind="op", op=name, dtype="bf16", ndiff={"default": n}, numel=ref.numel())
+        assert n == 0, name
+
+
+# --- chains as the pass groups them ------------------------------------------------------------
+@pytest.mark.parametrize("name", CHAINS)
+def test_fused_chain_is_bitwise_eager(name):
+    fn, args = chain(name)
+    gm, sites = fuse(fn, *args)
+    assert len(sites) == 1, [site_ops(s) for s in sites]
+    counters.reset()
+    ref = fn(*args)
+    refs = list(ref) if isinstance(ref, tuple) else [ref]
+    for rep in range(2):  # the second call launches the cached plan directly
+        got = gm(*args)
+        gots = list(got) if isinstance(got, tuple) else [got]
+        nd = [ndiff(r, o) for r, o in zip(refs, gots)]
+        assert not any(nd), f"{name} call {rep}: {nd}"
+    hits = counters.snapshot()["kernel"].get("pointwise", 0)
+    _record(kind="chain", op=name, site=",".join(site_ops(sites[0])), ndiff={"default": sum(nd)},
+            numel=refs[0].numel(), hits=hits)
+    assert hits == 2, counters.snapshot()
+
+
+def test_cuda_graph_capture_and_replay_after_input_mutation():
+    fn, args = chain("flux_gated_residual")
+    gm, _ = fuse(fn, *args)
+    gm(*args)  # warm-up: plan and compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gm(*args)
+    for seed in range(3):
+        _, new = chain("flux_gated_residual", seed=seed + 1)
+        for a, b in zip(args, new):
+            a.copy_(b * (seed + 1))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert ndiff(fn(*args), out) == 0
+
+
+def teardown_module(module):
+    print("\npointwise kernels vs eager on CUDA (kind, op, dtype, differing elements per variant):")
+    for r in RESULTS:
+        print(f"  {r['kind']:5s} {r['op']:24s} {r['dtype'] if 'dtype' in r else '':15s} {r['ndiff']}")
+    bad = [r for r in RESULTS if r["ndiff"].get(str(DEFAULT_VARIANTS), r["ndiff"].get("default", 0))]
+    print(f"  {len(RESULTS)} cases, {len(bad)} with differences in the default variant")
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "pointwise_gpu.json"), "w") as f:
+            json.dump({"cases": RESULTS, "default_variants": str(DEFAULT_VARIANTS)}, f, indent=1)

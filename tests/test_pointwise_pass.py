@@ -1,0 +1,218 @@
+"""The pointwise pass (fxpasses/pointwise.py): which ops it groups, what each group reads and writes.
+
+CPU: every op call takes the reference path (the group's ATen subgraph), so outputs equal
+eager by construction; these tests check the grouping itself, the generated index arithmetic
+(kernels/pointwise_codegen.py, no interpreter needed to read the source) and the plumbing
+(options, tier high, the verifier putting a group back). The kernels run in
+tests/kernels/test_pointwise_codegen.py (interpreter) and tests/gpu/test_pointwise_gpu.py.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import diffusion_fuse
+from diffusion_fuse.kernels.pointwise_codegen import Generator, Lin, Term, flatten
+from diffusion_fuse.lowering import faults
+from diffusion_fuse.lowering.pointwise import PROGRAMS, generate_source
+from diffusion_fuse.testing import pointwise as pw
+from diffusion_fuse.testing.tiny_models import build
+from helpers import bitwise_equal, compile_and_run
+
+bf16, f32 = torch.bfloat16, torch.float32
+
+
+def rn(*shape, dtype=bf16, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def ops_of(site) -> list[str]:
+    return pw.site_ops(site)
+
+
+def pointwise_calls(gm) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.target is torch.ops.diffusion_fuse.pointwise.default]
+
+
+def run(gm, fn, args):
+    ref, got = fn(*args), gm(*args)
+    assert bitwise_equal(ref, got)
+    return got
+
+
+# --- grouping ---------------------------------------------------------------------------------
+def test_rope_with_its_cat_is_one_group_reading_the_inputs_once():
+    args = (rn(1, 8, 2, 16), rn(1, 16, 2, 16), rn(24, 1, 16, dtype=f32), rn(24, 1, 16, dtype=f32))
+    gm, sites = pw.fuse(pw.rope_double, *args)
+    (site,) = sites
+    assert ops_of(site) == ["cat", "neg", "stack", "_to_copy", "mul", "_to_copy", "mul", "add", "_to_copy"]
+    (call,) = pointwise_calls(gm)
+    assert [a.name for a in call.args[0]] == [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    # nothing but the op (and the getitem of its one output) is left of the chain
+    assert [n.target for n in gm.graph.nodes if n.op == "call_function"] == [call.target, operator.getitem]
+    run(gm, pw.rope_double, args)
+
+
+def test_a_view_of_an_outside_value_is_read_at_its_strides():
+    x = rn(3, 7, 96)
+    gm, (site,) = pw.fuse(pw.swiglu, x)
+    assert ops_of(site) == ["silu", "mul"]
+    # the two halves of x are split outside the group: the kernel reads them in place
+    assert [describe(n) for n in site.inputs] == ["getitem", "getitem"]
+    run(gm, pw.swiglu, (x,))
+
+
+def describe(n):
+    return getattr(n.target, "__name__", str(n.target))
+
+
+def test_a_small_producer_is_recomputed_and_not_written():
+    def modulate(x, s):
+        return x * (1 + s)[:, None] + s[:, None]
+
+    args = (rn(2, 30, 40), rn(2, 40))
+    gm, (site,) = pw.fuse(modulate, *args)
+    assert ops_of(site) == ["add", "mul", "add"] and len(site.outputs) == 1
+    run(gm, modulate, args)
+
+
+def test_a_value_read_outside_at_another_size_stays_in_the_graph():
+    def f(x, s):
+        t = s + 1
+        return x * t[:, None] + 0.5, t
+
+    args = (rn(2, 30, 40), rn(2, 40))
+    gm, (site,) = pw.fuse(f, *args)
+    assert ops_of(site) == ["mul", "add"] and len(site.outputs) == 1  # t is computed by its own ATen op
+    assert any(n.target is torch.ops.aten.add.Tensor for n in gm.graph.nodes)
+    run(gm, f, args)
+
+
+def test_two_outputs_of_one_size_are_written_by_one_kernel():
+    def f(x):
+        xf = x.float()
+        return xf.pow(2), (xf * 3).to(x.dtype)
+
+    gm, (site,) = pw.fuse(f, rn(6, 2, 16))
+    assert len(site.outputs) == 2 and len(pointwise_calls(gm)) == 1
+    run(gm, f, (rn(6, 2, 16),))
+
+
+def test_an_outside_op_between_two_ops_is_never_made_a_cycle():
+    def f(x, w):
+        h = torch.sin(x) * 2
+        return h * (h @ w) + 1  # h feeds the matmul and the mul after it
+
+    args = (rn(8, 16), rn(16, 16, seed=1))
+    gm, sites = pw.fuse(f, *args)
+    gm.graph.lint()
+    assert [ops_of(s) for s in sites] == [["sin", "mul"], ["mul", "add"]]  # split at the matmul
+    run(gm, f, args)
+
+
+@pytest.mark.parametrize("fn", [torch.sin, lambda x: F.gelu(x, approximate="tanh"), lambda x: x.float()],
+                         ids=["sin", "gelu", "cast"])
+def test_a_single_op_is_left_to_eager(fn):
+    _, sites = pw.fuse(fn, rn(4, 64))
+    assert sites == []
+
+
+def test_ops_it_cannot_reproduce_stay_eager():
+    def f(x, y):
+        return (x.double() * 2).float() + y.pow(3) * 2  # fp64, pow 3: not reproduced
+
+    gm, sites = pw.fuse(f, rn(4, 8, dtype=f32), rn(4, 8, dtype=f32))
+    assert all("pow" not in ops_of(s) and "_to_copy" not in ops_of(s) for s in sites)
+    run(gm, f, (rn(4, 8, dtype=f32), rn(4, 8, dtype=f32)))
+
+
+# --- generated code ---------------------------------------------------------------------------
+def test_index_of_a_view_of_contiguous_data_simplifies_to_the_flat_offset():
+    gen = Generator(torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph()), {}, [])
+    f = Lin.of(Term("f", 1, 0))
+    for shape, view in [((4, 24, 2, 16), (4, 24, 2, 8, 2)), ((1, 4608, 3072), (4608, 3072)), ((7, 1, 5), (35,))]:
+        idx = gen.unravel(f, shape)
+        back = gen.unravel(flatten(idx, [s for s in torch.empty(shape).stride()], shape), view)
+        assert flatten(back, torch.empty(view).stride(), view) == f, (shape, view)
+
+
+def _source(fn, *args):
+    key = pw.program_of(fn, *args)
+    return generate_source(list(args), key).source
+
+
+def test_contiguous_operands_are_loaded_and_stored_at_the_flat_index():
+    src = _source(pw.gated_residual, rn(2, 40, 64), rn(2, 64), rn(2, 40, 64))
+    assert "tl.load(in0 + f," in src and "tl.load(in2 + f," in src and "tl.store(out0 + f," in src
+    assert "= f % 64 + (f // 2560) * 64\n" in src  # the gate [2, 64], broadcast over the 40 tokens
+
+
+def test_division_by_a_python_scalar_multiplies_by_the_fp32_reciprocal_as_eager_cuda():
+    src = _source(lambda x: x / 3.0 + 1, rn(4, 8, dtype=f32))
+    assert f"* {float(torch.tensor(1.0) / torch.tensor(3.0))!r}" in src and "div_rn" not in src
+    src = _source(lambda x, y: x / y + 1, rn(4, 8, dtype=f32), rn(4, 8, dtype=f32))
+    assert "tl.math.div_rn(" in src
+
+
+def test_bf16_operands_round_after_every_op():
+    src = _source(lambda a, b: (a * b + a) * 2, rn(4, 8), rn(4, 8))
+    assert src.count(".to(tl.bfloat16).to(tl.float32)") == 3
+
+
+def test_each_program_outputs_the_strides_eager_gives():
+    x = rn(2, 16, 12, dtype=f32).permute(0, 2, 1)
+    key = pw.program_of(lambda t: t * 2 + 1, x)
+    (spec,) = generate_source([x], key).outputs
+    assert spec.stride == (x * 2 + 1).stride() == x.stride()
+
+
+# --- plumbing ---------------------------------------------------------------------------------
+def test_site_keys_ops_and_programs_in_the_report():
+    model, kwargs = build("flux", bf16)
+    ref, out, report = compile_and_run(model, kwargs)
+    assert bitwise_equal(ref, out)
+    sites = [s for s in report.sites() if s.pattern == "pointwise"]
+    assert sites and all(s.status == "kept" and s.verdict == "bitwise equal" for s in sites)
+    assert all(s.after == "diffusion_fuse::pointwise" and s.ops == 1 for s in sites)
+    # the site lists the ATen ops it replaced, e.g. FLUX's FF: gelu then the Dropout(p=0) clone
+    assert any(s.before == ["gelu", "clone"] for s in sites), [s.before for s in sites]
+    row = next(r for r in report.summary() if r["family"] == "pointwise")
+    assert row["guard fallbacks"] == 2 * len(sites)  # CPU: the verifier's check and the run, per site
+    # the program of a site is the group's own ATen subgraph
+    calls = [n for n in report.graphs[0].final_code.splitlines() if "diffusion_fuse.pointwise" in n]
+    assert len(calls) == len(sites)
+    assert all(k in PROGRAMS for k in (c.split("'")[1] for c in calls))
+
+
+def test_disabled_by_option_and_off_in_tier_high():
+    model, kwargs = build("flux", f32)
+    _, _, report = compile_and_run(model, kwargs, {"patterns": {"pointwise": False}})
+    assert report.count("pointwise") == 0 and report.count() == 6
+    torch._dynamo.reset()
+    _, _, report = compile_and_run(model, kwargs, {"quality": "high"})
+    assert report.count("pointwise") == 0
+
+
+def test_a_group_the_verifier_rejects_goes_back_and_the_others_stay():
+    model, kwargs = build("flux", bf16)
+    with faults.inject("pointwise", "perturb", index=3):
+        ref, out, report = compile_and_run(model, kwargs)
+    assert bitwise_equal(ref, out)
+    pws = [s for s in report.sites() if s.pattern == "pointwise"]
+    assert pws and all(s.status == "rejected" and "elements differ" in s.reason for s in pws)
+    assert all(s.status == "kept" for s in report.sites() if s.pattern != "pointwise")
+
+
+def test_dynamic_shapes_compile_and_equal_eager():
+    def f(x, g):
+        return F.gelu(x + g * x, approximate="tanh").to(f32)
+
+    compiled = torch.compile(f, backend=diffusion_fuse.DiffusionFuseBackend(None, diffusion_fuse.Report()),
+                             dynamic=True)
+    for n in (5, 9):
+        args = (rn(n, 32), rn(n, 32, seed=1))
+        assert bitwise_equal(f(*args), compiled(*args))
