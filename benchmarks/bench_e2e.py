@@ -114,8 +114,8 @@ def main() -> None:
         report = diffusion_fuse.Report()
         variants["lossless"] = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(None, report))
         if not args.skip_nopw:  # the same tier without the pointwise pass: what the pass is worth
-            variants["lossless_nopw"] = torch.compile(
-                model, backend=diffusion_fuse.DiffusionFuseBackend({"patterns": {"pointwise": False}}, diffusion_fuse.Report()))
+            nopw = diffusion_fuse.DiffusionFuseBackend({"patterns": {"pointwise": False}}, diffusion_fuse.Report())
+            variants["lossless_nopw"] = torch.compile(model, backend=nopw)
         if not args.skip_inductor:
             variants["inductor"] = torch.compile(model)
         rec: dict = {"model": name}

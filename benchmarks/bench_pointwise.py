@@ -80,7 +80,8 @@ def main() -> None:
         ins = ref = got = None  # free before the next chain
         torch.cuda.empty_cache()
     # Host cost: a 2-op chain on tiny tensors, fused (one op call) vs eager (two ATen calls).
-    fn, small = gated_residual, tuple(torch.randn(*s, device="cuda").bfloat16() for s in ((1, 8, 64), (1, 64), (1, 8, 64)))
+    fn = gated_residual
+    small = tuple(torch.randn(*s, device="cuda").bfloat16() for s in ((1, 8, 64), (1, 64), (1, 8, 64)))
     gm, _ = fuse(fn, *small)
     host = {"eager_2_ops_us": host_us_per_call(fn, small), "fused_1_call_us": host_us_per_call(gm, small)}
     print(tabulate(rows, headers=["chain", "eager µs", "fused µs", "floor µs", "fused/floor", "eager/fused", "exact",

@@ -402,7 +402,8 @@ class Generator(Emit):
             cond = (f"({dc} == {b_lo})" if b_hi == b_lo + 1 else
                     f"({dc} < {b_hi})" if b_lo == 0 else f"({dc} >= {b_lo}) & ({dc} < {b_hi})")
             v = self.value(x, xi, self.tmp(f"{mask} & {cond}"))
-            code = v.code if v.dtype == out.dtype or out.dtype == torch.float32 else self.tmp(round_code(v.code, out.dtype))
+            exact = v.dtype == out.dtype or out.dtype == torch.float32
+            code = v.code if exact else self.tmp(round_code(v.code, out.dtype))
             vals.append((b_hi, code))
         acc = vals[-1][1]
         for b_hi, code in reversed(vals[:-1]):

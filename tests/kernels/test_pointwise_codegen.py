@@ -70,7 +70,8 @@ def make(name, seed=0):
     rn = lambda *s, dtype=bf16: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
     return {
         "rope": (pw.rope, (rn(1, 24, 2, 16), rn(24, 1, 16, dtype=f32), rn(24, 1, 16, dtype=f32))),
-        "rope_cat": (pw.rope_double, (rn(1, 8, 2, 16), rn(1, 16, 2, 16), rn(24, 1, 16, dtype=f32), rn(24, 1, 16, dtype=f32))),
+        "rope_cat": (pw.rope_double, (rn(1, 8, 2, 16), rn(1, 16, 2, 16), rn(24, 1, 16, dtype=f32),
+                                      rn(24, 1, 16, dtype=f32))),
         "gated_residual": (pw.gated_residual, (rn(2, 40, 64), rn(2, 64), rn(2, 40, 64))),
         "gelu_cat": (pw.gelu_cat, (rn(1, 24, 32), rn(1, 24, 96))),
         "swiglu": (pw.swiglu, (rn(3, 7, 96),)),
