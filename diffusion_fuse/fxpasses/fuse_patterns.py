@@ -149,12 +149,17 @@ class FusePatternsPass(GraphPass):
                 claimed.update(res.nodes)
                 chosen.append(res)
                 break
-        _assign_keys(chosen)
-        ctx.skipped.extend(s for s in chosen if s.id in ctx.exclude)
-        chosen = [s for s in chosen if s.id not in ctx.exclude]
-        mapping: dict[fx.Node, fx.Node] = {}
-        for site in chosen:
-            apply_site(graph, site, mapping)
-        ctx.sites.extend(chosen)
-        if chosen:
-            stable_topological_sort(graph)
+        apply_sites(graph, ctx, chosen)
+
+
+def apply_sites(graph: fx.Graph, ctx: PassContext, sites: list[Site]) -> None:
+    """Key ``sites``, skip those the verifier excluded, rewrite the rest in order; record both in ``ctx``."""
+    _assign_keys(sites)
+    ctx.skipped.extend(s for s in sites if s.id in ctx.exclude)
+    sites = [s for s in sites if s.id not in ctx.exclude]
+    mapping: dict[fx.Node, fx.Node] = {}
+    for site in sites:
+        apply_site(graph, site, mapping)
+    ctx.sites.extend(sites)
+    if sites:
+        stable_topological_sort(graph)

@@ -27,7 +27,10 @@ differs from eager.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import inspect
 import operator
+import sys
 
 import torch
 import torch.fx as fx
@@ -38,7 +41,7 @@ from ..lowering.pointwise import diagnose, register_program
 from ..patterns.match_utils import describe
 from ..patterns.registry import Site
 from .base import GraphPass, PassContext
-from .fuse_patterns import _assign_keys, apply_site, stable_topological_sort
+from .fuse_patterns import apply_sites
 
 PATTERN = "pointwise"
 _WHERE = torch.ops.aten.where.self
@@ -104,20 +107,18 @@ class _Group:
 class PointwiseFusionPass(GraphPass):
     name = "pointwise"
 
+    def config_key(self) -> str:
+        # The grouping rules live in this module's functions and the op table: both key the uuid.
+        from ..kernels import pointwise_ops
+
+        srcs = (inspect.getsource(sys.modules[__name__]), inspect.getsource(pointwise_ops))
+        return hashlib.sha256("\0".join(srcs).encode()).hexdigest()
+
     def __call__(self, graph: fx.Graph, ctx: PassContext) -> None:
         if ctx.options.quality != "lossless" or not ctx.options.pattern_enabled(PATTERN, "lossless"):
             return
         opaque = {n for s in ctx.skipped for n in s.nodes}  # sites the verifier put back stay as they are
-        sites = [s for s in (group_site(g) for g in find_groups(graph, opaque)) if s is not None]
-        _assign_keys(sites)
-        ctx.skipped.extend(s for s in sites if s.id in ctx.exclude)
-        sites = [s for s in sites if s.id not in ctx.exclude]
-        mapping: dict[fx.Node, fx.Node] = {}
-        for s in sites:
-            apply_site(graph, s, mapping)
-        ctx.sites.extend(sites)
-        if sites:
-            stable_topological_sort(graph)
+        apply_sites(graph, ctx, [s for s in (group_site(g) for g in find_groups(graph, opaque)) if s is not None])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -67,24 +67,27 @@ def _spec(v) -> object:
     return None
 
 
+def node_values(gm: fx.GraphModule, inputs):
+    """Run ``gm`` node by node on ``inputs``: yields (node, value) for its placeholders and calls."""
+    env: dict[fx.Node, object] = {}
+    it = iter(inputs)
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            env[n] = next(it)
+        elif n.op == "call_function":
+            args, kwargs = fx.node.map_arg((n.args, n.kwargs), env.__getitem__)
+            env[n] = n.target(*args, **kwargs)
+        else:
+            continue
+        yield n, env[n]
+
+
 def propagate_specs(gm: fx.GraphModule, inputs) -> dict[fx.Node, object]:
     """Shape, strides and dtype of every node of ``gm`` for these inputs (fake tensors: no GPU work)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    specs: dict[fx.Node, object] = {}
     with FakeTensorMode(allow_non_fake_inputs=False) as mode:
-        env: dict[fx.Node, object] = {}
-        it = iter(mode.from_tensor(t) for t in inputs)
-        for n in gm.graph.nodes:
-            if n.op == "placeholder":
-                env[n] = next(it)
-            elif n.op == "call_function":
-                args, kwargs = fx.node.map_arg((n.args, n.kwargs), env.__getitem__)
-                env[n] = n.target(*args, **kwargs)
-            else:
-                continue
-            specs[n] = _spec(env[n])
-    return specs
+        return {n: _spec(v) for n, v in node_values(gm, [mode.from_tensor(t) for t in inputs])}
 
 
 def _extent(shape, stride) -> int:
@@ -197,22 +200,14 @@ def diagnose(key: str, inputs) -> str:
     if not ok:
         return f"the reference path ran ({why}): the difference is not the kernel's"
     gm = PROGRAMS[key].gm
-    env: dict[fx.Node, object] = {}
-    it = iter(inputs)
-    for n in gm.graph.nodes:
-        if n.op == "placeholder":
-            env[n] = next(it)
-        elif n.op == "call_function":
-            args, kwargs = fx.node.map_arg((n.args, n.kwargs), env.__getitem__)
-            env[n] = n.target(*args, **kwargs)
-            if (not isinstance(env[n], torch.Tensor) or env[n].dtype not in FLOAT_DTYPES
-                    or n.target in VIEW_OPS or n.target is operator.getitem):
-                continue  # a view: judged through the ops that read it
-            sub = _prefix_program(gm, n)
-            (got,) = launch_once(register_program(sub, describe([n])), list(inputs))
-            v = compare_bitwise(env[n], got)
-            if not v:
-                return f"first op to differ from eager: {describe([n])[0]} ({v.detail})"
+    for n, value in node_values(gm, inputs):
+        if (n.op != "call_function" or not isinstance(value, torch.Tensor) or value.dtype not in FLOAT_DTYPES
+                or n.target in VIEW_OPS or n.target is operator.getitem):
+            continue  # an input or a view: judged through the ops that read it
+        (got,) = launch_once(register_program(_prefix_program(gm, n), describe([n])), list(inputs))
+        v = compare_bitwise(value, got)
+        if not v:
+            return f"first op to differ from eager: {describe([n])[0]} ({v.detail})"
     return "each op alone equals eager"
 
 
