@@ -9,6 +9,8 @@ every way the matcher takes (and one it must not).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.fx as fx
@@ -145,10 +147,12 @@ def test_rejected_sites_put_the_table_sum_back():
     with faults.inject("gated_residual_ln_modulate", "perturb", index=5):
         ref, out, report = compile_and_run(model, kwargs)
     assert bitwise_equal(ref, out)
-    statuses = {s.pattern: s.status for s in report.sites()}
+    statuses = {s.pattern: s.status for s in report.sites() if s.pattern != "pointwise"}  # pointwise: its own
     assert statuses == {"norm_modulate": "kept", "gated_residual_norm_modulate": "rejected"}
     code = report.graphs[0].final_code
-    assert "torch.ops.aten.split.Tensor(add, 1, 2)" in code and "diffusion_fuse.ln_modulate.default(" in code
+    # the sum is back (as the ATen add, or inside a pointwise group that computes it) and split six ways
+    assert re.search(r"torch\.ops\.aten\.split\.Tensor\(\w+, 1, 2\)", code), code
+    assert "diffusion_fuse.ln_modulate.default(" in code
 
 
 # --- the matcher on the spellings of the chunk ------------------------------------------------------------

@@ -117,6 +117,9 @@ class PointwiseFusionPass(GraphPass):
     def __call__(self, graph: fx.Graph, ctx: PassContext) -> None:
         if ctx.options.quality != "lossless" or not ctx.options.pattern_enabled(PATTERN, "lossless"):
             return
+        # What the families left dead (a consumer that now reads the values it was computed from)
+        # goes first: a group of dead ops would be a site whose op never runs.
+        graph.eliminate_dead_code()
         opaque = {n for s in ctx.skipped for n in s.nodes}  # sites the verifier put back stay as they are
         apply_sites(graph, ctx, [s for s in (group_site(g) for g in find_groups(graph, opaque)) if s is not None])
 
