@@ -273,6 +273,8 @@ def test_pointwise_kernels_compile_for_sm90(name):
     src, ck = compile_pointwise(fn, *args)
     ptx = ck.asm["ptx"]
     assert ck.asm.get("cubin")
+    # CUDA-graph capture-safe, as test_kernels_are_cuda_graph_capture_safe checks for the others
+    assert ck.metadata.global_scratch_size == 0 and ck.metadata.profile_scratch_size == 0
     # IEEE division only (div_rn), never the approximate one Triton's `/` gives
     assert "div.full" not in ptx and "div.approx" not in ptx
     if "libdevice" not in src.source and "tl.fma" not in src.source:
