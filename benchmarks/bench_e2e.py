@@ -10,7 +10,7 @@ Models (random weights, bf16, real widths; issue #3):
 Each forward is timed with CUDA events after warm-up (median of --reps); outputs are compared
 bitwise with eager. Prints a table; writes JSON (--json).
 
-    python benchmarks/bench_e2e.py [--models flux_stack,flux_fp8_stack,wan22_block] [--reps 10]
+    python benchmarks/bench_e2e.py [--models flux_stack,flux_fp8_stack,wan22_block] [--reps 10] [--profile]
 """
 
 from __future__ import annotations
@@ -94,6 +94,28 @@ def timed(fn, reps: int) -> tuple[float, list[float]]:
     return statistics.median(times), times
 
 
+def profile_call(fn, tag: str) -> float:
+    """One profiled call: writes the kernel table to $OUT/profile_<tag>.txt; returns summed kernel ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy_ms = sum(e.device_time for e in kernels) / 1e3
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name, []).append(e.device_time)
+    rows = sorted(((sum(v) / 1e3, len(v), n[:110]) for n, v in by_name.items()), reverse=True)
+    table = tabulate([[f"{ms:.3f}", f"{100 * ms / busy_ms:.1f}", c, n] for ms, c, n in rows],
+                     headers=["ms", "%", "calls", "kernel"])
+    with open(os.path.join(os.environ.get("OUT", "."), f"profile_{tag}.txt"), "w") as f:
+        f.write(f"{tag}: {len(kernels)} kernels, {busy_ms:.3f} ms summed kernel time\n{table}\n")
+    print(f"{tag}: {len(kernels)} kernels, {busy_ms:.3f} ms kernel time; top 8:")
+    print("\n".join(table.splitlines()[:10]))
+    return busy_ms
+
+
 def bits(t):
     return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
 
@@ -105,6 +127,8 @@ def main() -> None:
     ap.add_argument("--skip-inductor", action="store_true")
     ap.add_argument("--skip-nopw", action="store_true", help="skip the lossless run with the pointwise pass off")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_e2e.json"))
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile one call per variant: kernel table and GPU-busy share to $OUT/profile_*.txt")
     args = ap.parse_args()
     rows, records = [], []
     for name in args.models.split(","):
@@ -134,6 +158,9 @@ def main() -> None:
             # a second round of eager and ours, interleaved, to show the spread
             rec["eager_ms_2"], _ = timed(lambda: model(**kw), args.reps)
             rec["lossless_ms_2"], _ = timed(lambda: variants["lossless"](**kw), args.reps)
+            if args.profile:
+                for k, fn in variants.items():
+                    rec[f"{k}_kernel_ms"] = profile_call(lambda: fn(**kw), f"{name}_{k}")
         rec["lossless_equal"] = torch.equal(bits(outs["eager"]), bits(outs["lossless"]))
         if "lossless_nopw" in outs:
             rec["lossless_nopw_equal"] = torch.equal(bits(outs["eager"]), bits(outs["lossless_nopw"]))

@@ -5,13 +5,16 @@
 #   bash benchmarks/run_gpu.sh [all|tests|bench|nosass|models]   (all: tests, demo, benchmarks, SASS)
 #   models: whole models at real shapes (benchmarks/bench_models.py); MODELS=flux1,sana,wan22_5b by default,
 #   MODELS=qwen_image,flux2,wan21_14b for the rest; BENCH_MODELS_ARGS adds options (e.g. --max-autotune)
+#   TESTS="tests/gpu/test_a.py tests/gpu/test_b.py" picks test files; BENCHES="bench_e2e bench_pointwise" picks
+#   benchmark steps; BENCH_E2E_ARGS adds options to bench_e2e.py (e.g. "--models flux_stack --profile")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL="${OUT:-$PWD/out}"; mkdir -p "$FINAL"
-export OUT=/tmp/df_results; rm -rf "$OUT"; mkdir -p "$OUT"
+# DF_WORK: the work folder, so that two runs (one per GPU, CUDA_VISIBLE_DEVICES) can share a machine
+export OUT="${DF_WORK:-/tmp/df_results}"; rm -rf "$OUT"; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then  # diffusers is not on the GPU image: carry .whl (shared/tools/gpu_wheels.sh)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$OUT.site" .whl/*.whl
+  export PYTHONPATH=$OUT.site:$PWD
 else
   export PYTHONPATH=$PWD
 fi
@@ -37,7 +40,7 @@ elif [ "$what" != bench ]; then
   # One pytest per GPU test file, all at once: most of their time is Triton compiling on the CPU
   # (16 cores), and none of them times anything.
   t0=$SECONDS
-  for f in tests/gpu/test_*.py; do
+  for f in ${TESTS:-tests/gpu/test_*.py}; do
     name=$(basename "$f" .py)
     ( timeout 480 python3 -m pytest -q -s -p no:cacheprovider "$f" >"$OUT/$name.log" 2>&1
       echo "$name rc=$? " >>"$OUT/summary.txt" ) &
@@ -49,16 +52,18 @@ elif [ "$what" != bench ]; then
   step demo 120 python3 examples/flux_pipeline.py --device cuda
 fi
 if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = nosass ]; then
-  step profile 120 python3 benchmarks/profile_ln_modulate.py
-  step bench_norm 200 python3 benchmarks/bench_norm.py --json "$OUT/bench_norm.json"
-  step bench_rms_norm 120 python3 benchmarks/bench_rms_norm.py --json "$OUT/bench_rms_norm.json"
-  step bench_pointwise 200 python3 benchmarks/bench_pointwise.py --json "$OUT/bench_pointwise.json"
-  step bench_e2e 400 python3 benchmarks/bench_e2e.py --json "$OUT/bench_e2e.json"
-  step bench_wan_temb 400 python3 benchmarks/bench_wan_temb.py --json "$OUT/bench_wan_temb.json"
+  want() { [ -z "${BENCHES:-}" ] || [[ " $BENCHES " == *" $1 "* ]]; }
+  want profile && step profile 120 python3 benchmarks/profile_ln_modulate.py
+  want bench_norm && step bench_norm 200 python3 benchmarks/bench_norm.py --json "$OUT/bench_norm.json"
+  want bench_rms_norm && step bench_rms_norm 120 python3 benchmarks/bench_rms_norm.py --json "$OUT/bench_rms_norm.json"
+  want bench_pointwise && step bench_pointwise 200 python3 benchmarks/bench_pointwise.py --json "$OUT/bench_pointwise.json"
+  # shellcheck disable=SC2086
+  want bench_e2e && step bench_e2e 400 python3 benchmarks/bench_e2e.py --json "$OUT/bench_e2e.json" ${BENCH_E2E_ARGS:-}
+  want bench_wan_temb && step bench_wan_temb 400 python3 benchmarks/bench_wan_temb.py --json "$OUT/bench_wan_temb.json"
 fi
 [ "$what" = all ] && step sass 240 bash benchmarks/sass_layer_norm.sh
-tar -czf "$FINAL/results.tgz" -C /tmp df_results
-cp "$OUT/summary.txt" "$FINAL/"; cp "$OUT"/*.json "$FINAL/" 2>/dev/null
+tar -czf "$FINAL/results.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
+cp "$OUT/summary.txt" "$FINAL/"  # JSON and logs travel in results.tgz: the device tool brings back few files
 echo "== summary"
 cat "$OUT/summary.txt"
 [ -f "$OUT/profile.log" ] && tail -n 9 "$OUT/profile.log"

@@ -130,6 +130,21 @@ def test_ops_it_cannot_reproduce_stay_eager():
     run(gm, f, (rn(4, 8, dtype=f32), rn(4, 8, dtype=f32)))
 
 
+def test_erf_gelu_stays_eager_and_says_why():
+    from diffusion_fuse.kernels.pointwise_ops import ERF_NOT_REPRODUCED, RECIPES
+
+    def f(x, y):
+        return F.gelu(x * 2) + F.gelu(y, approximate="tanh") * 3  # erf: not reproduced; tanh: fused
+
+    args = (rn(4, 64), rn(4, 64, seed=1))
+    gm, sites = pw.fuse(f, *args)
+    fused = [op for s in sites for op in ops_of(s)]
+    assert fused.count("gelu") == 1, fused  # the tanh one
+    gelu_erf = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.gelu.default)
+    assert RECIPES[torch.ops.aten.gelu.default].check(gelu_erf) == ERF_NOT_REPRODUCED
+    run(gm, f, args)
+
+
 # --- generated code ---------------------------------------------------------------------------
 def test_index_of_a_view_of_contiguous_data_simplifies_to_the_flat_offset():
     gen = Generator(torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph()), {}, [])

@@ -167,7 +167,7 @@ def launch_once(key: str, inputs, variants: Variants = DEFAULT_VARIANTS) -> list
     src = generate_source(inputs, key, variants)
     outs = [torch.empty_strided(o.shape, o.stride, dtype=o.dtype, device=inputs[0].device) for o in src.outputs]
     load_kernel(src)[(triton_cdiv(src.numel, BLOCK),)](*inputs, *outs, src.numel, BLOCK=BLOCK, num_warps=NUM_WARPS,
-                                                       enable_fp_fusion=False)
+                                                       enable_fp_fusion=variants.fp_fusion)
     return outs
 
 
