@@ -34,7 +34,7 @@ step() {
 }
 what="${1:-all}"
 if [ "$what" = models ]; then
-  step bench_models 570 python3 benchmarks/bench_models.py --models "${MODELS:-flux1,sana,wan22_5b}" \
+  step bench_models "${MODELS_LIMIT:-570}" python3 benchmarks/bench_models.py --models "${MODELS:-flux1,sana,wan22_5b}" \
     --json "$OUT/bench_models.json" ${BENCH_MODELS_ARGS:-}
 elif [ "$what" != bench ]; then
   # One pytest per GPU test file, all at once: most of their time is Triton compiling on the CPU
