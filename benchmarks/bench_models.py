@@ -177,7 +177,10 @@ DEFAULT_MODELS = list(MODELS)  # FLUX.1-dev, SANA and Wan2.2-5B first: the cheap
 # --------------------------------------------------------------------------------------------------------------
 # Variants
 # --------------------------------------------------------------------------------------------------------------
-VARIANTS = ("eager", "inductor", "inductor-max-autotune", "lossless", "high")
+VARIANTS = ("eager", "inductor", "inductor-max-autotune", "lossless", "high",
+            # diagnostics (host overhead): torch's aot_eager (the ATen graph run as-is, what our executor
+            # starts from), lossless with no family at all, lossless without the pointwise family
+            "aot-eager", "lossless-nofuse", "lossless-nopw")
 DEFAULT_VARIANTS = ("eager", "inductor", "lossless", "high")
 
 
@@ -194,8 +197,17 @@ def compile_kwargs(variant: str, report) -> dict:
         return dict(backend="inductor", dynamic=False)
     if variant == "inductor-max-autotune":
         return dict(backend="inductor", mode="max-autotune-no-cudagraphs", dynamic=False)
+    if variant == "aot-eager":
+        return dict(backend="aot_eager", dynamic=False)
     quality = "high" if variant == "high" else "lossless"
-    return dict(backend=diffusion_fuse.DiffusionFuseBackend({"quality": quality}, report), dynamic=False)
+    opts: dict[str, Any] = {"quality": quality}
+    if variant == "lossless-nofuse":
+        from diffusion_fuse.patterns.registry import REGISTRY
+
+        opts["patterns"] = {f: False for f in REGISTRY.names()}
+    elif variant == "lossless-nopw":
+        opts["patterns"] = {"pointwise": False}
+    return dict(backend=diffusion_fuse.DiffusionFuseBackend(opts, report), dynamic=False)
 
 
 # Rough per-block-class compile seconds and extra forward-equivalents on the first call (verification), for the
@@ -279,6 +291,10 @@ def abba(variants: list[str], reps: int) -> list[tuple[int, str]]:
     return [(r, v) for r in range(reps) for v in (variants if r % 2 == 0 else variants[::-1])]
 
 
+CPROFILE: str | None = None  # --cprofile VARIANT
+HOST_MS: list[float] = []  # host time of each timed_call on CUDA: until the call returned, before the sync
+
+
 def timed_call(fn: Callable[[], Any], cuda: bool) -> tuple[Any, float, float | None]:
     """(output, ms, peak GiB) of one call: CUDA events on the GPU, perf_counter on the CPU."""
     if not cuda:
@@ -288,9 +304,11 @@ def timed_call(fn: Callable[[], Any], cuda: bool) -> tuple[Any, float, float | N
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
     a.record()
     out = fn()
     b.record()
+    HOST_MS.append((time.perf_counter() - t0) * 1e3)
     torch.cuda.synchronize()
     return out, a.elapsed_time(b), torch.cuda.max_memory_allocated() / 2**30
 
@@ -349,15 +367,33 @@ def run_model(spec: ModelSpec, variants: list[str], reps: int, tiny: bool) -> di
             activate(blocks, impls[v])
             out, ms, peak = timed_call(lambda: model(**kwargs)[0], cuda)
             vr = rec["variants"][v]
+            if cuda:  # host-bound when the host time is close to the GPU time
+                vr.setdefault("host_times_ms", []).append(HOST_MS[-1])
             vr["times_ms"].append(ms)
             vr["peaks_GiB"].append(peak)
             if r == reps - 1:
                 vr["bit_exact"] = bool(vr["first_call_bit_exact"] and torch.equal(bits(ref), bits(out)))
                 vr["rel_l2_vs_eager"] = rel_l2(ref, out)
+        if CPROFILE and CPROFILE in live:  # where the host time of one variant goes (--cprofile)
+            import cProfile
+            import io
+            import pstats
+
+            activate(blocks, impls[CPROFILE])
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(3):
+                model(**kwargs)
+            prof.disable()
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(40)
+            rec["cprofile"] = {"variant": CPROFILE, "forwards": 3, "top_by_tottime": buf.getvalue()}
+            print(buf.getvalue())
     activate(blocks, None)
     for v in live:
         vr = rec["variants"][v]
         vr["ms"] = statistics.median(vr["times_ms"]) if vr["times_ms"] else None
+        vr["host_ms"] = statistics.median(vr["host_times_ms"]) if vr.get("host_times_ms") else None
         vr["peak_GiB"] = max(vr["peaks_GiB"]) if cuda and vr["peaks_GiB"] else None
         if v in reports:
             rep = reports[v]
@@ -377,7 +413,7 @@ def run_model(spec: ModelSpec, variants: list[str], reps: int, tiny: bool) -> di
 # Output
 # --------------------------------------------------------------------------------------------------------------
 TABLE_HEADERS = ["model", "variant", "median ms", "vs eager", "bit-exact", "rel L2 vs eager", "peak GiB",
-                 "first call s", "sites kept"]
+                 "first call s", "sites kept", "host ms"]
 
 
 def _f(x, fmt: str) -> str:
@@ -388,12 +424,13 @@ def table_rows(rec: dict) -> list[list[str]]:
     rows = []
     for v, vr in rec["variants"].items():
         if "error" in vr:
-            rows.append([rec["label"], v, "failed", "", "", "", "", "", vr["error"][:60]])
+            rows.append([rec["label"], v, "failed", "", "", "", "", "", vr["error"][:60], ""])
             continue
         kept = f"{vr['kept']}/{vr['sites']}" if "sites" in vr else ""
         rows.append([rec["label"], v, _f(vr.get("ms"), ".2f"), _f(vr.get("speedup_vs_eager"), ".3f"),
                      "yes" if vr.get("bit_exact") else "no", _f(vr.get("rel_l2_vs_eager"), ".2e"),
-                     _f(vr.get("peak_GiB"), ".2f"), _f(vr.get("first_call_s"), ".1f"), kept])
+                     _f(vr.get("peak_GiB"), ".2f"), _f(vr.get("first_call_s"), ".1f"), kept,
+                     _f(vr.get("host_ms"), ".1f")])
     return rows
 
 
@@ -455,6 +492,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--variants", default=None, help=f"comma-separated, from {list(VARIANTS)}")
     ap.add_argument("--max-autotune", action="store_true", help="add inductor-max-autotune (slow compile)")
     ap.add_argument("--reps", type=int, default=6, help="timed forwards per variant (ABBA rounds)")
+    ap.add_argument("--cprofile", default=None, help="a variant whose host time to profile (cProfile, 3 forwards)")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_models.json"))
     ap.add_argument("--table", action="store_true", help="regenerate the BENCHMARKS.md table from --json and exit")
     ap.add_argument("--md", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -463,6 +501,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tiny", action="store_true", help="tiny models on the CPU (eager and lossless unless "
                                                         "--variants says otherwise): checks the code path")
     args = ap.parse_args(argv)
+    global CPROFILE
+    CPROFILE = args.cprofile
     if args.table:
         write_table(args.json, args.md)
         return
