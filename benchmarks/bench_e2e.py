@@ -82,16 +82,40 @@ def wan22_block():
 MODELS = {"flux_stack": flux_stack, "flux_fp8_stack": flux_fp8_stack, "wan22_block": wan22_block}
 
 
+HOST_MS: dict[int, list[float]] = {}  # id(fn) -> host ms of each timed call (until it returned, before the sync)
+
+
 def timed(fn, reps: int) -> tuple[float, list[float]]:
-    times = []
+    times, host = [], HOST_MS.setdefault(id(fn), [])
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
         a.record()
         fn()
         b.record()
+        host.append((time.perf_counter() - t0) * 1e3)
         torch.cuda.synchronize()
         times.append(a.elapsed_time(b))
     return statistics.median(times), times
+
+
+def cprofile_calls(fn, tag: str, calls: int = 3) -> None:
+    """Where the host time of ``calls`` calls goes (cProfile, by own time) -> $OUT/cprofile_<tag>.txt."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(45)
+    with open(os.path.join(os.environ.get("OUT", "."), f"cprofile_{tag}.txt"), "w") as f:
+        f.write(f"{tag}: {calls} calls\n{buf.getvalue()}")
 
 
 def profile_call(fn, tag: str) -> float:
@@ -153,7 +177,9 @@ def main() -> None:
                 rec[f"{k}_first_call_s"] = time.perf_counter() - t0
                 fn(**kw)  # warm-up
                 torch.cuda.reset_peak_memory_stats()
-                rec[f"{k}_ms"], rec[f"{k}_times"] = timed(lambda: fn(**kw), args.reps)
+                call = lambda: fn(**kw)  # noqa: E731
+                rec[f"{k}_ms"], rec[f"{k}_times"] = timed(call, args.reps)
+                rec[f"{k}_host_ms"] = statistics.median(HOST_MS[id(call)])
                 rec[f"{k}_peak_GiB"] = torch.cuda.max_memory_allocated() / 2**30
             # a second round of eager and ours, interleaved, to show the spread
             rec["eager_ms_2"], _ = timed(lambda: model(**kw), args.reps)
@@ -161,6 +187,10 @@ def main() -> None:
             if args.profile:
                 for k, fn in variants.items():
                     rec[f"{k}_kernel_ms"] = profile_call(lambda: fn(**kw), f"{name}_{k}")
+                    if k.startswith("lossless"):
+                        cprofile_calls(lambda: fn(**kw), f"{name}_{k}")
+                print(name, "host ms per call (until it returns):",
+                      {k: round(rec[f"{k}_host_ms"], 2) for k in variants})
         rec["lossless_equal"] = torch.equal(bits(outs["eager"]), bits(outs["lossless"]))
         if "lossless_nopw" in outs:
             rec["lossless_nopw_equal"] = torch.equal(bits(outs["eager"]), bits(outs["lossless_nopw"]))

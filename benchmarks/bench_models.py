@@ -212,8 +212,10 @@ def compile_kwargs(variant: str, report) -> dict:
 
 # Rough per-block-class compile seconds and extra forward-equivalents on the first call (verification), for the
 # time estimate only.
-COMPILE_S = {"eager": 0, "inductor": 30, "inductor-max-autotune": 240, "lossless": 8, "high": 40}
-FIRST_CALL_FORWARDS = {"eager": 1, "inductor": 1, "inductor-max-autotune": 1, "lossless": 3, "high": 3}
+COMPILE_S = {"eager": 0, "inductor": 30, "inductor-max-autotune": 240, "lossless": 8, "high": 40, "aot-eager": 8,
+             "lossless-nofuse": 8, "lossless-nopw": 8}
+FIRST_CALL_FORWARDS = {"eager": 1, "inductor": 1, "inductor-max-autotune": 1, "lossless": 3, "high": 3,
+                       "aot-eager": 1, "lossless-nofuse": 1, "lossless-nopw": 3}
 BUILD_S = 10
 
 
