@@ -4,11 +4,19 @@ Triton's JIT launcher binds and specializes every argument on every call (~30 us
 kernels with many arguments). A layout's kernel is fixed once its guard passed, so the first
 call goes through the JIT (compiling if needed) and later calls launch the compiled kernel
 directly with all arguments, constexprs included, in declaration order.
+
+The direct launch also skips ``CompiledKernel.__getitem__``'s runner (a closure per call, the
+current device and stream looked up through Triton's driver, launch hooks read twice): it calls
+the compiled kernel's C launcher with its function handle and metadata, on the current stream
+of the kernel's device. Where Triton's launch hooks are set (its profiler), or the kernel needs a
+scratch buffer, it keeps Triton's runner.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 
 class CachedLaunch:
@@ -21,11 +29,39 @@ class CachedLaunch:
         self.const_args = [constexprs[n] for n in names[n_runtime:]]
         self.grid3 = tuple(grid) + (1,) * (3 - len(grid))
         self.compiled = None
+        self._direct: tuple | None = None  # (C launcher, function handle, packed metadata, device index)
 
     def __call__(self, *args: Any) -> None:
+        if self._direct is not None:
+            run, function, packed, device = self._direct
+            gx, gy, gz = self.grid3
+            run(gx, gy, gz, torch._C._cuda_getCurrentRawStream(device), function, packed, None, None, None,
+                *args, *self.const_args)
+            return
         if self.compiled is not None:
             self.compiled[self.grid3](*args, *self.const_args)
             return
         compiled = self.kernel[self.grid](*args, **self.constexprs, **self.options)
         # Triton's interpreter returns no compiled kernel: keep going through the JIT there.
         self.compiled = compiled if hasattr(compiled, "packed_metadata") else None
+        if self.compiled is not None:
+            self._direct = _direct_launch(self.compiled, args)
+
+
+def _direct_launch(compiled, args: tuple) -> tuple | None:
+    """What the direct launch needs, or None where Triton's runner must stay (hooks, scratch)."""
+    try:
+        from triton import knobs
+
+        if knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
+            return None
+        md = compiled.metadata
+        if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):
+            return None
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        if device.type != "cuda":
+            return None
+        compiled._init_handles()
+        return compiled.run, compiled.function, compiled.packed_metadata, device.index
+    except Exception:  # noqa: BLE001 - a Triton version without these attributes keeps the runner
+        return None

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from .dispatch import GuardedKernel
+from .dispatch import GuardedKernel, impl
 from .gated_residual import can_use_gated_residual_ln_modulate, gated_residual_ln_modulate_reference
 from .gated_residual import layout_key as gated_layout_key
 from .norm_modulate import can_use_ln_modulate, check_device_and_dtypes, ln_modulate_reference
@@ -212,7 +212,7 @@ _lib.define("gated_residual_ln_modulate_quant(Tensor residual, Tensor x, Tensor 
 for _name, _impl in (("static_quant", _static_quant), ("cat_quant", _cat_quant),
                      ("ln_modulate_quant", _ln_modulate_quant),
                      ("gated_residual_ln_modulate_quant", _gated_quant)):
-    _lib.impl(_name, _impl, "CompositeExplicitAutograd")
+    impl(_lib, _name, _impl)
 
 
 @torch.library.register_fake("diffusion_fuse::static_quant", lib=_lib)

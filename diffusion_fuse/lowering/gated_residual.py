@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .dispatch import GuardedKernel
+from .dispatch import GuardedKernel, impl
 from .norm_modulate import (
     KERNEL_DTYPES,
     check_addends,
@@ -126,7 +126,7 @@ _lib.define(
     "Tensor? scale, Tensor? shift, ScalarType? out_dtype, Tensor? gate_temb=None, Tensor? scale_temb=None, "
     "Tensor? shift_temb=None, ScalarType? r_dtype=None, ScalarType? ln_dtype=None) -> (Tensor, Tensor)"
 )
-_lib.impl("gated_residual_ln_modulate", _dispatch, "CompositeExplicitAutograd")
+impl(_lib, "gated_residual_ln_modulate", _dispatch)
 
 
 @torch.library.register_fake("diffusion_fuse::gated_residual_ln_modulate", lib=_lib)
@@ -142,7 +142,7 @@ def _(residual, x, gate, weight, bias, eps, scale, shift, out_dtype, gate_temb=N
 
 _lib.define("gated_residual(Tensor residual, Tensor x, Tensor gate, Tensor? gate_temb=None, "
             "ScalarType? r_dtype=None) -> Tensor")
-_lib.impl("gated_residual", _dispatch_residual, "CompositeExplicitAutograd")
+impl(_lib, "gated_residual", _dispatch_residual)
 
 
 @torch.library.register_fake("diffusion_fuse::gated_residual", lib=_lib)

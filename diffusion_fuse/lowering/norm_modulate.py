@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..kernels import triton_interpret
-from .dispatch import GuardedKernel
+from .dispatch import GuardedKernel, impl
 
 OP = "ln_modulate"
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -185,7 +185,7 @@ _lib.define(
     "ln_modulate(Tensor x, Tensor? weight, Tensor? bias, float eps, Tensor scale, Tensor? shift, "
     "ScalarType? ln_dtype, ScalarType? out_dtype, Tensor? scale_temb=None, Tensor? shift_temb=None) -> Tensor"
 )
-_lib.impl("ln_modulate", _dispatch, "CompositeExplicitAutograd")
+impl(_lib, "ln_modulate", _dispatch)
 
 
 def modulated_shape_and_dtype(x_shape, x_dtype, scale, shift, ln_dtype, out_dtype, scale_temb, shift_temb):

@@ -27,7 +27,7 @@ import torch.fx as fx
 from ..kernels import triton_interpret
 from ..kernels.pointwise_codegen import BLOCK, NUM_WARPS, VIEW_OPS, Generator, KernelSource, TensorSpec, Unsupported
 from ..kernels.pointwise_ops import DEFAULT_VARIANTS, FLOAT_DTYPES, Variants
-from .dispatch import GuardedKernel, error_message
+from .dispatch import GuardedKernel, error_message, impl
 
 OP = "pointwise"
 _INT32_LIMIT = 2**31 - 2 * BLOCK
@@ -215,7 +215,7 @@ _dispatch = GuardedKernel(OP, layout_key, can_use_pointwise, _plan, pointwise_re
 
 _lib = torch.library.Library("diffusion_fuse", "FRAGMENT")
 _lib.define("pointwise(Tensor[] inputs, str key) -> Tensor[]")
-_lib.impl("pointwise", _dispatch, "CompositeExplicitAutograd")
+impl(_lib, "pointwise", _dispatch)
 
 
 @torch.library.register_fake("diffusion_fuse::pointwise", lib=_lib)

@@ -28,7 +28,7 @@ import dataclasses
 import torch
 from torch import Tensor
 
-from .dispatch import GuardedKernel
+from .dispatch import GuardedKernel, impl
 from .norm_modulate import (KERNEL_DTYPES, MAX_D, VEC, check_broadcast, check_device_and_dtypes, modulate_reference,
                             result_dtypes)
 
@@ -250,8 +250,8 @@ _lib.define("rms_norm(Tensor x, Tensor? weight, float? eps, Tensor? scale, Tenso
             "-> Tensor")
 _lib.define("rms_norm_chain(Tensor x, float eps, ScalarType? cast1, Tensor? weight, Tensor? bias, ScalarType? cast2, "
             "Tensor? scale, Tensor? shift, ScalarType? out_dtype) -> Tensor")
-_lib.impl("rms_norm", _rms_norm, "CompositeExplicitAutograd")
-_lib.impl("rms_norm_chain", _rms_norm_chain, "CompositeExplicitAutograd")
+impl(_lib, "rms_norm", _rms_norm)
+impl(_lib, "rms_norm_chain", _rms_norm_chain)
 
 
 @torch.library.register_fake("diffusion_fuse::rms_norm", lib=_lib)
