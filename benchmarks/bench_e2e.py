@@ -140,6 +140,15 @@ def profile_call(fn, tag: str) -> float:
     return busy_ms
 
 
+def _new_step(fn):
+    """Each call is a new forward for torch's cudagraph trees (outputs of the previous one may be overwritten)."""
+    def call(**kw):
+        torch.compiler.cudagraph_mark_step_begin()
+        return fn(**kw)
+
+    return call
+
+
 def bits(t):
     return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
 
@@ -151,6 +160,8 @@ def main() -> None:
     ap.add_argument("--skip-inductor", action="store_true")
     ap.add_argument("--skip-nopw", action="store_true", help="skip the lossless run with the pointwise pass off")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_e2e.json"))
+    ap.add_argument("--cudagraphs", action="store_true",
+                    help='add lossless and Inductor under CUDA graphs (mode="reduce-overhead")')
     ap.add_argument("--profile", action="store_true",
                     help="also profile one call per variant: kernel table and GPU-busy share to $OUT/profile_*.txt")
     args = ap.parse_args()
@@ -166,13 +177,21 @@ def main() -> None:
             variants["lossless_nopw"] = torch.compile(model, backend=nopw)
         if not args.skip_inductor:
             variants["inductor"] = torch.compile(model)
+        if args.cudagraphs:  # the host-overhead cure: one graph replay per forward
+            # options={"cudagraphs": True} is what backend="diffusion_fuse", mode="reduce-overhead" sets
+            variants["lossless_cudagraphs"] = torch.compile(
+                model, backend=diffusion_fuse.DiffusionFuseBackend({"cudagraphs": True}, diffusion_fuse.Report()))
+            if not args.skip_inductor:
+                variants["inductor_cudagraphs"] = torch.compile(model, mode="reduce-overhead")
+        for k in [k for k in variants if k.endswith("_cudagraphs")]:
+            variants[k] = _new_step(variants[k])
         rec: dict = {"model": name}
         outs = {}
         with torch.no_grad():
             for k, fn in variants.items():
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                outs[k] = fn(**kw)[0]
+                outs[k] = fn(**kw)[0].clone()  # a CUDA-graph output is overwritten by the next replay
                 torch.cuda.synchronize()
                 rec[f"{k}_first_call_s"] = time.perf_counter() - t0
                 fn(**kw)  # warm-up
@@ -195,6 +214,9 @@ def main() -> None:
         if "lossless_nopw" in outs:
             rec["lossless_nopw_equal"] = torch.equal(bits(outs["eager"]), bits(outs["lossless_nopw"]))
         rec["inductor_equal"] = torch.equal(bits(outs["eager"]), bits(outs["inductor"])) if "inductor" in outs else None
+        for k in ("lossless_cudagraphs", "inductor_cudagraphs"):
+            if k in outs:
+                rec[f"{k}_equal"] = torch.equal(bits(outs["eager"]), bits(outs[k]))
         rec["sites"] = len(report.sites())
         rec["kept"] = report.count(status="kept")
         rec["pointwise_sites"] = report.count("pointwise")
@@ -221,6 +243,16 @@ def main() -> None:
                                   "lossless ms (2 rounds)",
                                   "eager/lossless", "inductor/lossless", "sites kept", "lossless exact",
                                   "inductor exact", "lossless 1st call s", "inductor 1st call s"]))
+    # every variant: GPU time per forward, host time until the call returned, summed kernel time (--profile)
+    per = []
+    for rec in records:
+        for k in ("eager", "inductor", "inductor_cudagraphs", "lossless_nopw", "lossless", "lossless_cudagraphs"):
+            if f"{k}_ms" in rec:
+                exact = rec.get(f"{k}_equal", True if k == "eager" else None)
+                per.append([rec["model"], k, f"{rec[f'{k}_ms']:.2f}", f"{rec[f'{k}_host_ms']:.2f}",
+                            f"{rec[f'{k}_kernel_ms']:.2f}" if f"{k}_kernel_ms" in rec else "-",
+                            f"{rec['eager_ms'] / rec[f'{k}_ms']:.3f}", exact])
+    print(tabulate(per, headers=["model", "variant", "ms", "host ms", "kernel ms", "eager/variant", "== eager"]))
 
 
 if __name__ == "__main__":

@@ -53,7 +53,8 @@ def _direct_launch(compiled, args: tuple) -> tuple | None:
     try:
         from triton import knobs
 
-        if knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
+        # Triton 3.6's hooks are HookChain objects, empty unless a profiler added a hook
+        if _hooks_set(knobs.runtime.launch_enter_hook) or _hooks_set(knobs.runtime.launch_exit_hook):
             return None
         md = compiled.metadata
         if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):
@@ -65,3 +66,7 @@ def _direct_launch(compiled, args: tuple) -> tuple | None:
         return compiled.run, compiled.function, compiled.packed_metadata, device.index
     except Exception:  # noqa: BLE001 - a Triton version without these attributes keeps the runner
         return None
+
+
+def _hooks_set(hook) -> bool:
+    return hook is not None and bool(getattr(hook, "calls", True))
