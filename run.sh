@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 PY="${PYTHON:-python3}"
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import diffusion_fuse, diffusers, pytest" 2>/dev/null; then
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import diffusion_fuse, diffusers, pytest, torchao" 2>/dev/null; then
   "$PY" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q "torch==2.13.0"

@@ -27,7 +27,7 @@ import torch
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
 
-__all__ = ["FP8StaticLinear", "quantize_linears_fp8", "FP8", "FP8_MAX"]
+__all__ = ["FP8StaticLinear", "quantize_linears_fp8", "quantize_linears_torchao", "FP8", "FP8_MAX"]
 
 
 class FP8StaticLinear(torch.nn.Module):
@@ -108,3 +108,20 @@ def quantize_linears_fp8(model: torch.nn.Module, calibration_kwargs: dict, *, re
         setattr(parent, attr, FP8StaticLinear.from_linear(lin, amax[name], reciprocal))
         swapped.append(name)
     return swapped
+
+
+def quantize_linears_torchao(model: torch.nn.Module, calibration_kwargs: dict) -> int:
+    """torchao's own static FP8 recipe on ``model`` (torchao >= 0.18, its prototype observer flow): every
+    ``nn.Linear`` ``torch._scaled_mm`` takes (K, N multiples of 16) gets a per-tensor activation observer,
+    one calibration call, then e4m3 weights and a static activation scale. Returns how many were converted."""
+    from torchao.prototype.quantization.quant_api import Float8StaticActivationFloat8WeightConfig
+    from torchao.quantization import quantize_
+
+    quantize_(model, Float8StaticActivationFloat8WeightConfig(step="prepare", set_inductor_config=False),
+              filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear) and _fits_scaled_mm(m))
+    with torch.no_grad():
+        model(**calibration_kwargs)
+    observed = sum(type(m).__name__ == "Float8ObservedLinear" for m in model.modules())
+    quantize_(model, Float8StaticActivationFloat8WeightConfig(step="convert", set_inductor_config=False),
+              filter_fn=lambda m, fqn: type(m).__name__ == "Float8ObservedLinear")
+    return observed
