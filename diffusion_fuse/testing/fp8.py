@@ -125,3 +125,20 @@ def quantize_linears_torchao(model: torch.nn.Module, calibration_kwargs: dict) -
     quantize_(model, Float8StaticActivationFloat8WeightConfig(step="convert", set_inductor_config=False),
               filter_fn=lambda m, fqn: type(m).__name__ == "Float8ObservedLinear")
     return observed
+
+
+def run_torchao_model(name: str, device: str = "cpu", calls: int = 1):
+    """Tiny model ``name`` in bf16 with torchao's static FP8 recipe, eager and compiled (lossless):
+    returns (linears quantized, eager output, compiled outputs of ``calls`` calls, report)."""
+    import diffusion_fuse
+
+    from .tiny_models import build
+
+    model, kwargs = build(name, torch.bfloat16, device)
+    n = quantize_linears_torchao(model, kwargs)
+    report = diffusion_fuse.Report()
+    compiled = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(None, report))
+    with torch.no_grad():
+        ref = model(**kwargs)[0]
+        outs = [compiled(**kwargs)[0] for _ in range(calls)]
+    return n, ref, outs, report

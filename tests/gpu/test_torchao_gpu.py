@@ -16,21 +16,13 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
     pytest.skip("needs CUDA with FP8 (sm_89+)", allow_module_level=True)
 torchao = pytest.importorskip("torchao")
 
-import diffusion_fuse  # noqa: E402
-from diffusion_fuse.testing.fp8 import quantize_linears_torchao  # noqa: E402
-from diffusion_fuse.testing.tiny_models import build  # noqa: E402
+from diffusion_fuse.testing.fp8 import run_torchao_model  # noqa: E402
 
 
 @pytest.mark.parametrize("name", ["flux", "flux2"])
 def test_torchao_static_fp8_model_equals_eager_with_quantizers_fused(name):
-    model, kwargs = build(name, torch.bfloat16, "cuda")
-    n = quantize_linears_torchao(model, kwargs)
+    n, ref, outs, report = run_torchao_model(name, "cuda", calls=2)
     assert n > 0
-    report = diffusion_fuse.Report()
-    compiled = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(None, report))
-    with torch.no_grad():
-        ref = model(**kwargs)[0]
-        outs = [compiled(**kwargs)[0] for _ in range(2)]
     fused = sum(s.before.count("clamp") for s in report.sites() if s.status == "kept")
     print(f"\n{name}: torchao {torchao.__version__}, {n} linears quantized, {fused} quantizers fused\n{report.table()}")
     assert all(torch.equal(ref.view(torch.int16), o.view(torch.int16)) for o in outs)
