@@ -1,7 +1,10 @@
 """The ordered pass pipeline per tier.
 
 lossless: fuse_patterns (lossless families) → pointwise (groups what the families left) →
-          cleanup; the result runs as ATen + our ops.
+          cleanup; the result runs as ATen + our ops. What runs after verification is that graph
+          with two runtime rewrites that change no kernel, only how many Python calls issue them
+          (``PassManager.runtime``): recompose_linear (view → t → addmm → view back to one
+          ``aten.linear``) and lowering/dispatch.direct_calls (our ops without the dispatcher).
 high:     the same passes run inside Inductor as a post-grad ``CustomGraphPass``
           (fxpasses/inductor_pass.py), with the tier-"high" families enabled too; the pointwise
           pass does nothing there (Inductor fuses pointwise ops itself).
@@ -50,6 +53,18 @@ class PassManager:
         ctx = self.run(gm.graph, exclude)
         gm.recompile()
         return gm, ctx
+
+    @staticmethod
+    def runtime(gm: fx.GraphModule, recompose: bool = True) -> tuple[fx.GraphModule, int]:
+        """The graph that runs in place of ``gm`` (verified end to end by the caller), and how many
+        linears it recomposed."""
+        from ..lowering.dispatch import direct_calls
+        from .recompose_linear import recompose_linear
+
+        n = 0
+        if recompose:
+            gm, n = recompose_linear(gm)
+        return direct_calls(gm), n
 
     def uuid(self) -> str:
         h = hashlib.sha256()
