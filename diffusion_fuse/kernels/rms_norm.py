@@ -176,9 +176,18 @@ def rms_row_sum_squares(
 
 
 @triton.jit
-def _row_offsets(r, L1, L2, s0, s1, s2):
+def _row_offsets(r, L1, L2, s0, s1, s2, ROW_DIMS: tl.constexpr):
     # element offset of row r of a tensor whose rows are [L0, L1, L2] with strides (s0, s1, s2)
-    return (r // (L1 * L2)) * s0 + ((r // L2) % L1) * s1 + (r % L2) * s2
+    # (lowering/rms_norm.row_layout pads missing dims in front: one dim of rows is L2). Integer division
+    # is slow on the GPU (an int64 one is a long routine, per lane): rows of one dim (the common case)
+    # take none, two dims one; the row index is int32 unless M needs more, quotients widen only for
+    # the stride products.
+    if ROW_DIMS == 1:
+        return r.to(tl.int64) * s2
+    if ROW_DIMS == 2:
+        return (r // L2).to(tl.int64) * s1 + (r % L2).to(tl.int64) * s2
+    return ((r // (L1 * L2)).to(tl.int64) * s0 + ((r // L2) % L1).to(tl.int64) * s1
+            + (r % L2).to(tl.int64) * s2)
 
 
 @triton.jit(do_not_specialize=["M", "L1", "L2"])  # strides specialize (% 16, == 1): vector loads and stores
@@ -188,17 +197,20 @@ def _rms_norm_kernel(
     x_s0, x_s1, x_s2, x_sd, sc_s0, sc_s1, sc_s2, sh_s0, sh_s1, sh_s2, o_s0, o_s1, o_s2, o_sd,
     N_ITERS: tl.constexpr, ROWS: tl.constexpr, LPR: tl.constexpr, VEC: tl.constexpr,
     PUSH_FMA: tl.constexpr, UNIFORM: tl.constexpr, STORE_RSTD: tl.constexpr,
-    C1_DT: tl.constexpr, HAS_W: tl.constexpr, W_DT: tl.constexpr, HAS_B: tl.constexpr, B_DT: tl.constexpr,
+    ROW_DIMS: tl.constexpr, WIDE_ROWS: tl.constexpr, C1_DT: tl.constexpr, HAS_W: tl.constexpr, W_DT: tl.constexpr, HAS_B: tl.constexpr, B_DT: tl.constexpr,
     C2_DT: tl.constexpr, HAS_SCALE: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr,
     HAS_SHIFT: tl.constexpr, V_DT: tl.constexpr,
 ):
-    first = tl.program_id(0).to(tl.int64) * ROWS
+    if WIDE_ROWS:  # M >= 2**31 - 2**8: row indices in int64
+        first = tl.program_id(0).to(tl.int64) * ROWS
+    else:
+        first = tl.program_id(0) * ROWS
     if ROWS == 1:
-        x_lanes = X + _row_offsets(first, L1, L2, x_s0, x_s1, x_s2)  # one row: a scalar pointer
+        x_lanes = X + _row_offsets(first, L1, L2, x_s0, x_s1, x_s2, ROW_DIMS)  # one row: a scalar pointer
         lane_ok = first < M
     else:
         lane_row = first + tl.arange(0, ROWS * LPR) // LPR
-        x_lanes = X + _row_offsets(lane_row, L1, L2, x_s0, x_s1, x_s2)
+        x_lanes = X + _row_offsets(lane_row, L1, L2, x_s0, x_s1, x_s2, ROW_DIMS)
         lane_ok = lane_row < M
     sumsq = rms_row_sum_squares(x_lanes, lane_ok, N, x_sd, N_ITERS, ROWS, LPR, VEC, PUSH_FMA, UNIFORM)
     var = tl.math.div_rn(sumsq, tl.cast(N, tl.float32))
@@ -209,10 +221,10 @@ def _rms_norm_kernel(
         tl.store(RSTD + r, rstd, mask=row_ok)
     BLOCK: tl.constexpr = LPR * VEC
     cols = tl.arange(0, BLOCK)
-    x_rows = X + _row_offsets(r, L1, L2, x_s0, x_s1, x_s2)
-    o_off = _row_offsets(r, L1, L2, o_s0, o_s1, o_s2)[:, None]
-    sc_off = _row_offsets(r, L1, L2, sc_s0, sc_s1, sc_s2)[:, None]
-    sh_off = _row_offsets(r, L1, L2, sh_s0, sh_s1, sh_s2)[:, None]
+    x_rows = X + _row_offsets(r, L1, L2, x_s0, x_s1, x_s2, ROW_DIMS)
+    o_off = _row_offsets(r, L1, L2, o_s0, o_s1, o_s2, ROW_DIMS)[:, None]
+    sc_off = _row_offsets(r, L1, L2, sc_s0, sc_s1, sc_s2, ROW_DIMS)[:, None]
+    sh_off = _row_offsets(r, L1, L2, sh_s0, sh_s1, sh_s2, ROW_DIMS)[:, None]
     for it in range(N_ITERS):
         c = it * BLOCK + cols
         mask = row_ok[:, None] & (c < N)[None, :]
@@ -260,6 +272,11 @@ def stats_constexprs(D: int, push_fma: bool = True) -> dict:
                 UNIFORM=is_uniform(D, n_iters, lpr, VEC))
 
 
+def row_dims(L0: int, L1: int) -> int:
+    """How many of the row dims [L0, L1, L2] ``_row_offsets`` must divide out (row_layout pads in front)."""
+    return 3 - (L0 == 1) - (L0 == L1 == 1)
+
+
 def _expanded_strides(t: torch.Tensor | None, shape) -> tuple[int, ...] | None:
     return None if t is None else t.expand(shape).stride()
 
@@ -274,7 +291,8 @@ def plan_rms_norm(x, out_shape, out_strides, out_dtype, weight, bias, eps, scale
     D = x.shape[-1]
     M = x.numel() // D
     (L0, L1, L2), (xs, scs, shs, os_) = rows
-    const = dict(**stats_constexprs(D, push_fma), STORE_RSTD=store_rstd, **tail_constexprs(tail))
+    const = dict(**stats_constexprs(D, push_fma), STORE_RSTD=store_rstd, ROW_DIMS=row_dims(L0, L1),
+                 WIDE_ROWS=M >= 2**31 - 2**8, **tail_constexprs(tail))
     grid = (triton.cdiv(M, const["ROWS"]),)
     kernel = CachedLaunch(_rms_norm_kernel, grid, const, num_warps=LANES // WARP, enable_fp_fusion=False)
     device = x.device

@@ -206,7 +206,7 @@ def test_live_kernel_that_is_not_eager_is_rejected_and_the_output_is_eager(resul
 # ----------------------------------------------------------------------------------------
 
 
-def _compile_sm90(D, x="bf16", push_fma=True, tail=None, out="bf16"):
+def _compile_sm90(D, x="bf16", push_fma=True, tail=None, out="bf16", row_dims=1):
     """Compile ``_rms_norm_kernel`` for sm_90 as the launcher does for these operands."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
@@ -217,9 +217,11 @@ def _compile_sm90(D, x="bf16", push_fma=True, tail=None, out="bf16"):
 
     ptr = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
     k = rk._rms_norm_kernel
-    const = dict(**rk.stats_constexprs(D, push_fma), STORE_RSTD=False, **rk.tail_constexprs(tail or Tail()))
+    const = dict(**rk.stats_constexprs(D, push_fma), STORE_RSTD=False, ROW_DIMS=row_dims, WIDE_ROWS=False,
+                 **rk.tail_constexprs(tail or Tail()))
+    # M, L1, L2 as Triton's JIT types them for values below 2**31
     sig = {**{p: ptr[x] for p in ("X", "W", "B", "SCALE", "SHIFT")}, "OUT": ptr[out], "RSTD": "*fp32",
-           "M": "i64", "N": "i32", "L1": "i64", "L2": "i64", "eps": "fp32",
+           "M": "i32", "N": "i32", "L1": "i32", "L2": "i32", "eps": "fp32",
            **{n: "i64" for n in k.arg_names[12:len(k.arg_names) - len(const)]}, **{n: "constexpr" for n in const}}
     # As the launcher compiles contiguous, 16-byte aligned operands: unit strides along D are
     # constants, pointers and row strides carry Triton's divisibility-by-16 specialization.
@@ -255,6 +257,30 @@ def test_rms_norm_compiles_for_sm90_with_only_the_push_fma(D):
     assert layouts and layouts <= IDENTITY_LAYOUTS, layouts  # lane i of the sums is thread i
     _, ck = _compile_sm90(D, push_fma=False, tail=tail)
     assert "fma.rn.f32" not in ck.asm["ptx"]  # no contraction Triton chose on its own
+
+
+@pytest.mark.parametrize("D", [128, 3072])
+def test_row_addressing_takes_no_64_bit_division(D):
+    # rows of one dimension (QK norm on [B, S, H, 128] made contiguous): no division at all; rows over
+    # three dimensions (strided per-token layouts): 32-bit divisions only (a 64-bit one is a long routine)
+    _, flat = _compile_sm90(D, row_dims=1)
+    assert not re.search(r"\b(div|rem)\.[su](32|64)\b", flat.asm["ptx"])
+    for row_dims in (2, 3):
+        ptx = _compile_sm90(D, row_dims=row_dims)[1].asm["ptx"]
+        assert re.search(r"\b(div|rem)\.[su]32\b", ptx) and not re.search(r"\b(div|rem)\.[su]64\b", ptx)
+
+
+@pytest.mark.parametrize("shape, row_dims", [((1, 4608, 24, 128), 1), ((2, 7, 64), 1), ((3, 64), 1),
+                                             ((2, 3, 64), 1)])
+def test_contiguous_rows_are_one_dim(shape, row_dims):
+    import torch as _torch
+
+    from diffusion_fuse.kernels.rms_norm import row_dims as dims
+    from diffusion_fuse.lowering.rms_norm import row_layout
+
+    x = _torch.empty(shape)
+    (L0, L1, _), _ = row_layout(x.shape, x.stride(), x.stride())
+    assert dims(L0, L1) == row_dims
 
 
 def test_rms_norm_chain_tail_with_modulate_compiles_for_sm90():
