@@ -142,3 +142,13 @@ def run_torchao_model(name: str, device: str = "cpu", calls: int = 1):
         ref = model(**kwargs)[0]
         outs = [compiled(**kwargs)[0] for _ in range(calls)]
     return n, ref, outs, report
+
+
+def torchao_check(name: str, device: str = "cpu") -> dict:
+    """``run_torchao_model`` summarized as plain data (tests run it in a subprocess that can import torchao)."""
+    n, ref, outs, report = run_torchao_model(name, device)
+    kept = [s for s in report.sites() if s.status == "kept"]
+    bits = {torch.bfloat16: torch.int16, torch.float32: torch.int32}[ref.dtype]
+    return {"linears": n, "equal": all(torch.equal(ref.view(bits), o.view(bits)) for o in outs),
+            "sites": len(report.sites()), "kept": len(kept),
+            "quantizers_fused": sum(s.before.count("clamp") for s in kept)}
