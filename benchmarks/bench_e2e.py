@@ -5,6 +5,8 @@ Models (random weights, bf16, real widths; issue #3):
   (4096 image + 512 text tokens).
 - flux_fp8_stack: the same stack with every linear an FP8-static linear
   (diffusion_fuse.testing.fp8.FP8StaticLinear, input scales calibrated on one call; issue #5).
+- flux_torchao_stack: the same stack quantized with torchao's own static FP8 recipe
+  (``Float8StaticActivationFloat8WeightConfig``, prepare / one calibration call / convert; needs torchao).
 - wan22_block: Wan2.2-TI2V-5B-sized WanTransformer3DModel with 1 block at 704p/121f
   (27,280 tokens, per-token timesteps), fp32 modules kept as from_pretrained keeps them.
 Each forward is timed with CUDA events after warm-up (median of --reps); outputs are compared
@@ -79,7 +81,17 @@ def wan22_block():
     return m, kw
 
 
-MODELS = {"flux_stack": flux_stack, "flux_fp8_stack": flux_fp8_stack, "wan22_block": wan22_block}
+def flux_torchao_stack():
+    """The FLUX stack with torchao's own static FP8 recipe (torchao >= 0.18 importable: carry its wheel)."""
+    from diffusion_fuse.testing.fp8 import quantize_linears_torchao
+
+    m, kw = flux_stack()
+    quantize_linears_torchao(m, kw)
+    return m, kw
+
+
+MODELS = {"flux_stack": flux_stack, "flux_fp8_stack": flux_fp8_stack, "flux_torchao_stack": flux_torchao_stack,
+          "wan22_block": wan22_block}
 
 
 HOST_MS: dict[int, list[float]] = {}  # id(fn) -> host ms of each timed call (until it returned, before the sync)
