@@ -7,6 +7,7 @@ Models (random weights, bf16, real widths; issue #3):
   (diffusion_fuse.testing.fp8.FP8StaticLinear, input scales calibrated on one call; issue #5).
 - flux_torchao_stack: the same stack quantized with torchao's own static FP8 recipe
   (``Float8StaticActivationFloat8WeightConfig``, prepare / one calibration call / convert; needs torchao).
+- sana: SANA-1.6B, full depth, 1024² batch 2 (bench_models.py's config and inputs).
 - wan22_block: Wan2.2-TI2V-5B-sized WanTransformer3DModel with 1 block at 704p/121f
   (27,280 tokens, per-token timesteps), fp32 modules kept as from_pretrained keeps them.
 Each forward is timed with CUDA events after warm-up (median of --reps); outputs are compared
@@ -90,7 +91,20 @@ def flux_torchao_stack():
     return m, kw
 
 
-MODELS = {"flux_stack": flux_stack, "flux_fp8_stack": flux_fp8_stack, "flux_torchao_stack": flux_torchao_stack,
+def sana():
+    """SANA-1.6B at full depth, 1024² batch 2 (the whole-model table's config and inputs, benchmarks/bench_models.py):
+    host-bound in eager; here whole-model compiled, for kernel profiles (--profile) under CUDA graphs."""
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_models
+
+    spec = bench_models.MODELS["sana"]
+    m = bench_models.build_real(spec, [])
+    return m, spec.inputs(torch.Generator(device="cuda").manual_seed(0))
+
+
+MODELS = {"sana": sana, "flux_stack": flux_stack, "flux_fp8_stack": flux_fp8_stack, "flux_torchao_stack": flux_torchao_stack,
           "wan22_block": wan22_block}
 
 
