@@ -21,6 +21,7 @@ import triton.language as tl
 
 from .fp8_quant import BLOCK, NUM_WARPS, eager_nan_keeps_sign, quantize_e4m3, row_strides
 from .launch import CachedLaunch
+from .layer_norm_stats import program_row
 
 
 @triton.jit(do_not_specialize=["S", "a_sb", "a_ss", "b_sb", "b_ss", "q_lo", "q_hi"])
@@ -28,12 +29,10 @@ def _cat_quant_kernel(
     A, B, SCALE, C, Q, NA, W, S, a_sb, a_ss, b_sb, b_ss, q_lo, q_hi,
     BLOCK: tl.constexpr, KEEP_CAT: tl.constexpr, Q_MODE: tl.constexpr, NAN_SIGN: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
+    row, bi, si = program_row(S)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < W
     in_a = offs < NA
-    bi = row // S
-    si = row % S
     va = tl.load(A + bi * a_sb + si * a_ss + offs, mask=mask & in_a, other=0.0)
     vb = tl.load(B + bi * b_sb + si * b_ss + (offs - NA), mask=mask & (offs >= NA), other=0.0)
     v = tl.where(in_a, va, vb)

@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from .launch import CachedLaunch
+from .layer_norm_stats import program_row
 
 BLOCK = 1024  # elements per program along D (standalone and cat kernels)
 NUM_WARPS = 4
@@ -66,11 +67,9 @@ def _static_quant_kernel(
     X, SCALE, Q, N, S, x_sb, x_ss, q_lo, q_hi,
     BLOCK: tl.constexpr, Q_MODE: tl.constexpr, NAN_SIGN: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
+    row, bi, si = program_row(S)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
-    bi = row // S
-    si = row % S
     s = tl.load(SCALE).to(tl.float32)
     v = tl.load(X + bi * x_sb + si * x_ss + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(Q + row * N + offs, quantize_e4m3(v, s, q_lo, q_hi, Q_MODE, NAN_SIGN), mask=mask)

@@ -30,7 +30,7 @@ from ..lowering.gated_residual import residual_dtypes
 from ..lowering.norm_modulate import result_dtypes, sum_dtype
 from .fp8_quant import QuantEpilogue, load_scales
 from .launch import CachedLaunch
-from .layer_norm_stats import DEFAULT_VARIANT, LANES, VEC, load_row_tile, n_iters_for, store_row_tile
+from .layer_norm_stats import DEFAULT_VARIANT, LANES, VEC, load_row_tile, n_iters_for, program_row, store_row_tile
 from .ln_modulate import (_DT_CODE, _row_strides, ln_modulate_row, ln_modulate_tile, modulate_constexprs, round_to,
                           split_trailing)
 
@@ -69,9 +69,7 @@ def _gated_residual_ln_modulate_kernel(
     N_Q: tl.constexpr, STORE_OUT: tl.constexpr, OUT_DT: tl.constexpr, Q_MODE: tl.constexpr, NAN_SIGN: tl.constexpr,
     HAS_GATE_TEMB: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SCALE_TEMB: tl.constexpr, HAS_SHIFT_TEMB: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    bi = row // S
-    si = row % S
+    row, bi, si = program_row(S)
     res_row = RES + bi * res_sb + si * res_ss
     x_row = X + bi * x_sb + si * x_ss
     g_row = GATE + bi * g_sb + si * g_ss
@@ -147,9 +145,7 @@ def plan_gated_residual_ln_modulate(residual, x, gate, weight, bias, eps, scale,
 def _gated_residual_kernel(RES, X, GATE, GATE_T, R_OUT, N, S, res_sb, res_ss, x_sb, x_ss, g_sb, g_ss, gt_sb, gt_ss,
                            M_DT: tl.constexpr, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
                            HAS_GATE_TEMB: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    bi = row // S
-    si = row % S
+    row, bi, si = program_row(S)
     gated_residual_row(RES + bi * res_sb + si * res_ss, X + bi * x_sb + si * x_ss, GATE + bi * g_sb + si * g_ss,
                        GATE_T + bi * gt_sb + si * gt_ss, R_OUT + row * N, N, N_ITERS, LANES, VEC, M_DT, HAS_GATE_TEMB)
 

@@ -833,3 +833,14 @@ __all__ = [
     "welford_row_moments",
     "welford_row_stats",
 ]
+
+
+@triton.jit
+def program_row(S):
+    """This program's row (``program_id(0)``) and its (batch, token) in rows laid out [B, S], all int64 for
+    the stride products. The division is written in int32 (a grid index is < 2**31): on the GPU an int64
+    division is a long instruction sequence that every thread would run before its first load. (LLVM
+    already narrowed ``sext(row) // sext(S)`` in the one-row kernels; in the rows-per-program kernel,
+    where the row index is a sum, it did not: tests/kernels/test_compile_sm90.py reads the PTX.)"""
+    row = tl.program_id(0)
+    return row.to(tl.int64), (row // S).to(tl.int64), (row % S).to(tl.int64)

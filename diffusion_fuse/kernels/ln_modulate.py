@@ -36,7 +36,7 @@ from ..lowering.norm_modulate import result_dtypes, sum_dtype
 from .fp8_quant import QuantEpilogue, load_scales, store_quants
 from .launch import CachedLaunch
 from .layer_norm_stats import (DEFAULT_VARIANT, LANES, VEC, is_uniform, layer_norm_apply_affine, load_row_tile,
-                               n_iters_for, row_tile_trip, welford_row_stats, welford_tile_stats)
+                               n_iters_for, program_row, row_tile_trip, welford_row_stats, welford_tile_stats)
 
 _DT_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
@@ -177,9 +177,7 @@ def _ln_modulate_kernel(
     N_Q: tl.constexpr, STORE_OUT: tl.constexpr, OUT_DT: tl.constexpr, Q_MODE: tl.constexpr, NAN_SIGN: tl.constexpr,
     HAS_SCALE_TEMB: tl.constexpr, HAS_SHIFT_TEMB: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    bi = row // S
-    si = row % S
+    row, bi, si = program_row(S)
     ln_modulate_row(X + bi * x_sb + si * x_ss, x_sd, W, B, SCALE + bi * sc_sb + si * sc_ss, SHIFT + bi * sh_sb + si * sh_ss,
                     OUT + row * N, N, eps, N_ITERS, LANES, VEC, HAS_W, HAS_B, HAS_SHIFT, LN_DT, T_DT, U_DT, V_DT,
                     PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA, UNIFORM,
@@ -210,19 +208,22 @@ def _ln_modulate_rows_kernel(
     # store the same bits again.
     tl.static_assert(UNIFORM, "whole rows are held in registers")
     nprog = tl.num_programs(0)
-    row = tl.program_id(0).to(tl.int64)
+    row = tl.program_id(0)  # int32 row indices, int64 offsets (program_row says why)
     s0, s1, s2, s3 = load_scales(S0, S1, S2, S3, N_Q)
-    tile = load_row_tile(X + (row // S) * x_sb + (row % S) * x_ss, x_sd, N_ITERS, LANES, VEC)
+    tile = load_row_tile(X + (row // S).to(tl.int64) * x_sb + (row % S).to(tl.int64) * x_ss, x_sd, N_ITERS, LANES,
+                         VEC)
     for _ in range(ROWS):
         nxt = tl.minimum(row + nprog, M - 1)
-        tile_next = load_row_tile(X + (nxt // S) * x_sb + (nxt % S) * x_ss, x_sd, N_ITERS, LANES, VEC)
-        bi = row // S
-        si = row % S
-        ln_modulate_tile(tile, W, B, SCALE + bi * sc_sb + si * sc_ss, SHIFT + bi * sh_sb + si * sh_ss, OUT + row * N,
+        tile_next = load_row_tile(X + (nxt // S).to(tl.int64) * x_sb + (nxt % S).to(tl.int64) * x_ss, x_sd,
+                                  N_ITERS, LANES, VEC)
+        bi = (row // S).to(tl.int64)
+        si = (row % S).to(tl.int64)
+        row64 = row.to(tl.int64)
+        ln_modulate_tile(tile, W, B, SCALE + bi * sc_sb + si * sc_ss, SHIFT + bi * sh_sb + si * sh_ss, OUT + row64 * N,
                          N, eps, N_ITERS, LANES, VEC, HAS_W, HAS_B, HAS_SHIFT, LN_DT, T_DT, U_DT, V_DT,
                          PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA,
-                         Q + row * N, q_plane, s0, s1, s2, s3, q_lo, q_hi, N_Q, STORE_OUT, OUT_DT, Q_MODE, NAN_SIGN,
-                         SCALE_T + bi * sct_sb + si * sct_ss, SHIFT_T + bi * sht_sb + si * sht_ss, True,
+                         Q + row64 * N, q_plane, s0, s1, s2, s3, q_lo, q_hi, N_Q, STORE_OUT, OUT_DT, Q_MODE,
+                         NAN_SIGN, SCALE_T + bi * sct_sb + si * sct_ss, SHIFT_T + bi * sht_sb + si * sht_ss, True,
                          HAS_SCALE_TEMB, HAS_SHIFT_TEMB)
         tile = tile_next
         row = nxt

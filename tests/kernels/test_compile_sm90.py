@@ -226,6 +226,9 @@ def test_kernels_are_cuda_graph_capture_safe(compile_kernel):
     ck = compile_kernel()
     assert ck.metadata.global_scratch_size == 0
     assert ck.metadata.profile_scratch_size == 0
+    # row -> (batch, token) is an int32 division (layer_norm_stats.program_row): a 64-bit one is a long
+    # routine every thread would run before its first load
+    assert not re.search(r"\b(div|rem)\.[su]64\b", ck.asm["ptx"])
 
 
 # --- kernels the pointwise pass generates (kernels/pointwise_codegen.py) ------------------------
