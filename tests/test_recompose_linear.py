@@ -102,7 +102,8 @@ def test_the_lossless_runtime_graph_recomposes_and_the_verifier_records_it(monke
         assert all(bitwise_equal(ref, compiled(**kwargs)[0]) for _ in range(2))
     (vg,) = graphs
     (run,) = vg._chosen.values()
-    assert aten.linear.default in targets(run) and aten.addmm.default not in targets(run)
+    # linear, then through its binding (fxpasses/python_bindings.py)
+    assert torch._C._nn.linear in targets(run) and aten.addmm.default not in targets(run)
     (entry,) = report.graphs[0].verifications
     assert entry["linears_recomposed"] > 0 and entry["end_to_end_equal"]
 
@@ -128,5 +129,5 @@ def test_a_recomposition_that_changes_the_output_is_put_back(monkeypatch):
         ref = model(**kwargs)[0]
         assert all(bitwise_equal(ref, compiled(**kwargs)[0]) for _ in range(2))
     g = report.graphs[0]
-    assert any("recomposition put back" in n for n in g.notes), g.notes
+    assert any("runtime rewrites" in n and "put back" in n for n in g.notes), g.notes
     assert report.count(status="kept") == len(report.sites()) > 0  # the sites themselves stay

@@ -2,9 +2,10 @@
 
 lossless: fuse_patterns (lossless families) → pointwise (groups what the families left) →
           cleanup; the result runs as ATen + our ops. What runs after verification is that graph
-          with two runtime rewrites that change no kernel, only how many Python calls issue them
+          with runtime rewrites that change no kernel, only what the host does to issue them
           (``PassManager.runtime``): recompose_linear (view → t → addmm → view back to one
-          ``aten.linear``) and lowering/dispatch.direct_calls (our ops without the dispatcher).
+          ``aten.linear``), python_bindings (ATen ops through torch's generated bindings, as eager
+          calls them) and lowering/dispatch.direct_calls (our ops without the dispatcher).
 high:     the same passes run inside Inductor as a post-grad ``CustomGraphPass``
           (fxpasses/inductor_pass.py), with the tier-"high" families enabled too; the pointwise
           pass does nothing there (Inductor fuses pointwise ops itself).
@@ -55,16 +56,18 @@ class PassManager:
         return gm, ctx
 
     @staticmethod
-    def runtime(gm: fx.GraphModule, recompose: bool = True) -> tuple[fx.GraphModule, int]:
-        """The graph that runs in place of ``gm`` (verified end to end by the caller), and how many
-        linears it recomposed."""
+    def runtime(gm: fx.GraphModule, rewrite: bool = True) -> tuple[fx.GraphModule, dict[str, int]]:
+        """The graph that runs in place of ``gm`` (verified end to end by the caller), and what the
+        ATen-level runtime rewrites changed (``rewrite=False``: our ops' direct calls only)."""
         from ..lowering.dispatch import direct_calls
+        from .python_bindings import python_bindings
         from .recompose_linear import recompose_linear
 
-        n = 0
-        if recompose:
-            gm, n = recompose_linear(gm)
-        return direct_calls(gm), n
+        counts = {"linears_recomposed": 0, "python_bindings": 0}
+        if rewrite:
+            gm, counts["linears_recomposed"] = recompose_linear(gm)
+            gm, counts["python_bindings"] = python_bindings(gm)
+        return direct_calls(gm), counts
 
     def uuid(self) -> str:
         h = hashlib.sha256()
