@@ -43,3 +43,30 @@ class AdaLN(torch.nn.Module):
 def adaln_inputs(dim: int = 32, seq: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(2, seq, dim, generator=g), torch.randn(2, dim, generator=g)
+
+
+def lossless_tiny_model(name: str, monkeypatch=None, calls: int = 2):
+    """Tiny model ``name`` compiled with the lossless tier and called ``calls`` times (first call verified).
+
+    Asserts every call equals eager bitwise. Returns ``(report, runtime graphs)``: the graphs each
+    ``VerifiedGraph`` chose to run per signature (kept through ``monkeypatch`` when given, else [])."""
+    from diffusion_fuse.testing.tiny_models import build
+    from diffusion_fuse.verify import verifier
+
+    graphs = []
+    if monkeypatch is not None:
+        init = verifier.VerifiedGraph.__init__
+
+        def keep(self, *a, **k):
+            init(self, *a, **k)
+            graphs.append(self)
+
+        monkeypatch.setattr(verifier.VerifiedGraph, "__init__", keep)
+    model, kwargs = build(name)
+    report = diffusion_fuse.Report()
+    compiled = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(None, report))
+    with torch.no_grad():
+        ref = model(**kwargs)[0]
+        for _ in range(calls):
+            assert bitwise_equal(ref, compiled(**kwargs)[0])
+    return report, [run for vg in graphs for run in vg._chosen.values()]

@@ -3,12 +3,9 @@
 import torch
 import torch.fx as fx
 
-import diffusion_fuse
 from diffusion_fuse.lowering import dispatch
 from diffusion_fuse.lowering.dispatch import DIRECT, GuardedKernel, direct_calls
-from diffusion_fuse.testing.tiny_models import build
-from diffusion_fuse.verify import verifier
-from helpers import bitwise_equal
+from helpers import bitwise_equal, lossless_tiny_model
 
 ops = torch.ops.diffusion_fuse
 
@@ -47,23 +44,7 @@ def test_keyword_only_or_unknown_targets_keep_the_dispatcher():
 
 
 def test_lossless_model_runs_the_direct_graph_and_equals_eager(monkeypatch):
-    graphs = []
-    init = verifier.VerifiedGraph.__init__
-
-    def keep(self, *a, **k):
-        init(self, *a, **k)
-        graphs.append(self)
-
-    monkeypatch.setattr(verifier.VerifiedGraph, "__init__", keep)
-    model, kwargs = build("flux")
-    report = diffusion_fuse.Report()
-    compiled = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(None, report))
-    with torch.no_grad():
-        ref = model(**kwargs)[0]
-        outs = [compiled(**kwargs)[0] for _ in range(2)]  # verified call, then the chosen graph
-    assert all(bitwise_equal(ref, o) for o in outs)
-    (vg,) = graphs
-    (run,) = vg._chosen.values()
+    report, (run,) = lossless_tiny_model("flux", monkeypatch)
     targets = [n.target for n in run.graph.nodes if n.op == "call_function"]
     assert any(isinstance(t, GuardedKernel) for t in targets)
     assert not any(str(t).startswith("diffusion_fuse.") for t in targets)

@@ -4,10 +4,8 @@ import pytest
 import torch
 import torch.fx as fx
 
-import diffusion_fuse
 from diffusion_fuse.fxpasses.python_bindings import BINDINGS, python_bindings
-from diffusion_fuse.testing.tiny_models import build
-from helpers import bitwise_equal
+from helpers import bitwise_equal, lossless_tiny_model
 
 aten = torch.ops.aten
 
@@ -122,11 +120,6 @@ def test_calls_with_other_keyword_arguments_keep_the_op():
 
 
 def test_lossless_runtime_graph_uses_bindings_and_equals_eager():
-    model, kwargs = build("wan21")
-    report = diffusion_fuse.Report()
-    compiled = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(None, report))
-    with torch.no_grad():
-        ref = model(**kwargs)[0]
-        assert all(bitwise_equal(ref, compiled(**kwargs)[0]) for _ in range(2))
+    report, _ = lossless_tiny_model("wan21")
     entry = report.graphs[0].verifications[0]
     assert entry["python_bindings"] > 0 and entry["end_to_end_equal"], entry

@@ -5,11 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch._functorch.aot_autograd import aot_export_module
 
-import diffusion_fuse
 from diffusion_fuse.fxpasses.recompose_linear import recompose_linear
-from diffusion_fuse.testing.tiny_models import build
-from diffusion_fuse.verify import verifier
-from helpers import bitwise_equal
+from helpers import bitwise_equal, lossless_tiny_model
 
 aten = torch.ops.aten
 
@@ -86,22 +83,7 @@ def test_a_linear_output_read_elsewhere_stays_exact():
 
 
 def test_the_lossless_runtime_graph_recomposes_and_the_verifier_records_it(monkeypatch):
-    graphs = []
-    init = verifier.VerifiedGraph.__init__
-
-    def keep(self, *a, **k):
-        init(self, *a, **k)
-        graphs.append(self)
-
-    monkeypatch.setattr(verifier.VerifiedGraph, "__init__", keep)
-    model, kwargs = build("flux")
-    report = diffusion_fuse.Report()
-    compiled = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(None, report))
-    with torch.no_grad():
-        ref = model(**kwargs)[0]
-        assert all(bitwise_equal(ref, compiled(**kwargs)[0]) for _ in range(2))
-    (vg,) = graphs
-    (run,) = vg._chosen.values()
+    report, (run,) = lossless_tiny_model("flux", monkeypatch)
     # linear, then through its binding (fxpasses/python_bindings.py)
     assert torch._C._nn.linear in targets(run) and aten.addmm.default not in targets(run)
     (entry,) = report.graphs[0].verifications
@@ -122,12 +104,7 @@ def test_a_recomposition_that_changes_the_output_is_put_back(monkeypatch):
         return out, n
 
     monkeypatch.setattr(rl, "recompose_linear", wrong)
-    model, kwargs = build("flux")
-    report = diffusion_fuse.Report()
-    compiled = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(None, report))
-    with torch.no_grad():
-        ref = model(**kwargs)[0]
-        assert all(bitwise_equal(ref, compiled(**kwargs)[0]) for _ in range(2))
+    report, _ = lossless_tiny_model("flux")
     g = report.graphs[0]
     assert any("runtime rewrites" in n and "put back" in n for n in g.notes), g.notes
     assert report.count(status="kept") == len(report.sites()) > 0  # the sites themselves stay
