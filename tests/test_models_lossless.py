@@ -73,6 +73,10 @@ def test_lossless_equals_eager_and_matches_every_site(name, dtype):
     assert not near, report.table()
     # On CPU every op call takes the reference path, and says so (verifier check + fused run).
     assert report.counters()["fallback"] == {op: {"device is cpu": 2 * n} for op, n in calls.items() if n}
+    # the runtime rewrites ran and were kept: the verified graph is the fast one
+    for g in report.graphs:
+        assert not any("runtime rewrites" in n for n in g.notes), g.notes
+        assert all(v["python_bindings"] > 0 and v["end_to_end_equal"] for v in g.verifications), g.verifications
 
 
 def test_wan_fp32_layernorm_cast_is_folded_into_the_site():
