@@ -15,6 +15,7 @@ differs (verify/verifier.py).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import torch
@@ -78,6 +79,7 @@ def _as_to(n: fx.Node) -> bool:
 def python_bindings(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
     """A copy of ``gm`` whose calls of the table's overloads go through their bindings, and how many."""
     graph = fx.Graph()
+    graph._codegen = copy.deepcopy(gm.graph._codegen)  # the calling convention stays the traced one
     env: dict[fx.Node, fx.Node] = {}
     n_changed = 0
     for n in gm.graph.nodes:

@@ -18,6 +18,7 @@ rewritten graph end to end (verify/verifier.py), and puts the unrewritten one ba
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -82,6 +83,7 @@ def recompose_linear(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
     if not matches:
         return gm, 0
     graph = fx.Graph()
+    graph._codegen = copy.deepcopy(gm.graph._codegen)  # the calling convention stays the traced one
     env: dict[fx.Node, fx.Node] = {}
     for n in gm.graph.nodes:
         if n in matches:

@@ -16,6 +16,7 @@ A layout first seen inside a CUDA graph capture is not planned there (diffusion_
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 from collections.abc import Callable
@@ -174,6 +175,7 @@ def direct_calls(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     graphs (no autograd) whose calls pass every schema argument positionally; others keep the op.
     """
     graph = torch.fx.Graph()
+    graph._codegen = copy.deepcopy(gm.graph._codegen)  # the calling convention stays the traced one
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     changed = False
     for n in gm.graph.nodes:
