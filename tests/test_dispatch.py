@@ -4,7 +4,8 @@ import torch
 import torch.fx as fx
 
 from diffusion_fuse.lowering import dispatch
-from diffusion_fuse.lowering.dispatch import DIRECT, GuardedKernel, direct_calls
+from diffusion_fuse.fxpasses.direct_calls import direct_calls
+from diffusion_fuse.lowering.dispatch import DIRECT, GuardedKernel
 from helpers import bitwise_equal, lossless_tiny_model
 
 ops = torch.ops.diffusion_fuse

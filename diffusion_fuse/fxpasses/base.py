@@ -6,9 +6,11 @@ cache (Inductor's FX graph cache in tier "high") is keyed correctly instead of b
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import inspect
+from collections.abc import Callable
 
 import torch.fx as fx
 
@@ -39,3 +41,27 @@ class GraphPass:
     def uuid(self) -> str:
         src = inspect.getsource(type(self))
         return hashlib.sha256(f"{self.name}\0{src}\0{self.config_key()}".encode()).hexdigest()
+
+
+def retarget_calls(gm: fx.GraphModule, change: Callable[[fx.Node], tuple | None]) -> tuple[fx.GraphModule, int]:
+    """A copy of ``gm`` in which each call node ``n`` for which ``change(n)`` returns ``(target, args,
+    kwargs)`` calls that instead (args and kwargs in terms of ``gm``'s nodes), and how many changed;
+    ``gm`` itself when none did. The runtime rewrites (PassManager.runtime) are made of this."""
+    graph = fx.Graph()
+    graph._codegen = copy.deepcopy(gm.graph._codegen)  # the calling convention stays the traced one
+    env: dict[fx.Node, fx.Node] = {}
+    n_changed = 0
+    for n in gm.graph.nodes:
+        new = graph.node_copy(n, env.__getitem__)
+        repl = change(n) if n.op == "call_function" else None
+        if repl is not None:
+            target, args, kwargs = repl
+            new.target = target
+            new.args, new.kwargs = fx.node.map_arg((tuple(args), dict(kwargs)), env.__getitem__)
+            n_changed += 1
+        env[n] = new
+    if not n_changed:
+        return gm, 0
+    out = fx.GraphModule(gm, graph)
+    out.meta.update(gm.meta)
+    return out, n_changed

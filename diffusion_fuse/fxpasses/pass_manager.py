@@ -5,7 +5,7 @@ lossless: fuse_patterns (lossless families) → pointwise (groups what the famil
           with runtime rewrites that change no kernel, only what the host does to issue them
           (``PassManager.runtime``): recompose_linear (view → t → addmm → view back to one
           ``aten.linear``), python_bindings (ATen ops through torch's generated bindings, as eager
-          calls them) and lowering/dispatch.direct_calls (our ops without the dispatcher).
+          calls them) and direct_calls (our ops without the dispatcher).
 high:     the same passes run inside Inductor as a post-grad ``CustomGraphPass``
           (fxpasses/inductor_pass.py), with the tier-"high" families enabled too; the pointwise
           pass does nothing there (Inductor fuses pointwise ops itself).
@@ -59,7 +59,7 @@ class PassManager:
     def runtime(gm: fx.GraphModule, rewrite: bool = True) -> tuple[fx.GraphModule, dict[str, int]]:
         """The graph that runs in place of ``gm`` (verified end to end by the caller), and what the
         ATen-level runtime rewrites changed (``rewrite=False``: our ops' direct calls only)."""
-        from ..lowering.dispatch import direct_calls
+        from .direct_calls import direct_calls
         from .python_bindings import python_bindings
         from .recompose_linear import recompose_linear
 

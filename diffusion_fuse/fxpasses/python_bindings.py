@@ -9,17 +9,19 @@ run hundreds of such calls per block.
 
 The table below maps an overload to the binding that dispatches to it, only where the binding takes
 the overload's arguments with the same meaning (positionally, and the keywords it lists); other calls
-keep the op. ``_to_copy`` to another dtype becomes ``Tensor.to(dtype)``, which makes the same copy. The verifier checks the rewritten graph end to end and puts the traced calls back if the output
+keep the op. ``_to_copy`` to another dtype becomes ``Tensor.to(dtype)``, which makes the same copy.
+The verifier checks the rewritten graph end to end and puts the traced calls back if the output
 differs (verify/verifier.py).
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 
 import torch
 import torch.fx as fx
+
+from .base import retarget_calls
 
 aten = torch.ops.aten
 _VF = torch._C._VariableFunctions
@@ -76,24 +78,15 @@ def _as_to(n: fx.Node) -> bool:
             and n.kwargs["dtype"] != v.dtype)
 
 
+def _binding(n: fx.Node) -> tuple | None:
+    entry = BINDINGS.get(n.target)
+    if entry is not None and len(n.args) <= entry[1] and set(n.kwargs) <= entry[2]:
+        return entry[0], n.args, n.kwargs
+    if n.target is aten._to_copy.default and _as_to(n):
+        return torch.Tensor.to, (n.args[0], n.kwargs["dtype"]), {}
+    return None
+
+
 def python_bindings(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
     """A copy of ``gm`` whose calls of the table's overloads go through their bindings, and how many."""
-    graph = fx.Graph()
-    graph._codegen = copy.deepcopy(gm.graph._codegen)  # the calling convention stays the traced one
-    env: dict[fx.Node, fx.Node] = {}
-    n_changed = 0
-    for n in gm.graph.nodes:
-        new = graph.node_copy(n, env.__getitem__)
-        entry = BINDINGS.get(n.target) if n.op == "call_function" else None
-        if entry is not None and len(n.args) <= entry[1] and set(n.kwargs) <= entry[2]:
-            new.target = entry[0]
-            n_changed += 1
-        elif n.op == "call_function" and n.target is aten._to_copy.default and _as_to(n):
-            new.target, new.args, new.kwargs = torch.Tensor.to, (new.args[0], n.kwargs["dtype"]), {}
-            n_changed += 1
-        env[n] = new
-    if not n_changed:
-        return gm, 0
-    out = fx.GraphModule(gm, graph)
-    out.meta.update(gm.meta)
-    return out, n_changed
+    return retarget_calls(gm, _binding)

@@ -197,7 +197,8 @@ def _rms_norm_kernel(
     x_s0, x_s1, x_s2, x_sd, sc_s0, sc_s1, sc_s2, sh_s0, sh_s1, sh_s2, o_s0, o_s1, o_s2, o_sd,
     N_ITERS: tl.constexpr, ROWS: tl.constexpr, LPR: tl.constexpr, VEC: tl.constexpr,
     PUSH_FMA: tl.constexpr, UNIFORM: tl.constexpr, STORE_RSTD: tl.constexpr,
-    ROW_DIMS: tl.constexpr, WIDE_ROWS: tl.constexpr, C1_DT: tl.constexpr, HAS_W: tl.constexpr, W_DT: tl.constexpr, HAS_B: tl.constexpr, B_DT: tl.constexpr,
+    ROW_DIMS: tl.constexpr, WIDE_ROWS: tl.constexpr,
+    C1_DT: tl.constexpr, HAS_W: tl.constexpr, W_DT: tl.constexpr, HAS_B: tl.constexpr, B_DT: tl.constexpr,
     C2_DT: tl.constexpr, HAS_SCALE: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr,
     HAS_SHIFT: tl.constexpr, V_DT: tl.constexpr,
 ):

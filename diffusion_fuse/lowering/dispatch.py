@@ -16,7 +16,6 @@ A layout first seen inside a CUDA graph capture is not planned there (diffusion_
 
 from __future__ import annotations
 
-import copy
 import os
 import threading
 from collections.abc import Callable
@@ -63,7 +62,8 @@ def kernels_disabled() -> bool:
 refresh_kernels_disabled()
 
 
-# op overload -> its one implementation: what the lossless tier's runtime graph calls directly (direct_calls)
+# op overload -> its one implementation: what the lossless tier's runtime graph calls directly
+# (fxpasses/direct_calls.py)
 DIRECT: dict[Any, Callable[..., Any]] = {}
 
 
@@ -79,7 +79,7 @@ class GuardedKernel:
     def __init__(self, op: str, layout_key: Callable[..., tuple], guard: Callable[..., tuple[bool, str]],
                  plan: Callable[..., Callable[..., Any]], reference: Callable[..., Any]) -> None:
         self.op, self.layout_key, self.guard, self.plan, self.reference = op, layout_key, guard, plan, reference
-        # FX emits a call_function target under these names (direct_calls puts this object in graphs)
+        # FX emits a call_function target under these names (fxpasses/direct_calls.py puts this object in graphs)
         self.__name__, self.__module__ = f"{op}_guarded", "diffusion_fuse.lowering"
         self._plans: dict[tuple, tuple[str, Callable[..., Any] | None]] = {}
         self._lock = threading.Lock()
@@ -161,57 +161,6 @@ class GuardedKernel:
 
 def impl(lib: torch.library.Library, name: str, kernel: Callable[..., Any]) -> None:
     """Register ``kernel`` as op ``diffusion_fuse::<name>``'s implementation (every device, inference),
-    and let graphs call it directly (``direct_calls``): the dispatcher would call this same object."""
+    and let graphs call it directly (fxpasses/direct_calls.py): the dispatcher would call this same object."""
     lib.impl(name, kernel, "CompositeExplicitAutograd")
     DIRECT[getattr(torch.ops.diffusion_fuse, name).default] = kernel
-
-
-def direct_calls(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """A copy of ``gm`` that calls our ops' ``GuardedKernel`` directly instead of through the dispatcher.
-
-    The dispatcher would call that same object (our ops' only implementation, CompositeExplicitAutograd):
-    skipping it saves its per-call cost (boxing the arguments, a Python re-entry), several microseconds
-    an op, which host-bound models (small batches, few tokens) pay on every call. Only for inference
-    graphs (no autograd) whose calls pass every schema argument positionally; others keep the op.
-    """
-    graph = torch.fx.Graph()
-    graph._codegen = copy.deepcopy(gm.graph._codegen)  # the calling convention stays the traced one
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    changed = False
-    for n in gm.graph.nodes:
-        new = graph.node_copy(n, env.__getitem__)
-        kernel = DIRECT.get(n.target) if n.op == "call_function" else None
-        if kernel is not None:
-            args = _full_positional_args(n)
-            if args is not None:
-                new.target, new.args, new.kwargs = kernel, tuple(torch.fx.node.map_arg(args, env.__getitem__)), {}
-                changed = True
-        env[n] = new
-    if not changed:
-        return gm
-    out = torch.fx.GraphModule(gm, graph)
-    out.meta.update(gm.meta)
-    return out
-
-
-def _full_positional_args(n: torch.fx.Node) -> tuple | None:
-    """The node's arguments in schema order with defaults filled, or None (keyword-only arguments)."""
-    schema = n.target._schema
-    args = list(n.args)
-    if len(args) > len(schema.arguments):
-        return None
-    for a in schema.arguments[len(args):]:
-        if a.kwarg_only:
-            return None
-        if a.name in n.kwargs:
-            args.append(n.kwargs[a.name])
-        elif a.has_default_value():
-            args.append(a.default_value)
-        else:
-            return None
-    if any(a.kwarg_only for a in schema.arguments) or len(args) != len(schema.arguments):
-        return None
-    # what the dispatcher's boxing does to a Python int passed as a float argument (a kernel may
-    # specialize on the Python type)
-    return tuple(float(v) if str(a.type) in ("float", "Optional[float]") and type(v) is int else v
-                 for a, v in zip(schema.arguments, args))
