@@ -1,10 +1,11 @@
-"""lowering/dispatch.py: the lossless tier's runtime graph calls our ops' kernels without the dispatcher."""
+"""fxpasses/direct_calls.py (and lowering/dispatch.impl, DIRECT): the lossless tier's runtime graph calls our
+ops' kernels without the dispatcher."""
 
 import torch
 import torch.fx as fx
 
-from diffusion_fuse.lowering import dispatch
 from diffusion_fuse.fxpasses.direct_calls import direct_calls
+from diffusion_fuse.lowering import dispatch
 from diffusion_fuse.lowering.dispatch import DIRECT, GuardedKernel
 from helpers import bitwise_equal, lossless_tiny_model
 
@@ -39,7 +40,7 @@ def test_defaults_are_filled_and_float_arguments_stay_floats():
     assert bitwise_equal(gm(x, s), direct(x, s))  # the same object either way: the reference path on CPU
 
 
-def test_keyword_only_or_unknown_targets_keep_the_dispatcher():
+def test_ops_that_are_not_ours_keep_the_dispatcher():
     gm = _graph_calling(torch.ops.aten.add.Tensor, ("x", "s"))
     assert direct_calls(gm) is gm
 
