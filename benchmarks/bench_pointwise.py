@@ -70,7 +70,7 @@ def main() -> None:
         hits = counters.snapshot()["kernel"].get("pointwise", 0)
         eager_us = triton.testing.do_bench(lambda: fn(*ins)) * 1e3
         fused_us = triton.testing.do_bench(lambda: gm(*ins)) * 1e3
-        moved = sum(t.numel() * t.element_size() for t in ins) + sum(t.numel() * t.element_size() for t in got)
+        moved = sum(t.numel() * t.element_size() for t in [*ins, *got] if isinstance(t, torch.Tensor))
         floor_us = moved / bw * 1e6
         rec = {"chain": name, "site": ",".join(site_ops(sites[0])) if sites else None, "eager_us": eager_us,
                "fused_us": fused_us, "floor_us": floor_us, "exact": exact, "kernel_hits": hits}

@@ -121,6 +121,30 @@ def test_a_single_op_is_left_to_eager(fn):
     assert sites == []
 
 
+@pytest.mark.parametrize("fn, args", [
+    (torch.add, (rn(2, 300, 256), rn(256))),  # a bias broadcast over rows
+    (torch.mul, (rn(2, 256, 300).transpose(1, 2), rn(2, 300, 256))),  # operands laid out differently
+    (lambda x: x.float(), (rn(2, 256, 300).transpose(1, 2),)),  # a cast of a non-contiguous input
+], ids=["broadcast", "layouts", "strided_cast"])
+def test_a_large_single_op_eager_runs_strided_is_fused(fn, args):
+    from diffusion_fuse.fxpasses.pointwise import LONE_OP_MIN_NUMEL
+
+    assert args[0].numel() >= LONE_OP_MIN_NUMEL
+    gm, sites = pw.fuse(fn, *args)
+    assert len(sites) == 1 and len(pointwise_calls(gm)) == 1
+    run(gm, fn, args)
+
+
+@pytest.mark.parametrize("fn, args", [
+    (torch.add, (rn(2, 300, 256), rn(2, 300, 256, seed=1))),  # same layouts: eager's vectorized loop
+    (torch.add, (rn(2, 30, 256), rn(256))),  # small
+    (lambda x: x.float(), (rn(2, 300, 256),)),  # a contiguous cast
+], ids=["same_layout", "small", "contiguous_cast"])
+def test_a_single_op_eager_runs_vectorized_or_small_is_left_to_eager(fn, args):
+    _, sites = pw.fuse(fn, *args)
+    assert sites == []
+
+
 def test_ops_it_cannot_reproduce_stay_eager():
     def f(x, y):
         return (x.double() * 2).float() + y.pow(3) * 2  # fp64, pow 3: not reproduced

@@ -16,7 +16,11 @@ Then per group: the values read outside become outputs, computed by the kernel a
 once, when they are computed values of the group's largest element count; a view, or a smaller
 value (``scale + 1`` of shape [B,1,D] next to [B,S,D]), read outside also stays in the graph,
 and the kernel recomputes it where it needs it. A group that would replace fewer than two
-computed ops (nothing to save) is left alone.
+computed ops is left alone (nothing to save), unless its one op is large and one eager runs with
+TensorIterator's strided loop (``lone_op_worth_fusing``): an operand broadcast or laid out
+unlike the output (SANA's bias adds after a ``mm`` on a transposed input), or a dtype
+conversion of a non-contiguous input (its q/k/v ``.float()``). Measured on the H200 at SANA's
+shapes, eager's loop runs those at a third of the copy bandwidth.
 
 Each group is a ``Site`` (pattern ``pointwise``) the verifier judges like the others; its program
 (the group's own subgraph, also the reference impl) is registered under the key the op call
@@ -96,6 +100,20 @@ def classify(n: fx.Node) -> str | None:
             if a.meta["val"].device != v.device:
                 return None
     return "compute"
+
+
+LONE_OP_MIN_NUMEL = 1 << 16  # below this a lone op's kernel is launch-bound either way
+
+
+def lone_op_worth_fusing(n: fx.Node) -> bool:
+    """Whether one op alone is worth a generated kernel: large, and run by eager's strided (unvectorized) loop."""
+    v = n.meta.get("val")
+    if not isinstance(v, torch.Tensor) or not isinstance(v.numel(), int) or v.numel() < LONE_OP_MIN_NUMEL:
+        return False
+    ins = [a.meta["val"] for a in n.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
+    if any(a.numel() < v.numel() or a.stride() != v.stride() for a in ins):
+        return True  # broadcast, or laid out unlike the output
+    return n.target is torch.ops.aten._to_copy.default and any(a.dtype != v.dtype and not a.is_contiguous() for a in ins)
 
 
 @dataclasses.dataclass
@@ -239,7 +257,8 @@ def group_site(group: list[fx.Node]) -> Site | None:
         live.add(n)
         stack.extend(a for a in n.all_input_nodes if a in members)
     replaced = [n for n in group if n not in kept]
-    if sum(kinds[n] == "compute" for n in replaced) < 2:
+    compute = [n for n in replaced if kinds[n] == "compute"]
+    if len(compute) < 2 and not (len(compute) == 1 and lone_op_worth_fusing(compute[0])):
         return None
     body = [n for n in group if n in live]
     inputs: list[fx.Node] = []

@@ -8,6 +8,14 @@ group in one pass:
 * the iteration space is the outputs' element count; program ``p`` covers flat indices
   ``f = p*BLOCK + arange(BLOCK)``; each output unravels ``f`` in its own shape (row-major) and
   stores at its own strides (those eager gives it, from fake-tensor propagation);
+* tiled, when that flat order would read or write some tensor with a stride (a transpose:
+  SANA's linear attention reads q/k/v and writes its output across heads): the outputs' common
+  shape is walked as ``[BY, BX]`` tiles of two of its dimensions, ``x`` along the one the first
+  output is contiguous in, ``y`` along the one the strided accesses are contiguous in, and the
+  program id ``z`` over the rest. Each load and store is then contiguous along ``x`` or ``y``;
+  Triton gives each its own layout and moves values between them through shared memory.
+  ``choose_layout`` generates the flat kernel and each tiling and keeps the one with the fewest
+  bytes accessed with a stride (the flat one on a tie);
 * a node's value at a multi-index is an fp32 expression: views map the index to their input's
   index (no copy), compute nodes apply their recipe (kernels/pointwise_ops.py, the numerics
   contract) to their operands at the broadcast index, ``cat``/``stack`` select an input by the
@@ -31,7 +39,7 @@ import operator
 import os
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.fx as fx
@@ -42,6 +50,8 @@ from .pointwise_ops import DEFAULT_VARIANTS, FLOAT_DTYPES, RECIPES, Emit, Val, V
 aten = torch.ops.aten
 BLOCK = 1024
 NUM_WARPS = 4
+TILE_X, TILE_Y = 64, 32  # tiled kernels: 2048 elements per program; a row of 64 bf16 / 32 fp32 is 128 bytes
+_MIN_RUN = 16  # elements an access must have contiguous along the fast index to count as coalesced
 _TL_DTYPE = {torch.float32: "tl.float32", torch.bfloat16: "tl.bfloat16", torch.float16: "tl.float16"}
 
 
@@ -254,6 +264,10 @@ class KernelSource:
     name: str
     outputs: list[TensorSpec]  # what to allocate, in the group's output order
     numel: int
+    grid: tuple[int, ...] = ()
+    constexprs: dict = dataclasses.field(default_factory=dict)  # BLOCK, or BX and BY when tiled
+    strided_bytes: int = 0  # bytes this kernel loads or stores with a stride along its fast index
+    tile: tuple[int, int] | None = None  # (x dim, y dim) of the outputs' shape when tiled
 
 
 class Generator(Emit):
@@ -265,6 +279,8 @@ class Generator(Emit):
         self._cse: dict[str, str] = {}
         self._memo: dict[tuple, Val] = {}
         self.index_dtype = index_dtype
+        self.bounds: dict[str, int] = {}  # iteration variable -> its extent (f, or x, y and z when tiled)
+        self.accesses: list[tuple[Lin, int]] = []  # (offset, bytes per element) of every load and store
 
     # --- emission --------------------------------------------------------------------------
     def tmp(self, expr: str) -> str:
@@ -298,11 +314,80 @@ class Generator(Emit):
             return Term(b.var, b.div * cs[k], shape[k])
 
         if base is None or any(term_for(base, k) is None for k in range(len(shape)) if shape[k] != 1):
+            digits = self.digits(flat, shape)
+            if digits is not None:
+                return digits
             base = Term(self.tmp(flat.code()), 1, 0)
         out = []
         for k in range(len(shape)):
             t = term_for(base, k) if shape[k] != 1 else None
             out.append(Lin() if t is None or t.mod == 1 else Lin.of(t))
+        return out
+
+    def term_range(self, t: Term) -> int | None:
+        """How many values ``t`` takes (None: its variable's extent is unknown)."""
+        bound = self.bounds.get(t.var)
+        if bound is None:
+            return None
+        r = -(-bound // t.div)
+        return min(r, t.mod) if t.mod else r
+
+    def digits(self, flat: Lin, shape: Sequence[int]) -> list[Lin] | None:
+        """Row-major multi-index of ``flat = sum(c * term) + const`` in ``shape`` without dividing ``flat``
+        itself: a term ``c * t`` with ``c = a * stride[k]`` (``a < shape[k]``) puts ``a * (t // p % cap)`` in digit
+        ``k`` (``cap = shape[k] / a``) and the rest of ``t`` in the digits outside it. Exact when no digit
+        overflows (the largest values of what lands in it sum to less than its size: no carry); None otherwise,
+        and the caller divides the materialized flat index."""
+        nd = len(shape)
+        cs = contiguous_strides(shape)
+        first = next((k for k, s in enumerate(shape) if s != 1), None)
+        if first is None:
+            return None
+        parts: list[list[tuple[int, Term | None, int]]] = [[] for _ in shape]  # (a, term or const, largest value)
+        for t, c in flat.terms:
+            r = self.term_range(t)
+            if r is None or c <= 0:
+                return None
+            k = next((k for k in range(nd) if shape[k] != 1 and c % cs[k] == 0 and (k == first or c // cs[k] < shape[k])),
+                     None)
+            if k is None:
+                return None
+            a, p = c // cs[k], 1
+            while True:
+                top = k == first or -(-r // p) * a <= shape[k]
+                if not top and shape[k] % a:
+                    return None
+                cap = 0 if top else shape[k] // a
+                d = _compose(t, p, cap)
+                if d is None:
+                    return None
+                parts[k].append((a, d, a * (min(-(-r // p), cap or r) - 1)))
+                if top:
+                    break
+                p, a = p * cap, 1
+                k -= 1
+                while k >= 0 and shape[k] == 1:
+                    k -= 1
+                if k < 0:
+                    return None
+        rest = flat.const
+        if rest < 0:
+            return None
+        for k in range(nd - 1, -1, -1):
+            digit = rest // cs[k] if k == first else (rest // cs[k]) % shape[k]
+            if digit:
+                parts[k].append((digit, None, digit))
+            rest -= digit * cs[k]
+        if rest:
+            return None
+        out: list[Lin] = []
+        for k in range(nd):
+            if k != first and sum(m for _, _, m in parts[k]) >= shape[k]:
+                return None  # a carry into the next digit
+            lin = Lin()
+            for a, d, _ in parts[k]:
+                lin = lin + (a if d is None else Lin.of(d).scale(a))
+            out.append(lin)
         return out
 
     # --- metadata --------------------------------------------------------------------------
@@ -331,6 +416,7 @@ class Generator(Emit):
             spec = self.meta(n)
             k = self.placeholders[n]
             off = flatten(idx, spec.stride, spec.shape)
+            self.accesses.append((off, spec.dtype.itemsize))
             if off.is_const():
                 load = f"tl.load(in{k} + {off.const})"  # one element: a valid address, no mask needed
             else:
@@ -411,7 +497,9 @@ class Generator(Emit):
         return Val(acc, out.dtype)
 
     # --- the kernel ------------------------------------------------------------------------
-    def generate(self, title: str = "") -> KernelSource:
+    def generate(self, title: str = "", tile: tuple[int, int] | None = None) -> KernelSource:
+        """The kernel: flat (``tile`` None) or walking ``[BY, BX]`` tiles of dims ``tile = (x, y)`` of the outputs'
+        common shape."""
         out_node = next(n for n in self.gm.graph.nodes if n.op == "output")
         outs = list(out_node.args[0])
         specs = [self.meta(o) for o in outs]
@@ -420,22 +508,53 @@ class Generator(Emit):
             raise Unsupported("outputs differ in element count")
         if numel == 0:
             raise Unsupported("empty output")
+        i64 = self.index_dtype != "int32"
+        if tile is None:
+            self.bounds = {"f": numel}
+            pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
+            head = [f"f = {pid} * BLOCK + tl.arange(0, BLOCK)", "m = f < numel"]
+            index_of = lambda shape: self.unravel(Lin.of(Term("f", 1, 0)), shape)  # noqa: E731
+            grid, constexprs, tparams = (triton_cdiv(numel, BLOCK),), {"BLOCK": BLOCK}, ["BLOCK: tl.constexpr"]
+        else:
+            shape = specs[0].shape
+            if any(s.shape != shape for s in specs):
+                raise Unsupported("a tiled kernel needs outputs of one shape")
+            dx, dy = tile
+            rest = [k for k in range(len(shape)) if k not in tile]
+            nz = math.prod(shape[k] for k in rest)
+            bx, by = min(TILE_X, _pow2(shape[dx])), min(TILE_Y, _pow2(shape[dy]))
+            grid = (nz, triton_cdiv(shape[dx], bx), triton_cdiv(shape[dy], by))
+            if max(grid[1:]) > 65535:
+                raise Unsupported("too many tiles for the grid")
+            self.bounds = {"x": shape[dx], "y": shape[dy], "z": nz}
+            z_idx = self.unravel(Lin.of(Term("z", 1, 0)), [shape[k] for k in rest])
+            base: list[Lin] = [Lin()] * len(shape)
+            base[dx], base[dy] = Lin.of(Term("x", 1, 0)), Lin.of(Term("y", 1, 0))
+            for k, i in zip(rest, z_idx):
+                base[k] = i
+            cast = ".to(tl.int64)" if i64 else ""
+            head = [f"z = tl.program_id(0){cast}",
+                    f"x = tl.program_id(1){cast} * BX + tl.arange(0, BX)[None, :]",
+                    f"y = tl.program_id(2){cast} * BY + tl.arange(0, BY)[:, None]",
+                    f"m = (x < {shape[dx]}) & (y < {shape[dy]})"]
+            index_of = lambda _shape: list(base)  # noqa: E731
+            constexprs, tparams = {"BX": bx, "BY": by}, ["BX: tl.constexpr", "BY: tl.constexpr"]
         body_start = len(self.lines)
-        f = Lin.of(Term("f", 1, 0))
         stores = []
         for j, (o, spec) in enumerate(zip(outs, specs)):
             if spec.dtype not in FLOAT_DTYPES:
                 raise Unsupported(f"output dtype {spec.dtype}")
-            idx = self.unravel(f, spec.shape)
+            idx = index_of(spec.shape)
             v = self.value(o, idx, "m")
-            off = self.index_code(flatten(idx, spec.stride, spec.shape))
+            flat_off = flatten(idx, spec.stride, spec.shape)
+            self.accesses.append((flat_off, spec.dtype.itemsize))
+            off = self.index_code(flat_off)
             cast = "" if spec.dtype == torch.float32 else f".to({_TL_DTYPE[spec.dtype]})"
             stores.append(f"tl.store(out{j} + {off}, {v.code}{cast}, mask=m)")
         body = self.lines[body_start:] + stores
         n_in, n_out = len(self.inputs), len(outs)
-        params = [f"in{k}" for k in range(n_in)] + [f"out{j}" for j in range(n_out)] + ["numel", "BLOCK: tl.constexpr"]
-        pid = "tl.program_id(0)" if self.index_dtype == "int32" else "tl.program_id(0).to(tl.int64)"
-        text = "\n".join(f"    {ln}" for ln in [f"f = {pid} * BLOCK + tl.arange(0, BLOCK)", "m = f < numel", *body])
+        params = [f"in{k}" for k in range(n_in)] + [f"out{j}" for j in range(n_out)] + ["numel", *tparams]
+        text = "\n".join(f"    {ln}" for ln in [*head, *body])
         libdevice = ("from diffusion_fuse.kernels.pointwise_ops import interpreter_libdevice\n"
                      "libdevice = interpreter_libdevice()\n" if triton_interpret()
                      else "from triton.language.extra import libdevice\n")
@@ -444,7 +563,67 @@ class Generator(Emit):
         header = "".join(f"# {ln}\n" for ln in title.splitlines())
         source = (f"{header}import triton\nimport triton.language as tl\n{libdevice}\n\n"
                   f"@triton.jit\ndef {name}({', '.join(params)}):\n{text}\n")
-        return KernelSource(source, name, specs, numel)
+        fast = ("f",) if tile is None else ("x", "y")
+        strided = sum(size for off, size in self.accesses if not _coalesced(off, fast)) * numel
+        return KernelSource(source, name, specs, numel, grid, constexprs, strided, tile)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _compose(t: Term, p: int, q: int) -> Term | None:
+    """``t // p % q`` (``q == 0``: no modulo) as one term, when it is one."""
+    if p == 1 and q == 0:
+        return t
+    if t.mod == 0:
+        return Term(t.var, t.div * p, q)
+    if t.mod % p:
+        return None
+    m = t.mod // p  # (v // d % mod) // p == v // (d * p) % (mod / p) when p divides mod
+    if q == 0 or m <= q:
+        return Term(t.var, t.div * p, m)
+    return Term(t.var, t.div * p, q) if m % q == 0 else None
+
+
+def _coalesced(off: Lin, fast: Sequence[str]) -> bool:
+    """Whether neighbouring lanes along one of the ``fast`` indices touch neighbouring elements: a term of
+    coefficient 1 with a run of at least _MIN_RUN (a tiled kernel lays its lanes along whichever index has one),
+    or no fast index moving it faster than every _MIN_RUN lanes (a broadcast row or column)."""
+    if any(t.var not in ("f", "x", "y", "z") for t, _ in off.terms):
+        return False  # through a materialized index: unknown
+    for var in fast:
+        if any(t.var == var and c == 1 and t.div == 1 and (t.mod == 0 or t.mod >= _MIN_RUN) for t, c in off.terms):
+            return True
+    return all(t.div >= _MIN_RUN for t, _ in off.terms if t.var in fast)
+
+
+def choose_layout(make: Callable[[], Generator], title: str = "") -> KernelSource:
+    """The flat kernel, or a tiled one when that accesses fewer bytes with a stride (module docstring)."""
+    best = make().generate(title)
+    if not best.strided_bytes:
+        return best
+    shape, stride = best.outputs[0].shape, best.outputs[0].stride
+    if any(o.shape != shape for o in best.outputs):
+        return best
+    inner = [k for k in range(len(shape)) if shape[k] > 1 and stride[k] == 1]
+    if not inner:
+        return best
+    dx = inner[-1]
+    for dy in range(len(shape)):
+        if dy == dx or shape[dy] < _MIN_RUN:
+            continue
+        try:
+            src = make().generate(title, tile=(dx, dy))
+        except Unsupported:
+            continue
+        if src.strided_bytes < best.strided_bytes:
+            best = src
+    return best
 
 
 # ---------------------------------------------------------------------------------------------

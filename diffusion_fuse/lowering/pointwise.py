@@ -25,7 +25,16 @@ import torch
 import torch.fx as fx
 
 from ..kernels import triton_interpret
-from ..kernels.pointwise_codegen import BLOCK, NUM_WARPS, VIEW_OPS, Generator, KernelSource, TensorSpec, Unsupported
+from ..kernels.pointwise_codegen import (
+    BLOCK,
+    NUM_WARPS,
+    VIEW_OPS,
+    Generator,
+    KernelSource,
+    TensorSpec,
+    Unsupported,
+    choose_layout,
+)
 from ..kernels.pointwise_ops import DEFAULT_VARIANTS, FLOAT_DTYPES, Variants
 from .dispatch import GuardedKernel, error_message, impl
 
@@ -102,8 +111,9 @@ def generate_source(inputs, key, variants: Variants = DEFAULT_VARIANTS) -> Kerne
     specs = propagate_specs(prog.gm, inputs)
     outs = [specs[o] for o in next(n for n in prog.gm.graph.nodes if n.op == "output").args[0]]
     big = max([math.prod(o.shape) for o in outs] + [_extent(s.shape, s.stride) for s in in_specs + outs])
-    gen = Generator(prog.gm, specs, in_specs, variants, index_dtype="int32" if big < _INT32_LIMIT else "int64")
-    return gen.generate(title=f"diffusion_fuse::pointwise {key}: {' '.join(prog.ops)}")
+    index_dtype = "int32" if big < _INT32_LIMIT else "int64"
+    return choose_layout(lambda: Generator(prog.gm, specs, in_specs, variants, index_dtype),
+                         title=f"diffusion_fuse::pointwise {key}: {' '.join(prog.ops)}")
 
 
 def layout_key(inputs, key) -> tuple:
@@ -143,8 +153,7 @@ def _plan(inputs, key):
     from ..kernels.pointwise_codegen import load_kernel
 
     src = _prepared.pop(layout_key(inputs, key), None) or generate_source(inputs, key)
-    kernel = CachedLaunch(load_kernel(src), (triton_cdiv(src.numel, BLOCK),), {"BLOCK": BLOCK},
-                          num_warps=NUM_WARPS, enable_fp_fusion=False)
+    kernel = CachedLaunch(load_kernel(src), src.grid, src.constexprs, num_warps=NUM_WARPS, enable_fp_fusion=False)
     outs, numel = src.outputs, src.numel
     device = inputs[0].device
 
@@ -156,18 +165,14 @@ def _plan(inputs, key):
     return launch
 
 
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def launch_once(key: str, inputs, variants: Variants = DEFAULT_VARIANTS) -> list[torch.Tensor]:
     """Generate ``key``'s kernel for ``inputs`` and launch it through Triton's JIT (no guard, no plan cache)."""
     from ..kernels.pointwise_codegen import load_kernel
 
     src = generate_source(inputs, key, variants)
     outs = [torch.empty_strided(o.shape, o.stride, dtype=o.dtype, device=inputs[0].device) for o in src.outputs]
-    load_kernel(src)[(triton_cdiv(src.numel, BLOCK),)](*inputs, *outs, src.numel, BLOCK=BLOCK, num_warps=NUM_WARPS,
-                                                       enable_fp_fusion=variants.fp_fusion)
+    load_kernel(src)[src.grid](*inputs, *outs, src.numel, **src.constexprs, num_warps=NUM_WARPS,
+                               enable_fp_fusion=variants.fp_fusion)
     return outs
 
 

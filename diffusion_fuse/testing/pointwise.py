@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.fx as fx
 
@@ -107,8 +109,33 @@ def gelu_clone(x):  # FF: GELU then Dropout(p=0) = clone
     return torch.nn.functional.gelu(x, approximate="tanh").clone()
 
 
+# SANA's linear attention (diffusers SanaLinearAttnProcessor2_0), between its linears and matmuls: heads are
+# split off a [B, N, heads * dim] linear output by a transpose, so each group reads or writes across the layout
+# (tiled kernels), and two of them are lone ops eager runs with its strided loop.
+def sana_query_relu(q, heads):  # relu(q).float(), then matmul's reshape copies it contiguous
+    return torch.relu(q.transpose(1, 2).unflatten(1, (heads, -1))).float().contiguous()
+
+
+def sana_key_relu(k, heads):
+    return torch.relu(k.transpose(1, 2).unflatten(1, (heads, -1)).transpose(2, 3)).float().contiguous()
+
+
+def sana_value_float(v, heads):  # v.float() alone (F.pad follows)
+    return v.transpose(1, 2).unflatten(1, (heads, -1)).float()
+
+
+def sana_attn_out(h):  # h: [B, heads, dim + 1, N] fp32 from the second matmul; to_out's reshape copies it
+    h = h[:, :, :-1] / (h[:, :, -1:] + 1e-15)
+    return h.flatten(1, 2).transpose(1, 2).to(torch.bfloat16).contiguous()
+
+
+def bias_add(x, bias):  # a linear's bias added alone (at::linear on a non-contiguous input: mm, then add)
+    return x + bias
+
+
 CHAINS = ("flux_rope_single", "flux_rope_double", "flux_gated_residual", "flux_gelu_cat", "flux_residual_split_cat",
-          "flux_gelu_clone", "swiglu", "wan_fp32_residual")
+          "flux_gelu_clone", "swiglu", "wan_fp32_residual", "sana_query_relu", "sana_key_relu", "sana_value_float",
+          "sana_attn_out", "sana_bias_add")
 
 
 def chain(name: str, device="cuda", seed: int = 0):
@@ -130,4 +157,10 @@ def chain(name: str, device="cuda", seed: int = 0):
         "flux_gelu_clone": (gelu_clone, (rn(1, 4096, 12288),)),
         "swiglu": (swiglu, (rn(1, 4096, 2 * 6144),)),
         "wan_fp32_residual": (wan_residual, (rn(1, 27280, 3072), rn(1, 27280, 3072), rn(1, 1, 3072, dtype=f32))),
+        # SANA-1.6B at 1024², batch 2: 1024 tokens, 70 heads of 32
+        "sana_query_relu": (functools.partial(sana_query_relu, heads=70), (rn(2, 1024, 2240),)),
+        "sana_key_relu": (functools.partial(sana_key_relu, heads=70), (rn(2, 1024, 2240),)),
+        "sana_value_float": (functools.partial(sana_value_float, heads=70), (rn(2, 1024, 2240),)),
+        "sana_attn_out": (sana_attn_out, (rn(2, 70, 33, 1024, dtype=f32),)),
+        "sana_bias_add": (bias_add, (rn(2, 1024, 2240), rn(2240))),
     }[name]

@@ -10,6 +10,7 @@ stood in for by tl.math: tolerance there). Bit-exactness on the GPU is tests/gpu
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -86,23 +87,42 @@ def make(name, seed=0):
         "two_outputs": (_two_outputs, (rn(6, 2, 16),)),
         "gelu_clone": (pw.gelu_clone, (rn(4, 128),)),
         "activations": (_silu_sigmoid_tanh, (rn(3, 100, dtype=f32),)),
+        # SANA's linear attention at 5 heads of 16, 48 tokens (1 and 37 tokens: tiles cut by the edges)
+        "sana_query_relu": (functools.partial(pw.sana_query_relu, heads=5), (rn(2, 48, 80),)),
+        "sana_key_relu": (functools.partial(pw.sana_key_relu, heads=5), (rn(2, 48, 80),)),
+        "sana_value_float": (functools.partial(pw.sana_value_float, heads=5), (rn(2, 256, 320),)),  # lone: >= 2**16
+        "sana_attn_out": (pw.sana_attn_out, (rn(2, 5, 17, 48, dtype=f32),)),
+        "sana_attn_out_odd": (pw.sana_attn_out, (rn(1, 3, 17, 37, dtype=f32),)),
+        "sana_key_relu_fp32": (functools.partial(pw.sana_key_relu, heads=3), (rn(2, 70, 96, dtype=f32),)),
+        "bias_add": (pw.bias_add, (rn(2, 300, 256), rn(256))),
     }[name]
 
 
 CASES = ["rope", "rope_cat", "gated_residual", "gelu_cat", "swiglu", "wan_residual", "fp32_chain", "where_mask",
          "strided_in", "permuted_out", "stack_split", "modulate_fp16", "zero_dim", "two_outputs", "gelu_clone",
-         "activations"]
+         "activations", "sana_query_relu", "sana_key_relu", "sana_value_float", "sana_attn_out", "sana_attn_out_odd",
+         "sana_key_relu_fp32", "bias_add"]
 # fp32 cases whose ops eager computes alike on CPU and CUDA, and the interpreter exactly: bitwise
-EXACT = {"fp32_chain", "where_mask", "strided_in", "permuted_out"}
+EXACT = {"fp32_chain", "where_mask", "strided_in", "permuted_out", "sana_query_relu", "sana_key_relu",
+         "sana_value_float", "sana_key_relu_fp32"}
+# the layouts choose_layout must pick: (x dim, y dim) of the outputs' shape, None for the flat kernel
+# (SANA's key: both sides contiguous along the head dim, 16 or 32 elements: flat)
+TILES = {"sana_query_relu": (3, 2), "sana_key_relu": None, "sana_value_float": (2, 3), "sana_attn_out": (2, 1),
+         "sana_attn_out_odd": (2, 1), "sana_key_relu_fp32": None, "bias_add": None, "strided_in": (1, 2),
+         "permuted_out": (1, 2), "gated_residual": None}
 
 
 def worker() -> dict:
     from diffusion_fuse.lowering import counters
     from diffusion_fuse.testing.pointwise import fuse, site_ops
 
+    from diffusion_fuse.lowering.pointwise import generate_source
+    from diffusion_fuse.testing.pointwise import program_of
+
     res = {}
     for name in CASES:
         fn, args = make(name)
+        src = generate_source(list(args), program_of(fn, *args)) if name in TILES else None  # all ops generatable
         gm, sites = fuse(fn, *args)
         counters.reset()
         ref = fn(*args)
@@ -116,6 +136,8 @@ def worker() -> dict:
             "rel_err": max(float((r.double() - g.double()).norm() / max(r.double().norm(), 1e-30))
                            for r, g in zip(refs, gots)),
             "equal": all(torch.equal(r, g) for r, g in zip(refs, gots)),
+            "tile": list(src.tile) if src and src.tile else None,
+            "strided_bytes": src.strided_bytes if src else None,
         }
     # Through the backend: the interpreter's fp32 -> bf16 cast truncates, so the verifier rejects
     # this bf16 group, and the report names the first op whose kernel differs from eager.
@@ -157,6 +179,58 @@ def test_generated_kernel_matches_eager(results, case):
 def test_whole_chain_is_one_site(results, case, ops):
     assert results[case]["sites"] == [ops]
 
+
+
+@pytest.mark.parametrize("case", sorted(TILES))
+def test_layout_reads_and_writes_contiguously(results, case):
+    """A transpose is walked in tiles (each access contiguous along one tile index), anything else flat."""
+    r = results[case]
+    assert r["tile"] == (list(TILES[case]) if TILES[case] else None), r
+    assert r["strided_bytes"] == 0, r
+
+
+def _eval_lin(lin, env):
+    return lin.const + sum(c * ((env[t.var] // t.div) % t.mod if t.mod else env[t.var] // t.div) for t, c in lin.terms)
+
+
+@pytest.mark.parametrize("shape, view_as, tile", [
+    ((2, 140, 64), (2, 7, 20, 64), (1, 2)),  # SANA: heads merged into channels, walked across them
+    ((2, 5, 16, 48), (2, 80, 48), (3, 2)),  # the z digits land inside a dim shared with y: no carry
+    ((3, 35, 7), (3, 5, 7, 7), (1, 2)),
+    ((4, 6, 10), (24, 10), (2, 0)),
+    ((6, 10), (4, 15), (1, 0)),  # digits straddle dims: needs the materialized flat index
+    ((1, 37, 3, 17), (37, 51), (3, 1)),
+])
+def test_tiled_view_indices_unravel_exactly(shape, view_as, tile):
+    """The multi-index a view's input sees, for every (x, y, z) of a tiling, equals unravelling the flat index
+    (``Generator.digits``, or the materialized flat index where digits would carry)."""
+    import itertools
+    import math
+
+    from diffusion_fuse.kernels.pointwise_codegen import Generator, Lin, Term, contiguous_strides, flatten
+
+    gen = Generator.__new__(Generator)
+    gen.lines, gen._cse = [], {}
+    dx, dy = tile
+    rest = [k for k in range(len(shape)) if k not in tile]
+    nz = math.prod(shape[k] for k in rest)
+    gen.bounds = {"x": shape[dx], "y": shape[dy], "z": nz}
+    z_idx = gen.unravel(Lin.of(Term("z", 1, 0)), [shape[k] for k in rest])
+    idx = [Lin()] * len(shape)
+    idx[dx], idx[dy] = Lin.of(Term("x", 1, 0)), Lin.of(Term("y", 1, 0))
+    for k, i in zip(rest, z_idx):
+        idx[k] = i
+    flat = flatten(idx, contiguous_strides(shape), shape)
+    got = gen.unravel(flat, view_as)
+    tmps = {name: expr for expr, name in gen._cse.items()}
+    cs = contiguous_strides(view_as)
+    for x, y, z in itertools.product(range(shape[dx]), range(shape[dy]), range(nz)):
+        env = {"x": x, "y": y, "z": z}
+        for name, expr in tmps.items():  # materialized indices
+            env[name] = eval(expr, {}, dict(env))
+        f = _eval_lin(flat, env)
+        want = [(f // cs[k]) % view_as[k] for k in range(len(view_as))]
+        assert [_eval_lin(i, env) for i in got] == want, (x, y, z)
 
 
 def test_a_rejected_group_names_the_op_that_differs(results):
