@@ -6,7 +6,12 @@ slices of a [1,S,6,D] fp32 table). Times are medians of ``triton.testing.do_benc
 events, warm-up, L2 flushed between runs). The floor is the bytes that must move (inputs read
 once, output written once) over the device-to-device copy bandwidth measured in the same run.
 
-    python benchmarks/bench_norm.py [--json PATH]
+Each LN+modulate workload also times the kernel's launch variants (kernels/ln_modulate.py
+``LAUNCH_CANDIDATES``: row groups, the one-exchange tree, register caps) in the same run: rows
+labelled ``  variant <name>``, bit-exactness checked against eager like the default row (their
+eager/inductor ratios use that workload's eager and Inductor times).
+
+    python benchmarks/bench_norm.py [--json PATH] [--variants all|none|NAME,NAME]
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from tabulate import tabulate
 from triton.testing import do_bench
 
 from diffusion_fuse.kernels.gated_residual_ln import plan_gated_residual_ln_modulate
-from diffusion_fuse.kernels.ln_modulate import plan_ln_modulate
+from diffusion_fuse.kernels.ln_modulate import LAUNCH_CANDIDATES, plan_ln_modulate
 from diffusion_fuse.lowering.gated_residual import gated_residual_ln_modulate_reference
 from diffusion_fuse.lowering.norm_modulate import ln_modulate_reference
 
@@ -32,6 +37,14 @@ def copy_bandwidth() -> float:
     b = torch.empty_like(a)
     ms = do_bench(lambda: b.copy_(a), warmup=25, rep=200, return_mode="median")
     return 2 * n / (ms * 1e-3)
+
+
+def copy_us(nbytes: int) -> float:
+    """µs of one device copy moving ``nbytes`` (half read, half written) at this size: launch, ramp-up and tail
+    included, what the fastest kernel of that traffic takes (next to the floor from the large copy's bandwidth)."""
+    a = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    return do_bench(lambda: b.copy_(a), warmup=25, rep=200, return_mode="median") * 1e3
 
 
 def workloads():
@@ -86,7 +99,16 @@ def _equal(a, b) -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_norm.json"))
+    ap.add_argument("--variants", default="all", help="launch variants timed per LN+modulate workload: all, none, "
+                    f"or names from {sorted(k for k in LAUNCH_CANDIDATES if k != 'default')}")
     args_ = ap.parse_args()
+    if args_.variants == "all":
+        variants = [k for k in LAUNCH_CANDIDATES if k != "default"]
+    else:
+        variants = [] if args_.variants == "none" else args_.variants.split(",")
+    unknown = [v for v in variants if v not in LAUNCH_CANDIDATES]
+    if unknown:
+        ap.error(f"unknown variants {unknown}")
     bw = copy_bandwidth()
     rows, records = [], []
     for name, spec in workloads():
@@ -108,19 +130,36 @@ def main() -> None:
              for k, f in (("eager", eager), ("inductor", lambda: ind(*args)), ("ours", ours), ("ours_op", op))}
         fb = floor_bytes(spec, ref)
         floor_us = fb / bw * 1e6
-        rec = dict(workload=name, **{f"{k}_us": v for k, v in t.items()}, floor_us=floor_us, floor_bytes=fb,
-                   ours_over_floor=t["ours"] / floor_us, eager_over_ours=t["eager"] / t["ours"],
-                   inductor_over_ours=t["inductor"] / t["ours"], bit_exact=exact, inductor_bit_exact=ind_exact)
+        t["copy"] = copy_us(fb)
+        rec = dict(workload=name, variant="default", **{f"{k}_us": v for k, v in t.items()}, floor_us=floor_us,
+                   floor_bytes=fb, ours_over_floor=t["ours"] / floor_us, eager_over_ours=t["eager"] / t["ours"],
+                   inductor_over_ours=t["inductor"] / t["ours"], bit_exact=exact, inductor_bit_exact=ind_exact,
+                   ours_over_copy=t["ours"] / t["copy"])
         records.append(rec)
         rows.append([name, f"{t['eager']:.1f}", f"{t['inductor']:.1f}", f"{t['ours']:.1f}", f"{t['ours_op']:.1f}",
-                     f"{floor_us:.1f}", f"{rec['ours_over_floor']:.2f}", f"{rec['eager_over_ours']:.2f}",
+                     f"{floor_us:.1f}", f"{rec['ours_over_floor']:.2f}", f"{t['copy']:.1f}",
+                     f"{rec['ours_over_copy']:.2f}", f"{rec['eager_over_ours']:.2f}",
                      f"{rec['inductor_over_ours']:.2f}", exact, ind_exact])
+        for vname in variants if spec[0] != "gated" else []:  # the gated kernel has no launch variants
+            lv = LAUNCH_CANDIDATES[vname]
+            launch_v = plan(*args, launch_variant=lv)
+            v_exact = _equal(ref, launch_v(*args))
+            us = do_bench(lambda: launch_v(*args), warmup=25, rep=200, return_mode="median") * 1e3  # noqa: B023
+            records.append(dict(workload=name, variant=vname, variant_label=lv.label, ours_us=us, eager_us=t["eager"],
+                                inductor_us=t["inductor"], floor_us=floor_us, floor_bytes=fb,
+                                ours_over_floor=us / floor_us, eager_over_ours=t["eager"] / us,
+                                inductor_over_ours=t["inductor"] / us, ours_over_default=us / t["ours"],
+                                bit_exact=v_exact))
+            rows.append([f"  variant {vname} ({lv.label})", "", "", f"{us:.1f}", "", f"{floor_us:.1f}",
+                         f"{us / floor_us:.2f}", "", f"{us / t['copy']:.2f}", f"{t['eager'] / us:.2f}",
+                         f"{t['inductor'] / us:.2f}", v_exact, ""])
     with open(args_.json, "w") as f:
         json.dump({"copy_GBps": bw / 1e9, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                    "records": records}, f, indent=2)
     print(f"\ncopy bandwidth {bw / 1e9:.0f} GB/s ({torch.cuda.get_device_name()}, torch {torch.__version__})")
     print(tabulate(rows, headers=["workload", "eager us", "inductor us", "ours us", "ours (op) us", "floor us",
-                                  "ours/floor", "eager/ours", "inductor/ours", "bit-exact", "inductor exact"]))
+                                  "ours/floor", "copy of those bytes us", "ours/copy", "eager/ours", "inductor/ours",
+                                  "bit-exact", "inductor exact"]))
 
 
 if __name__ == "__main__":

@@ -101,6 +101,11 @@ Performance: a valid lane's count before push ``k`` of trip ``it`` is exactly ``
 unrolled (``tl.static_range``) and ``1.f/count`` is the compile-time constant ``1/(4*it+k+1)``:
 Python's double ``1/n`` rounded to fp32 equals the correctly rounded fp32 reciprocal
 ``rcp.rn`` gives for every n < 100,000 (checked exhaustively; rows here need n <= 4*32).
+
+Launch shapes of the same arithmetic (``welford_tile_stats``; kernels/ln_modulate.py ``LaunchVariant``):
+``ROWS > 1`` holds a row group, row r in lanes ``r*LANES ..`` (its own 4 warps), each row pushed and
+combined exactly as alone; ``ONE_EXCHANGE`` moves the warps' (mean, m2) through shared memory once,
+packed in one int64, instead of once per quantity. Neither changes an operation or its order.
 """
 
 from __future__ import annotations
@@ -310,6 +315,32 @@ def _warp_leaders(v, NW: tl.constexpr):
 
 
 @triton.jit
+def _pack(mean, m2):
+    # (mean, m2) fp32 -> one int64 (m2's bits high, mean's low): moved through shared memory as one value
+    lo = mean.to(tl.int32, bitcast=True).to(tl.uint32, bitcast=True).to(tl.int64)
+    return (m2.to(tl.int32, bitcast=True).to(tl.int64) << 32) | lo
+
+
+@triton.jit
+def _unpack(packed):
+    mean = packed.to(tl.int32).to(tl.float32, bitcast=True)  # truncation keeps the low 32 bits
+    m2 = (packed >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    return mean, m2
+
+
+@triton.jit
+def _tree_step_uniform_packed(packed, OUTER: tl.constexpr, HALF: tl.constexpr, CNT: tl.constexpr,
+                              COMB_MEAN: tl.constexpr, COMB_M2_FMA: tl.constexpr):
+    # _tree_step_uniform on _pack'ed states: the same combines; the relayout moves one int64 per state
+    # where _tree_step_uniform moves mean and m2 separately (two exchanges, each with its barriers).
+    lo, hi = tl.split(tl.permute(tl.reshape(packed, [OUTER, 2, HALF]), [0, 2, 1]))
+    mean_lo, m2_lo = _unpack(lo)
+    mean_hi, m2_hi = _unpack(hi)
+    mean, m2 = _welford_combine_uniform(mean_lo, m2_lo, mean_hi, m2_hi, CNT, COMB_MEAN, COMB_M2_FMA)
+    return tl.reshape(_pack(mean, m2), [OUTER * HALF])
+
+
+@triton.jit
 def _shfl_level_uniform(mean, m2, OFFSET: tl.constexpr, CNT: tl.constexpr, COMB_MEAN: tl.constexpr,
                         COMB_M2_FMA: tl.constexpr):
     return _welford_combine_uniform(mean, m2, _shfl_down(mean, OFFSET), _shfl_down(m2, OFFSET), CNT, COMB_MEAN,
@@ -339,9 +370,13 @@ def _push_trip(mean, m2, cnt, xv, valid, IT: tl.constexpr, LANES: tl.constexpr, 
 
 @triton.jit
 def _combine_lanes(mean, m2, cnt, N_ITERS: tl.constexpr, LANES: tl.constexpr, COMB_MEAN: tl.constexpr,
-                   COMB_M2_FMA: tl.constexpr, UNIFORM: tl.constexpr, SHUFFLE: tl.constexpr):
+                   COMB_M2_FMA: tl.constexpr, UNIFORM: tl.constexpr, SHUFFLE: tl.constexpr, ROWS: tl.constexpr = 1,
+                   ONE_EXCHANGE: tl.constexpr = False):
     # The combine tree over the LANES per-lane states: 5 shfl_down levels in each warp, then
     # across warps; returns the row's (mean, m2) as scalars.
+    # ROWS > 1 (a row group, ``welford_tile_stats``): the states are [ROWS * LANES], row r in lanes
+    # r*LANES .. (r+1)*LANES - 1 (warps r*NW ..). Warps never mix rows, so the shfl levels are the
+    # same; the cross-warp levels run on [ROWS, NW] groups (OUTER = ROWS) and return [ROWS] tensors.
     NW: tl.constexpr = LANES // 32
     if UNIFORM:
         # Counts are 4*N_ITERS per lane and double at every level: constants, no divisions.
@@ -352,21 +387,34 @@ def _combine_lanes(mean, m2, cnt, N_ITERS: tl.constexpr, LANES: tl.constexpr, CO
             mean, m2 = _shfl_level_uniform(mean, m2, 4, 4 * C, COMB_MEAN, COMB_M2_FMA)
             mean, m2 = _shfl_level_uniform(mean, m2, 2, 8 * C, COMB_MEAN, COMB_M2_FMA)
             mean, m2 = _shfl_level_uniform(mean, m2, 1, 16 * C, COMB_MEAN, COMB_M2_FMA)
-            mean, m2 = _warp_leaders(mean, NW), _warp_leaders(m2, NW)
+            mean, m2 = _warp_leaders(mean, ROWS * NW), _warp_leaders(m2, ROWS * NW)
         else:
-            mean, m2 = _tree_step_uniform(mean, m2, NW, 16, C, COMB_MEAN, COMB_M2_FMA)
-            mean, m2 = _tree_step_uniform(mean, m2, NW, 8, 2 * C, COMB_MEAN, COMB_M2_FMA)
-            mean, m2 = _tree_step_uniform(mean, m2, NW, 4, 4 * C, COMB_MEAN, COMB_M2_FMA)
-            mean, m2 = _tree_step_uniform(mean, m2, NW, 2, 8 * C, COMB_MEAN, COMB_M2_FMA)
-            mean, m2 = _tree_step_uniform(mean, m2, NW, 1, 16 * C, COMB_MEAN, COMB_M2_FMA)
-        if NW >= 16:
-            mean, m2 = _tree_step_uniform(mean, m2, 1, 8, 32 * C * NW // 16, COMB_MEAN, COMB_M2_FMA)
-        if NW >= 8:
-            mean, m2 = _tree_step_uniform(mean, m2, 1, 4, 32 * C * NW // 8, COMB_MEAN, COMB_M2_FMA)
-        if NW >= 4:
-            mean, m2 = _tree_step_uniform(mean, m2, 1, 2, 32 * C * NW // 4, COMB_MEAN, COMB_M2_FMA)
-        if NW >= 2:
-            mean, m2 = _tree_step_uniform(mean, m2, 1, 1, 32 * C * NW // 2, COMB_MEAN, COMB_M2_FMA)
+            mean, m2 = _tree_step_uniform(mean, m2, ROWS * NW, 16, C, COMB_MEAN, COMB_M2_FMA)
+            mean, m2 = _tree_step_uniform(mean, m2, ROWS * NW, 8, 2 * C, COMB_MEAN, COMB_M2_FMA)
+            mean, m2 = _tree_step_uniform(mean, m2, ROWS * NW, 4, 4 * C, COMB_MEAN, COMB_M2_FMA)
+            mean, m2 = _tree_step_uniform(mean, m2, ROWS * NW, 2, 8 * C, COMB_MEAN, COMB_M2_FMA)
+            mean, m2 = _tree_step_uniform(mean, m2, ROWS * NW, 1, 16 * C, COMB_MEAN, COMB_M2_FMA)
+        if ONE_EXCHANGE:
+            # the warps' states cross shared memory once, mean and m2 packed together (NOTES.md, idea 2)
+            packed = _pack(mean, m2)
+            if NW >= 16:
+                packed = _tree_step_uniform_packed(packed, ROWS, 8, 32 * C * NW // 16, COMB_MEAN, COMB_M2_FMA)
+            if NW >= 8:
+                packed = _tree_step_uniform_packed(packed, ROWS, 4, 32 * C * NW // 8, COMB_MEAN, COMB_M2_FMA)
+            if NW >= 4:
+                packed = _tree_step_uniform_packed(packed, ROWS, 2, 32 * C * NW // 4, COMB_MEAN, COMB_M2_FMA)
+            if NW >= 2:
+                packed = _tree_step_uniform_packed(packed, ROWS, 1, 32 * C * NW // 2, COMB_MEAN, COMB_M2_FMA)
+            mean, m2 = _unpack(packed)
+        else:
+            if NW >= 16:
+                mean, m2 = _tree_step_uniform(mean, m2, ROWS, 8, 32 * C * NW // 16, COMB_MEAN, COMB_M2_FMA)
+            if NW >= 8:
+                mean, m2 = _tree_step_uniform(mean, m2, ROWS, 4, 32 * C * NW // 8, COMB_MEAN, COMB_M2_FMA)
+            if NW >= 4:
+                mean, m2 = _tree_step_uniform(mean, m2, ROWS, 2, 32 * C * NW // 4, COMB_MEAN, COMB_M2_FMA)
+            if NW >= 2:
+                mean, m2 = _tree_step_uniform(mean, m2, ROWS, 1, 32 * C * NW // 2, COMB_MEAN, COMB_M2_FMA)
     else:
         # intra-warp shfl_down tree: lane l < off takes (l, l+off)
         if SHUFFLE:
@@ -375,23 +423,25 @@ def _combine_lanes(mean, m2, cnt, N_ITERS: tl.constexpr, LANES: tl.constexpr, CO
             mean, m2, cnt = _shfl_level(mean, m2, cnt, 4, COMB_MEAN, COMB_M2_FMA)
             mean, m2, cnt = _shfl_level(mean, m2, cnt, 2, COMB_MEAN, COMB_M2_FMA)
             mean, m2, cnt = _shfl_level(mean, m2, cnt, 1, COMB_MEAN, COMB_M2_FMA)
-            mean, m2, cnt = _warp_leaders(mean, NW), _warp_leaders(m2, NW), _warp_leaders(cnt, NW)
+            mean, m2, cnt = _warp_leaders(mean, ROWS * NW), _warp_leaders(m2, ROWS * NW), _warp_leaders(cnt, ROWS * NW)
         else:
-            mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 16, COMB_MEAN, COMB_M2_FMA)
-            mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 8, COMB_MEAN, COMB_M2_FMA)
-            mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 4, COMB_MEAN, COMB_M2_FMA)
-            mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 2, COMB_MEAN, COMB_M2_FMA)
-            mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 1, COMB_MEAN, COMB_M2_FMA)
+            mean, m2, cnt = _tree_step(mean, m2, cnt, ROWS * NW, 16, COMB_MEAN, COMB_M2_FMA)
+            mean, m2, cnt = _tree_step(mean, m2, cnt, ROWS * NW, 8, COMB_MEAN, COMB_M2_FMA)
+            mean, m2, cnt = _tree_step(mean, m2, cnt, ROWS * NW, 4, COMB_MEAN, COMB_M2_FMA)
+            mean, m2, cnt = _tree_step(mean, m2, cnt, ROWS * NW, 2, COMB_MEAN, COMB_M2_FMA)
+            mean, m2, cnt = _tree_step(mean, m2, cnt, ROWS * NW, 1, COMB_MEAN, COMB_M2_FMA)
         # inter-warp tree through shared memory: warp y < off takes (y, y+off)
         if NW >= 16:
-            mean, m2, cnt = _tree_step(mean, m2, cnt, 1, 8, COMB_MEAN, COMB_M2_FMA)
+            mean, m2, cnt = _tree_step(mean, m2, cnt, ROWS, 8, COMB_MEAN, COMB_M2_FMA)
         if NW >= 8:
-            mean, m2, cnt = _tree_step(mean, m2, cnt, 1, 4, COMB_MEAN, COMB_M2_FMA)
+            mean, m2, cnt = _tree_step(mean, m2, cnt, ROWS, 4, COMB_MEAN, COMB_M2_FMA)
         if NW >= 4:
-            mean, m2, cnt = _tree_step(mean, m2, cnt, 1, 2, COMB_MEAN, COMB_M2_FMA)
+            mean, m2, cnt = _tree_step(mean, m2, cnt, ROWS, 2, COMB_MEAN, COMB_M2_FMA)
         if NW >= 2:
-            mean, m2, cnt = _tree_step(mean, m2, cnt, 1, 1, COMB_MEAN, COMB_M2_FMA)
-    return tl.reshape(mean, []), tl.reshape(m2, [])
+            mean, m2, cnt = _tree_step(mean, m2, cnt, ROWS, 1, COMB_MEAN, COMB_M2_FMA)
+    if ROWS == 1:
+        mean, m2 = tl.reshape(mean, []), tl.reshape(m2, [])
+    return mean, m2
 
 
 @triton.jit
@@ -449,19 +499,49 @@ def store_row_tile(row_ptr, tile, N_ITERS: tl.constexpr, LANES: tl.constexpr, VE
 
 
 @triton.jit
+def load_row_group_tile(row_ptrs, stride_d, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr):
+    """``load_row_tile`` of a row group: ``row_ptrs`` [ROWS * LANES] holds each lane's row start (lanes
+    r*LANES .. (r+1)*LANES - 1 read row r, exactly as one program per row reads it); the tile is
+    [ROWS * LANES, next_pow2(N_ITERS), VEC]."""
+    NI: tl.constexpr = 1 if N_ITERS == 1 else 2 if N_ITERS <= 2 else 4 if N_ITERS <= 4 else 8 if N_ITERS <= 8 \
+        else 16 if N_ITERS <= 16 else 32
+    tl.static_assert(N_ITERS <= 32, "row tiles hold at most 32 trips (N <= 16384)")
+    GL: tl.constexpr = row_ptrs.shape[0]
+    it = tl.arange(0, NI)[None, :, None]
+    row_lane = (tl.arange(0, GL) % LANES)[:, None, None]
+    offs = (it * LANES + row_lane) * VEC + tl.arange(0, VEC)[None, None, :]
+    if NI == N_ITERS:
+        return tl.load(row_ptrs[:, None, None] + offs * stride_d)
+    return tl.load(row_ptrs[:, None, None] + offs * stride_d, mask=it < N_ITERS, other=0.0)
+
+
+@triton.jit
+def row_values_per_lane(v, LANES: tl.constexpr):
+    """[ROWS] per-row values -> [ROWS * LANES]: lane t gets its row's (t // LANES) value, bit for bit."""
+    ROWS: tl.constexpr = v.shape[0]
+    return tl.reshape(tl.broadcast_to(tl.reshape(v, [ROWS, 1]), [ROWS, LANES]), [ROWS * LANES])
+
+
+@triton.jit
 def welford_tile_stats(tile, N, eps, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
                        PUSH_MEAN_FMA: tl.constexpr = True, PUSH_M2_FMA: tl.constexpr = True,
                        COMB_MEAN: tl.constexpr = 0, COMB_M2_FMA: tl.constexpr = True,
-                       SHUFFLE: tl.constexpr = USE_SHUFFLES):
-    """``welford_row_stats`` of a row already in registers (``load_row_tile``; UNIFORM rows only)."""
-    mean = tl.zeros([LANES], tl.float32)
-    m2 = tl.zeros([LANES], tl.float32)
-    cnt = tl.zeros([LANES], tl.float32)
-    valid = tl.full([LANES], 1, tl.int1)
+                       SHUFFLE: tl.constexpr = USE_SHUFFLES, ROWS: tl.constexpr = 1,
+                       ONE_EXCHANGE: tl.constexpr = False):
+    """``welford_row_stats`` of a row already in registers (``load_row_tile``; UNIFORM rows only).
+
+    ROWS > 1: a row group (``load_row_group_tile``, [ROWS * LANES] lanes, 4 * ROWS warps): each row's
+    lanes push and combine exactly as one program per row does (same order, same bits); returns
+    [ROWS] tensors (mean, rstd) instead of scalars."""
+    GL: tl.constexpr = ROWS * LANES
+    mean = tl.zeros([GL], tl.float32)
+    m2 = tl.zeros([GL], tl.float32)
+    cnt = tl.zeros([GL], tl.float32)
+    valid = tl.full([GL], 1, tl.int1)
     for it in tl.static_range(N_ITERS):
-        xv = row_tile_trip(tile, it, LANES, VEC).to(tl.float32)
-        mean, m2, cnt = _push_trip(mean, m2, cnt, xv, valid, it, LANES, PUSH_MEAN_FMA, PUSH_M2_FMA, True)
-    mean, m2 = _combine_lanes(mean, m2, cnt, N_ITERS, LANES, COMB_MEAN, COMB_M2_FMA, True, SHUFFLE)
+        xv = row_tile_trip(tile, it, GL, VEC).to(tl.float32)
+        mean, m2, cnt = _push_trip(mean, m2, cnt, xv, valid, it, GL, PUSH_MEAN_FMA, PUSH_M2_FMA, True)
+    mean, m2 = _combine_lanes(mean, m2, cnt, N_ITERS, LANES, COMB_MEAN, COMB_M2_FMA, True, SHUFFLE, ROWS, ONE_EXCHANGE)
     return mean, _rstd(m2, N, eps)
 
 
@@ -829,7 +909,9 @@ __all__ = [
     "layer_norm_apply",
     "layer_norm_apply_affine",
     "layer_norm_exact",
+    "load_row_group_tile",
     "n_iters_for",
+    "row_values_per_lane",
     "welford_row_moments",
     "welford_row_stats",
 ]

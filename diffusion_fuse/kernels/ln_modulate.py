@@ -28,6 +28,8 @@ Verified shapes: see tests/gpu/test_ln_modulate_gpu.py and BENCHMARKS.md.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
@@ -35,8 +37,9 @@ import triton.language as tl
 from ..lowering.norm_modulate import result_dtypes, sum_dtype
 from .fp8_quant import QuantEpilogue, load_scales, store_quants
 from .launch import CachedLaunch
-from .layer_norm_stats import (DEFAULT_VARIANT, LANES, VEC, is_uniform, layer_norm_apply_affine, load_row_tile,
-                               n_iters_for, program_row, row_tile_trip, welford_row_stats, welford_tile_stats)
+from .layer_norm_stats import (DEFAULT_VARIANT, LANES, VEC, is_uniform, layer_norm_apply_affine, load_row_group_tile,
+                               load_row_tile, n_iters_for, program_row, row_tile_trip, row_values_per_lane,
+                               welford_row_stats, welford_tile_stats)
 
 _DT_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
@@ -64,7 +67,7 @@ def ln_modulate_row(
     N_Q: tl.constexpr = 0, STORE_OUT: tl.constexpr = True, OUT_DT: tl.constexpr = 0, Q_MODE: tl.constexpr = 0,
     NAN_SIGN: tl.constexpr = True,
     sct_row=None, sht_row=None, HAS_SCALE: tl.constexpr = True, HAS_SCALE_TEMB: tl.constexpr = False,
-    HAS_SHIFT_TEMB: tl.constexpr = False,
+    HAS_SHIFT_TEMB: tl.constexpr = False, ONE_EXCHANGE: tl.constexpr = False,
 ):
     """One row: eager's LayerNorm statistics, then normalize, modulate and store (the contract above).
 
@@ -82,7 +85,7 @@ def ln_modulate_row(
                          N_ITERS, LANES, VEC, HAS_W, HAS_B, HAS_SHIFT, LN_DT, T_DT, U_DT, V_DT,
                          PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA,
                          q_row, q_plane, s0, s1, s2, s3, q_lo, q_hi, N_Q, STORE_OUT, OUT_DT, Q_MODE, NAN_SIGN,
-                         sct_row, sht_row, HAS_SCALE, HAS_SCALE_TEMB, HAS_SHIFT_TEMB)
+                         sct_row, sht_row, HAS_SCALE, HAS_SCALE_TEMB, HAS_SHIFT_TEMB, ONE_EXCHANGE=ONE_EXCHANGE)
     else:
         mean, rstd = welford_row_stats(x_row, N, x_sd, eps, N_ITERS, LANES, VEC,
                                        PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, UNIFORM)
@@ -110,16 +113,25 @@ def ln_modulate_tile(
     N_Q: tl.constexpr = 0, STORE_OUT: tl.constexpr = True, OUT_DT: tl.constexpr = 0, Q_MODE: tl.constexpr = 0,
     NAN_SIGN: tl.constexpr = True,
     sct_row=None, sht_row=None, HAS_SCALE: tl.constexpr = True, HAS_SCALE_TEMB: tl.constexpr = False,
-    HAS_SHIFT_TEMB: tl.constexpr = False,
+    HAS_SHIFT_TEMB: tl.constexpr = False, ROWS: tl.constexpr = 1, ONE_EXCHANGE: tl.constexpr = False,
 ):
-    """``ln_modulate_row`` of a UNIFORM row held in registers (``load_row_tile`` layout)."""
+    """``ln_modulate_row`` of a UNIFORM row held in registers (``load_row_tile`` layout).
+
+    ROWS > 1: a row group (``load_row_group_tile`` tile; the row pointers sc_row, sh_row, out_row,
+    q_row, sct_row, sht_row are then [ROWS * LANES, 1] tensors, each lane's row): every lane
+    computes what it computes with one program per row, with its row's mean and rstd."""
     mean, rstd = welford_tile_stats(tile, N, eps, N_ITERS, LANES, VEC, PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN,
-                                    COMB_M2_FMA)
-    lane = tl.arange(0, LANES)
+                                    COMB_M2_FMA, ROWS=ROWS, ONE_EXCHANGE=ONE_EXCHANGE)
+    if ROWS == 1:
+        lane = tl.arange(0, LANES)
+    else:
+        lane = tl.arange(0, ROWS * LANES) % LANES
+        mean = row_values_per_lane(mean, LANES)[:, None]
+        rstd = row_values_per_lane(rstd, LANES)[:, None]
     col = tl.arange(0, VEC)
     for it in tl.static_range(N_ITERS):
         offs = (it * LANES + lane)[:, None] * VEC + col[None, :]
-        x = row_tile_trip(tile, it, LANES, VEC).to(tl.float32)
+        x = row_tile_trip(tile, it, ROWS * LANES, VEC).to(tl.float32)
         modulate_store(x, mean, rstd, offs, offs < N, W, B, sc_row, sh_row, out_row, HAS_W, HAS_B, HAS_SHIFT,
                        LN_DT, T_DT, U_DT, V_DT, AFFINE_FMA, q_row, q_plane, s0, s1, s2, s3, q_lo, q_hi,
                        N_Q, STORE_OUT, OUT_DT, Q_MODE, NAN_SIGN, sct_row, sht_row, HAS_SCALE, HAS_SCALE_TEMB,
@@ -175,7 +187,7 @@ def _ln_modulate_kernel(
     PUSH_MEAN_FMA: tl.constexpr, PUSH_M2_FMA: tl.constexpr, COMB_MEAN: tl.constexpr,
     COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr, UNIFORM: tl.constexpr,
     N_Q: tl.constexpr, STORE_OUT: tl.constexpr, OUT_DT: tl.constexpr, Q_MODE: tl.constexpr, NAN_SIGN: tl.constexpr,
-    HAS_SCALE_TEMB: tl.constexpr, HAS_SHIFT_TEMB: tl.constexpr,
+    HAS_SCALE_TEMB: tl.constexpr, HAS_SHIFT_TEMB: tl.constexpr, ONE_EXCHANGE: tl.constexpr,
 ):
     row, bi, si = program_row(S)
     ln_modulate_row(X + bi * x_sb + si * x_ss, x_sd, W, B, SCALE + bi * sc_sb + si * sc_ss, SHIFT + bi * sh_sb + si * sh_ss,
@@ -183,7 +195,7 @@ def _ln_modulate_kernel(
                     PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA, UNIFORM,
                     Q + row * N, q_plane, S0, S1, S2, S3, q_lo, q_hi, N_Q, STORE_OUT, OUT_DT, Q_MODE, NAN_SIGN,
                     SCALE_T + bi * sct_sb + si * sct_ss, SHIFT_T + bi * sht_sb + si * sht_ss, True, HAS_SCALE_TEMB,
-                    HAS_SHIFT_TEMB)
+                    HAS_SHIFT_TEMB, ONE_EXCHANGE)
 
 
 @triton.jit(do_not_specialize=["S", "M", "q_plane", "q_lo", "q_hi"])
@@ -199,7 +211,7 @@ def _ln_modulate_rows_kernel(
     PUSH_MEAN_FMA: tl.constexpr, PUSH_M2_FMA: tl.constexpr, COMB_MEAN: tl.constexpr,
     COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr, UNIFORM: tl.constexpr, ROWS: tl.constexpr,
     N_Q: tl.constexpr, STORE_OUT: tl.constexpr, OUT_DT: tl.constexpr, Q_MODE: tl.constexpr, NAN_SIGN: tl.constexpr,
-    HAS_SCALE_TEMB: tl.constexpr, HAS_SHIFT_TEMB: tl.constexpr,
+    HAS_SCALE_TEMB: tl.constexpr, HAS_SHIFT_TEMB: tl.constexpr, ONE_EXCHANGE: tl.constexpr,
 ):
     # UNIFORM rows only. Program p takes rows p, p + P, ..., p + (ROWS-1) P (P programs) and loads
     # the next row's tile before reducing the current one, so DRAM reads stay in flight through
@@ -224,12 +236,102 @@ def _ln_modulate_rows_kernel(
                          PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA,
                          Q + row64 * N, q_plane, s0, s1, s2, s3, q_lo, q_hi, N_Q, STORE_OUT, OUT_DT, Q_MODE,
                          NAN_SIGN, SCALE_T + bi * sct_sb + si * sct_ss, SHIFT_T + bi * sht_sb + si * sht_ss, True,
-                         HAS_SCALE_TEMB, HAS_SHIFT_TEMB)
+                         HAS_SCALE_TEMB, HAS_SHIFT_TEMB, ONE_EXCHANGE=ONE_EXCHANGE)
         tile = tile_next
         row = nxt
 
 
+@triton.jit(do_not_specialize=["S", "M", "q_plane", "q_lo", "q_hi"])
+def _ln_modulate_row_group_kernel(
+    X, W, B, SCALE, SHIFT, OUT,
+    N, S, M, eps,
+    x_sb, x_ss, x_sd, sc_sb, sc_ss, sh_sb, sh_ss,
+    Q, q_plane, S0, S1, S2, S3, q_lo, q_hi,
+    SCALE_T, SHIFT_T, sct_sb, sct_ss, sht_sb, sht_ss,
+    N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_SHIFT: tl.constexpr,
+    LN_DT: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr, V_DT: tl.constexpr,
+    PUSH_MEAN_FMA: tl.constexpr, PUSH_M2_FMA: tl.constexpr, COMB_MEAN: tl.constexpr,
+    COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr, UNIFORM: tl.constexpr, ROWS: tl.constexpr,
+    N_Q: tl.constexpr, STORE_OUT: tl.constexpr, OUT_DT: tl.constexpr, Q_MODE: tl.constexpr, NAN_SIGN: tl.constexpr,
+    HAS_SCALE_TEMB: tl.constexpr, HAS_SHIFT_TEMB: tl.constexpr, ONE_EXCHANGE: tl.constexpr,
+):
+    # UNIFORM rows only. A row group: program p takes rows ROWS*p .. ROWS*p + ROWS - 1 with 4 warps
+    # per row (launched with num_warps = 4 * ROWS): warps 4r .. 4r+3 hold row r in the lanes, trips
+    # and tree of the one-row kernel, so every row's bits are the one-row kernel's. A program has
+    # ROWS rows of loads in flight at the registers per thread of one row (NOTES.md, idea 1).
+    # Rows past the end (odd M) are clamped to the last row: its lanes recompute it and store the
+    # same bits again.
+    tl.static_assert(UNIFORM, "whole rows are held in registers")
+    GL: tl.constexpr = ROWS * LANES
+    # each lane's row; int32 row indices, int64 offsets (program_row says why)
+    row = tl.minimum(tl.program_id(0) * ROWS + tl.arange(0, GL) // LANES, M - 1)
+    bi = (row // S).to(tl.int64)
+    si = (row % S).to(tl.int64)
+    row64 = row.to(tl.int64)
+    s0, s1, s2, s3 = load_scales(S0, S1, S2, S3, N_Q)
+    tile = load_row_group_tile(X + bi * x_sb + si * x_ss, x_sd, N_ITERS, LANES, VEC)
+    bi = bi[:, None]
+    si = si[:, None]
+    row64 = row64[:, None]
+    ln_modulate_tile(tile, W, B, SCALE + bi * sc_sb + si * sc_ss, SHIFT + bi * sh_sb + si * sh_ss, OUT + row64 * N,
+                     N, eps, N_ITERS, LANES, VEC, HAS_W, HAS_B, HAS_SHIFT, LN_DT, T_DT, U_DT, V_DT,
+                     PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA,
+                     Q + row64 * N, q_plane, s0, s1, s2, s3, q_lo, q_hi, N_Q, STORE_OUT, OUT_DT, Q_MODE,
+                     NAN_SIGN, SCALE_T + bi * sct_sb + si * sct_ss, SHIFT_T + bi * sht_sb + si * sht_ss, True,
+                     HAS_SCALE_TEMB, HAS_SHIFT_TEMB, ROWS, ONE_EXCHANGE)
+
+
 ROWS_PER_PROGRAM = 1  # >1: programs that prefetch the next row; measured slower on H200 (NOTES.md)
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchVariant:
+    """How the LayerNorm rows map onto programs and registers. Every variant computes the same operations
+    in the same order (the same bits); they differ in speed only (NOTES.md, "ideas not tried yet").
+
+    row_group: rows one program takes side by side, 4 warps each (``_ln_modulate_row_group_kernel``):
+        more bytes in flight per program at the registers per thread of one row.
+    one_exchange: the cross-warp combine levels read the warps' states from shared memory once, mean
+        and m2 packed in one int64 (one barrier; separately they take three).
+    max_registers: a register cap per thread (Triton's ``maxnreg``) for more programs per SM; a cap
+        below the kernel's need spills to local memory (tests/kernels/test_compile_sm90.py reports).
+    row_group and one_exchange apply where D % 512 == 0 (rows held in registers); other D run the
+    one-row kernel (with max_registers).
+    """
+
+    row_group: int = 1
+    one_exchange: bool = False
+    max_registers: int | None = None
+
+    def __post_init__(self):
+        if self.row_group not in (1, 2, 4):  # 4 rows: 16 warps, 512 threads
+            raise ValueError(f"row_group={self.row_group}: 1, 2 or 4")
+
+    @property
+    def label(self) -> str:
+        parts = [f"{self.row_group} rows/{4 * self.row_group} warps" if self.row_group > 1 else "1 row/4 warps"]
+        parts += ["1 exchange"] if self.one_exchange else []
+        parts += [f"maxnreg {self.max_registers}"] if self.max_registers else []
+        return ", ".join(parts)
+
+    def options(self) -> dict:
+        """Triton launch options beyond num_warps and enable_fp_fusion (none for the default)."""
+        return {} if self.max_registers is None else {"maxnreg": self.max_registers}
+
+
+LAUNCH_VARIANT = LaunchVariant()  # the default: what NOTES.md measured (v4); the GPU decides on the others
+# Candidates the GPU test and benchmarks/bench_norm.py compare (FLUX/Wan2.2 D=3072 bf16 need 48 registers
+# today, 40 without spilling: 12 programs per SM instead of 10; Wan2.1 D=5120 fp32-LN 71, 56: 9 instead of 7).
+LAUNCH_CANDIDATES = {
+    "default": LAUNCH_VARIANT,
+    "group2": LaunchVariant(row_group=2),
+    "exchange1": LaunchVariant(one_exchange=True),
+    "group2_exchange1": LaunchVariant(row_group=2, one_exchange=True),
+    "exchange1_maxreg40": LaunchVariant(one_exchange=True, max_registers=40),
+    "group2_exchange1_maxreg40": LaunchVariant(row_group=2, one_exchange=True, max_registers=40),
+    "exchange1_maxreg56": LaunchVariant(one_exchange=True, max_registers=56),
+}
 
 
 def _row_strides(t: torch.Tensor | None, x: torch.Tensor) -> tuple[int, int]:
@@ -263,11 +365,15 @@ def split_trailing(rest: tuple, quant, n: int) -> tuple[tuple, tuple]:
 
 def plan_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, scale_temb=None, shift_temb=None,
                      variant=DEFAULT_VARIANT, affine_fma: bool = True, rows_per_program: int | None = None,
-                     quant: tuple[int, int, bool] | None = None, nan_sign: bool | None = None):
+                     quant: tuple[int, int, bool] | None = None, nan_sign: bool | None = None,
+                     launch_variant: LaunchVariant | None = None):
     """A launch for inputs of this layout (they must satisfy ``can_use_ln_modulate``).
 
     ``quant``: ``(n, q_mode, keep_out)`` for ``diffusion_fuse::ln_modulate_quant`` (its launch then
     takes that op's arguments and returns its Tensor[]), None for ``ln_modulate``.
+    ``rows_per_program`` (default ROWS_PER_PROGRAM; D % 512 == 0 only): rows one 4-warp program takes one
+    after the other. ``launch_variant`` (default LAUNCH_VARIANT): see ``LaunchVariant``. Every choice of
+    both gives the same bits.
     """
     D = x.shape[-1]
     S = x.shape[1] if x.dim() == 3 else 1
@@ -277,16 +383,25 @@ def plan_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, sc
     strides = (*_row_strides(x, x), x.stride(-1), *_row_strides(scale, x), *_row_strides(shift, x))
     temb_strides = (*_row_strides(scale_temb, x), *_row_strides(shift_temb, x))
     epi = QuantEpilogue(quant, shape, _DT_CODE[final], device, nan_sign)
+    lv = LAUNCH_VARIANT if launch_variant is None else launch_variant
     const = {**modulate_constexprs(D, weight, bias, shift, ln_dt, t_dt, u_dt, v_dt, variant, affine_fma),
-             **epi.constexprs, "HAS_SCALE_TEMB": scale_temb is not None, "HAS_SHIFT_TEMB": shift_temb is not None}
+             **epi.constexprs, "HAS_SCALE_TEMB": scale_temb is not None, "HAS_SHIFT_TEMB": shift_temb is not None,
+             "ONE_EXCHANGE": lv.one_exchange}
     rows = x.numel() // D
     per_program = ROWS_PER_PROGRAM if rows_per_program is None else rows_per_program
-    if per_program > 1 and const["UNIFORM"] and rows > 0:
+    if lv.row_group > 1 and per_program > 1:
+        raise ValueError("a row group and rows_per_program > 1 do not combine")
+    options = dict(enable_fp_fusion=False, **lv.options())
+    if lv.row_group > 1 and const["UNIFORM"] and rows > 0:
+        kernel = CachedLaunch(_ln_modulate_row_group_kernel, (triton.cdiv(rows, lv.row_group),),
+                              dict(const, ROWS=lv.row_group), num_warps=lv.row_group * LANES // 32, **options)
+        sizes = (D, S, rows)
+    elif per_program > 1 and const["UNIFORM"] and rows > 0:
         kernel = CachedLaunch(_ln_modulate_rows_kernel, (triton.cdiv(rows, per_program),),
-                              dict(const, ROWS=per_program), num_warps=LANES // 32, enable_fp_fusion=False)
+                              dict(const, ROWS=per_program), num_warps=LANES // 32, **options)
         sizes = (D, S, rows)
     else:
-        kernel = CachedLaunch(_ln_modulate_kernel, (rows,), const, num_warps=LANES // 32, enable_fp_fusion=False)
+        kernel = CachedLaunch(_ln_modulate_kernel, (rows,), const, num_warps=LANES // 32, **options)
         sizes = (D, S)
 
     def launch(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, *rest):
@@ -304,7 +419,9 @@ def plan_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, sc
 
 def ln_modulate_triton(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, scale_temb=None, shift_temb=None,
                        variant=DEFAULT_VARIANT, affine_fma: bool = True,
-                       rows_per_program: int | None = None) -> torch.Tensor:
+                       rows_per_program: int | None = None,
+                       launch_variant: LaunchVariant | None = None) -> torch.Tensor:
     """Plan and launch once (tests, benchmarks); the op caches plans per layout instead."""
     args = (x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, scale_temb, shift_temb)
-    return plan_ln_modulate(*args, variant=variant, affine_fma=affine_fma, rows_per_program=rows_per_program)(*args)
+    return plan_ln_modulate(*args, variant=variant, affine_fma=affine_fma, rows_per_program=rows_per_program,
+                            launch_variant=launch_variant)(*args)

@@ -3,7 +3,8 @@
 The matrix of issue #3: D in {64, 1000, 1536, 2240, 3072, 5120, 6144}, rows 1..75,600, batch 1
 and 2, amplitudes 1e-4/1/100, eps 1e-6/1e-5, scale entries exactly -1, 0, 1 and signed zeros;
 FLUX bf16 form (with/without shift, affine), fp16, Wan FP32LayerNorm form with [B,1,D] and
-per-token strided [B,S,D] modulation. Compares ``.view(int16/int32)``. Prints a summary
+per-token strided [B,S,D] modulation; each launch variant of kernels/ln_modulate.py
+(LAUNCH_CANDIDATES) on a reduced matrix. Compares ``.view(int16/int32)``. Prints a summary
 table; writes $OUT/ln_modulate_gpu.json when $OUT is set.
 """
 
@@ -18,7 +19,7 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
-from diffusion_fuse.kernels.ln_modulate import ln_modulate_triton  # noqa: E402
+from diffusion_fuse.kernels.ln_modulate import LAUNCH_CANDIDATES, ln_modulate_triton  # noqa: E402
 from diffusion_fuse.lowering import counters  # noqa: E402
 from diffusion_fuse.lowering.norm_modulate import can_use_ln_modulate, ln_modulate_reference  # noqa: E402
 
@@ -65,17 +66,17 @@ def make(form, B, S, D, amp, seed, special=False):
     return x, w, b, sc, (sh if shift else None)
 
 
-def check(form, B, S, D, amp, eps, seed=0, special=False):
+def check(form, B, S, D, amp, eps, seed=0, special=False, launch="default"):
     _, ln_dtype, out_dtype, *_ = FORMS[form]
     x, w, b, sc, sh = make(form, B, S, D, amp, seed, special)
     ok, why = can_use_ln_modulate(x, w, b, eps, sc, sh, ln_dtype, out_dtype)
     assert ok, why
     ref = ln_modulate_reference(x, w, b, eps, sc, sh, ln_dtype, out_dtype)
-    got = ln_modulate_triton(x, w, b, eps, sc, sh, ln_dtype, out_dtype)
+    got = ln_modulate_triton(x, w, b, eps, sc, sh, ln_dtype, out_dtype, launch_variant=LAUNCH_CANDIDATES[launch])
     assert got.dtype == ref.dtype and got.shape == ref.shape
     ndiff = int((_bits(ref) != _bits(got)).sum())
     RESULTS.append(dict(form=form, B=B, S=S, D=D, amp=amp, eps=eps, special=special, ndiff=ndiff,
-                        numel=ref.numel()))
+                        numel=ref.numel(), launch=launch))
     return ndiff
 
 
@@ -91,6 +92,35 @@ def test_bit_exact_matrix(form, D):
                     if n:
                         bad.append((B, S, amp, eps, special, n))
     assert not bad, f"{form} D={D}: (B, S, amp, eps, special, ndiff) {bad[:6]}"
+
+
+VARIANT_LAUNCHES = [k for k in LAUNCH_CANDIDATES if k != "default"]
+
+
+@pytest.mark.parametrize("launch", VARIANT_LAUNCHES)
+@pytest.mark.parametrize("form", ["flux_bf16", "affine_bf16", "fp16", "fp32", "wan_fp32_ln", "wan22_per_token"])
+def test_launch_variants_bit_exact(form, launch):
+    # kernels/ln_modulate.py LAUNCH_CANDIDATES: a reduced matrix (row groups and the one-exchange tree run
+    # for D % 512 == 0; 1000 takes the one-row kernel, with the register cap); odd row counts, B=2 with odd S
+    bad = []
+    for D in (1000, 3072, 5120):
+        for B, S in ((1, 1), (1, 7), (2, 333)):
+            for amp in (1e-4, 1.0, 100.0):
+                for special in (False, True):
+                    n = check(form, B, S, D, amp, 1e-6, seed=D + S, special=special, launch=launch)
+                    if n:
+                        bad.append((D, B, S, amp, special, n))
+    assert not bad, f"{form} {launch}: (D, B, S, amp, special, ndiff) {bad[:6]}"
+
+
+@pytest.mark.parametrize("launch", VARIANT_LAUNCHES)
+@pytest.mark.parametrize("form, B, S, D", [
+    ("flux_bf16", 1, 4608, 3072),
+    ("wan_fp32_ln", 1, 32760, 5120),
+    ("wan22_per_token", 1, 27280, 3072),
+])
+def test_launch_variants_bit_exact_real_shapes(form, B, S, D, launch):
+    assert check(form, B, S, D, 1.0, 1e-6, seed=1, launch=launch) == 0
 
 
 @pytest.mark.parametrize("layout", ["strided_rows", "transposed"])
@@ -166,12 +196,12 @@ def teardown_module(module):
     bad = [r for r in RESULTS if r["ndiff"]]
     by_form = {}
     for r in RESULTS:
-        f = by_form.setdefault(r["form"], [0, 0])
+        f = by_form.setdefault(r["form"] if r["launch"] == "default" else f"{r['form']} [{r['launch']}]", [0, 0])
         f[0] += 1
         f[1] += bool(r["ndiff"])
     print("\nln_modulate bit-exactness vs eager (cases, mismatching cases):")
     for form, (n, nb) in by_form.items():
-        print(f"  {form:18s} {n:5d} {nb:5d}")
+        print(f"  {form:44s} {n:5d} {nb:5d}")
     print(f"  total {total} cases, {len(bad)} with mismatches")
     out = os.environ.get("OUT")
     if out:

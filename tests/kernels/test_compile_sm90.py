@@ -5,6 +5,7 @@ only show (e.g. constexpr control flow). This compiles every kernel configuratio
 guards can pick, through Triton's own ptxas, and checks the numerics contract in the PTX.
 """
 
+import functools
 import re
 
 import pytest
@@ -36,18 +37,23 @@ def compile_for_sm90(kernel, types: dict, const: dict):
 
 
 def compile_ln_modulate(D, x="bf16", mod="bf16", out="bf16", ln="bf16", affine=False, shift=True, n_q=0,
-                        keep_out=True, rows=0, temb=None):
+                        keep_out=True, rows=0, temb=None, group=1, one_exchange=False, max_registers=None):
     """Compile as the launcher does for contiguous, 16-byte aligned operands: x's unit stride along D
     is a constant, pointers and row strides carry Triton's divisibility-by-16 specialization.
     ``rows`` > 0: the several-rows-per-program kernel (UNIFORM D only). ``temb``: the dtype of
-    scale's and shift's second addends (Wan's timestep table), or None."""
-    k = lm._ln_modulate_rows_kernel if rows else lm._ln_modulate_kernel
+    scale's and shift's second addends (Wan's timestep table), or None. ``group`` > 1: the row-group
+    kernel (``group`` rows side by side, 4 * group warps; UNIFORM D only)."""
+    assert not (rows and group > 1)
+    k = lm._ln_modulate_rows_kernel if rows else lm._ln_modulate_row_group_kernel if group > 1 else \
+        lm._ln_modulate_kernel
+    rows = rows or (group if group > 1 else 0)  # both take ROWS and M
     n_iters = lns.n_iters_for(D)
     const = dict(N_ITERS=n_iters, LANES=lns.LANES, VEC=lns.VEC, HAS_W=affine, HAS_B=affine, HAS_SHIFT=shift,
                  LN_DT=CODE[ln], T_DT=CODE[mod], U_DT=CODE[mod], V_DT=CODE[mod], AFFINE_FMA=True,
                  **lns.DEFAULT_VARIANT.constexprs(), UNIFORM=lns.is_uniform(D, n_iters),
                  **quant_constexprs(n_q, keep_out, out), **({"ROWS": rows} if rows else {}),
-                 HAS_SCALE_TEMB=temb is not None, HAS_SHIFT_TEMB=temb is not None and shift)
+                 HAS_SCALE_TEMB=temb is not None, HAS_SHIFT_TEMB=temb is not None and shift,
+                 ONE_EXCHANGE=one_exchange)
     names = k.arg_names
     sig = {"X": PTR[x], "W": PTR[ln], "B": PTR[ln], "SCALE": PTR[mod], "SHIFT": PTR[mod], "OUT": PTR[out],
            "SCALE_T": PTR[temb or mod], "SHIFT_T": PTR[temb or mod],
@@ -60,7 +66,45 @@ def compile_ln_modulate(D, x="bf16", mod="bf16", out="bf16", ln="bf16", affine=F
     aligned += ["N"] if D % 16 == 0 else []
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     src = ASTSource(fn=k, signature=sig, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": False})
+    options = {"num_warps": 4 * group, "enable_fp_fusion": False}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options=options if max_registers is None else {**options, "maxnreg": max_registers})
+
+
+def cubin_registers(ck) -> int:
+    """Registers per thread of a compiled kernel, read from its cubin (no driver needed): the ELF section
+    ``.nv.info`` holds EIATTR_REGCOUNT (attribute 0x2f: symbol index, count), what cuobjdump reports."""
+    import struct
+
+    elf = ck.asm["cubin"]
+    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)]
+    names_at = sections[shstrndx][4]
+    for sec in sections:
+        if elf[names_at + sec[0]:elf.index(b"\0", names_at + sec[0])] != b".nv.info":
+            continue
+        pos, end = sec[4], sec[4] + sec[5]
+        while pos < end:
+            fmt, attr, size = struct.unpack_from("<BBH", elf, pos)
+            if fmt == 0x04 and attr == 0x2F:  # EIFMT_SVAL, EIATTR_REGCOUNT
+                return struct.unpack_from("<II", elf, pos + 4)[1]
+            pos += 4 + (size if fmt == 0x04 else 0)
+    raise ValueError("no register count in the cubin")
+
+
+def cubin_stack_bytes(ck) -> int:
+    """Stack bytes per thread (register spills land there), from Triton's own cuobjdump."""
+    import os
+    import subprocess
+    import tempfile
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(ck.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    return int(re.search(r"STACK:(\d+)", usage).group(1))
 
 
 def shuffle_layouts(ttgir: str) -> set[str]:
@@ -82,6 +126,63 @@ def test_warp_shuffles_see_lane_i_in_thread_i(D):
     # _shfl_down returns lane l+offset's state only if lane l of the Welford state is thread l.
     layouts = shuffle_layouts(compile_ln_modulate(D).asm["ttgir"])
     assert layouts and layouts <= IDENTITY_LAYOUTS, layouts
+
+
+def identity_layout(threads: int) -> set[str]:
+    """IDENTITY_LAYOUTS for a [threads] tensor in a program of threads // 32 warps."""
+    warps = ", ".join(f"[{1 << b}]" for b in range(5, threads.bit_length() - 1))
+    blocked = f"sizePerThread = [1], threadsPerWarp = [32], warpsPerCTA = [{threads // 32}], order = [0]"
+    return {f"#ttg.linear<{{register = [], lane = [[1], [2], [4], [8], [16]], warp = [{warps}], block = []}}>",
+            f"#ttg.blocked<{{{blocked}}}>"}
+
+
+def shuffle_layouts_any(ttgir: str) -> set[str]:
+    """``shuffle_layouts`` for any [n] state (a row group's is [rows * 128])."""
+    defs = dict(line.split(" = ", 1) for line in ttgir.splitlines() if line.startswith("#") and " = " in line)
+    used = {m for line in ttgir.splitlines() if "shfl.sync.down" in line
+            for m in re.findall(r"tensor<\d+xi32, (#\w+)>", line)}
+    return {defs[u] for u in used}
+
+
+# kernels/ln_modulate.py LaunchVariant: (row_group, one_exchange) at the three benchmark forms. Registers and
+# shared memory per variant print with -s (the NOTES.md numbers); the default's PTX is unchanged.
+LAUNCH_FORMS = {"flux_3072": (3072, {}), "wan21_5120": (5120, dict(mod="fp32", ln="fp32")),
+                "wan22_3072": (3072, dict(mod="fp32", ln="fp32"))}
+
+
+@pytest.mark.parametrize("group, one_exchange", [(1, False), (2, False), (4, False), (1, True), (2, True), (4, True)])
+@pytest.mark.parametrize("form", list(LAUNCH_FORMS))
+def test_launch_variants_compile_for_sm90(form, group, one_exchange):
+    D, kw = LAUNCH_FORMS[form]
+    ck = compile_ln_modulate(D, group=group, one_exchange=one_exchange, **kw)
+    ptx = ck.asm["ptx"]
+    regs = cubin_registers(ck)
+    print(f"{form} group={group} one_exchange={one_exchange}: {regs} registers, {ck.metadata.shared} B shared, "
+          f"{ptx.count('bar.sync')} bar.sync")
+    assert ck.asm.get("cubin") and ck.metadata.global_scratch_size == 0
+    # every row's lanes are threads in the one-row order: the shuffles see lane i in thread i
+    assert shuffle_layouts_any(ck.asm["ttgir"]) <= identity_layout(128 * group)
+    # the cross-warp levels: one exchange (one barrier), or one per quantity (mean, m2: three barriers)
+    assert ptx.count("bar.sync") == (1 if one_exchange else 3)
+    assert ".approx" not in ptx.replace("rsqrt.approx", "").replace("ex2.approx", "")
+    if group == 2:  # a second row per program costs no registers per thread (what idea 1 relies on)
+        assert regs <= cubin_registers(compile_ln_modulate(D, **kw))
+
+
+@pytest.mark.parametrize("name", [n for n, lv in lm.LAUNCH_CANDIDATES.items() if lv.max_registers])
+@pytest.mark.parametrize("form", list(LAUNCH_FORMS))
+def test_register_capped_candidates_compile_for_sm90(form, name):
+    lv = lm.LAUNCH_CANDIDATES[name]
+    D, kw = LAUNCH_FORMS[form]
+    ck = compile_ln_modulate(D, group=lv.row_group, one_exchange=lv.one_exchange, max_registers=lv.max_registers,
+                             **kw)
+    regs, stack = cubin_registers(ck), cubin_stack_bytes(ck)
+    print(f"{form} {name}: {regs} registers, {stack} B stack (spills)")
+    assert regs <= lv.max_registers
+    # the one-row caps were chosen where they fit without spilling: 40 at D = 3072, 56 at D = 5120 (fp32 LN);
+    # a row group at 40 spills a few bytes (measured as is: the GPU decides)
+    if lv.row_group == 1 and (lv.max_registers, D) in ((40, 3072), (56, 5120)):
+        assert stack == 0
 
 
 def test_aligned_rows_load_and_store_4_elements_per_instruction():
@@ -236,7 +337,7 @@ def compile_pointwise(fn, *args):
     """Generate the kernel for ``fn`` (as one program) at these inputs' layout and compile it for sm_90."""
     import torch
 
-    from diffusion_fuse.kernels.pointwise_codegen import BLOCK, NUM_WARPS, load_kernel
+    from diffusion_fuse.kernels.pointwise_codegen import NUM_WARPS, load_kernel
     from diffusion_fuse.lowering.pointwise import generate_source
     from diffusion_fuse.testing.pointwise import program_of
 
@@ -244,10 +345,12 @@ def compile_pointwise(fn, *args):
     src = generate_source(list(args), program_of(fn, *args))
     k = load_kernel(src)
     sig = {**{f"in{i}": ptr[t.dtype] for i, t in enumerate(args)},
-           **{f"out{j}": ptr[o.dtype] for j, o in enumerate(src.outputs)}, "numel": "i32", "BLOCK": "constexpr"}
+           **{f"out{j}": ptr[o.dtype] for j, o in enumerate(src.outputs)}, "numel": "i32",
+           **{c: "constexpr" for c in src.constexprs}}
     # what Triton's JIT specializes at runtime for aligned pointers and a numel divisible by 16
-    attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(sig) - 1)}
-    ast = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index("BLOCK"),): BLOCK}, attrs=attrs)
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(args) + len(src.outputs) + 1)}
+    ast = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(c),): v for c, v in src.constexprs.items()},
+                    attrs=attrs)
     return src, triton.compile(ast, target=GPUTarget("cuda", 90, 32),
                                options={"num_warps": NUM_WARPS, "enable_fp_fusion": False})
 
@@ -267,10 +370,14 @@ def _pointwise_case(name):
         "gelu_cat": (pw.gelu_cat, (rn(1, 64, 3072), rn(1, 64, 12288))),
         "silu_div": (lambda x, y: torch.nn.functional.silu(x) / y, (rn(64, 3072, dtype=torch.float32),
                                                                      rn(64, 3072, dtype=torch.float32))),
+        # transposes (tiled kernels): SANA's linear attention at 70 heads of 32, 256 tokens
+        "sana_query_relu": (functools.partial(pw.sana_query_relu, heads=70), (rn(2, 256, 2240),)),
+        "sana_attn_out": (pw.sana_attn_out, (rn(2, 70, 33, 256, dtype=torch.float32),)),
     }[name]
 
 
-@pytest.mark.parametrize("name", ["gated_residual", "rope_double", "wan_residual", "gelu_cat", "silu_div"])
+@pytest.mark.parametrize("name", ["gated_residual", "rope_double", "wan_residual", "gelu_cat", "silu_div",
+                                  "sana_query_relu", "sana_attn_out"])
 def test_pointwise_kernels_compile_for_sm90(name):
     fn, args = _pointwise_case(name)
     src, ck = compile_pointwise(fn, *args)
@@ -287,3 +394,9 @@ def test_pointwise_kernels_compile_for_sm90(name):
     if name in ("gated_residual", "wan_residual", "gelu_cat"):
         # contiguous operands: the index simplifies to the flat offset, loads and stores are 16-byte vectors
         assert "ld.global.v4" in ptx and "st.global.v4" in ptx, name
+    if name.startswith("sana_"):
+        # a transpose, tiled: loads contiguous along one tile index, stores along the other, both 16-byte
+        # vectors; the values change layout once, through shared memory
+        assert src.tile is not None, src
+        assert "ld.global.v4" in ptx and "st.global.v4" in ptx, name
+        assert ck.asm["ttgir"].count("ttg.convert_layout") == 1 and ck.metadata.shared > 0
