@@ -262,9 +262,9 @@ def main() -> None:
         print(rec["report"])
         del model, variants, outs
         torch.cuda.empty_cache()
-    with open(args.json, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "records": records}, f,
-                  indent=2, default=str)
+        with open(args.json, "w") as f:  # after every model: a run cut short by its time limit keeps what it measured
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "records": records}, f,
+                      indent=2, default=str)
     print(tabulate(rows, headers=["model", "eager ms (2 rounds)", "inductor ms", "lossless w/o pointwise ms",
                                   "lossless ms (2 rounds)",
                                   "eager/lossless", "inductor/lossless", "sites kept", "lossless exact",

@@ -6,7 +6,8 @@
 #   models: whole models at real shapes (benchmarks/bench_models.py); MODELS=flux1,sana,wan22_5b by default,
 #   MODELS=qwen_image,flux2,wan21_14b for the rest; BENCH_MODELS_ARGS adds options (e.g. --max-autotune)
 #   TESTS="tests/gpu/test_a.py tests/gpu/test_b.py" picks test files; BENCHES="bench_e2e bench_pointwise" picks
-#   benchmark steps; BENCH_E2E_ARGS adds options to bench_e2e.py (e.g. "--models flux_stack --profile")
+#   benchmark steps; BENCH_E2E_ARGS adds options to bench_e2e.py (e.g. "--models flux_stack --profile"),
+#   E2E_LIMIT its time limit in seconds (400), NORM_LIMIT bench_norm.py's (200)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL="${OUT:-$PWD/out}"; mkdir -p "$FINAL"
@@ -54,11 +55,11 @@ fi
 if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = nosass ]; then
   want() { [ -z "${BENCHES:-}" ] || [[ " $BENCHES " == *" $1 "* ]]; }
   want profile && step profile 120 python3 benchmarks/profile_ln_modulate.py
-  want bench_norm && step bench_norm 200 python3 benchmarks/bench_norm.py --json "$OUT/bench_norm.json"
+  want bench_norm && step bench_norm "${NORM_LIMIT:-200}" python3 benchmarks/bench_norm.py --json "$OUT/bench_norm.json"
   want bench_rms_norm && step bench_rms_norm 120 python3 benchmarks/bench_rms_norm.py --json "$OUT/bench_rms_norm.json"
   want bench_pointwise && step bench_pointwise 200 python3 benchmarks/bench_pointwise.py --json "$OUT/bench_pointwise.json"
   # shellcheck disable=SC2086
-  want bench_e2e && step bench_e2e 400 python3 benchmarks/bench_e2e.py --json "$OUT/bench_e2e.json" ${BENCH_E2E_ARGS:-}
+  want bench_e2e && step bench_e2e "${E2E_LIMIT:-400}" python3 benchmarks/bench_e2e.py --json "$OUT/bench_e2e.json" ${BENCH_E2E_ARGS:-}
   want bench_wan_temb && step bench_wan_temb 400 python3 benchmarks/bench_wan_temb.py --json "$OUT/bench_wan_temb.json"
 fi
 [ "$what" = all ] && step sass 240 bash benchmarks/sass_layer_norm.sh
