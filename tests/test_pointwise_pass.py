@@ -57,6 +57,17 @@ def test_rope_with_its_cat_is_one_group_reading_the_inputs_once():
     run(gm, pw.rope_double, args)
 
 
+def test_rope_reads_x_once_and_takes_each_pair_partner_from_registers():
+    args = (rn(1, 24, 2, 16), rn(24, 1, 16, dtype=f32), rn(24, 1, 16, dtype=f32))
+    gm, (site,) = pw.fuse(pw.rope, *args)
+    (call,) = pointwise_calls(gm)
+    # x's reshape + unbind joined the group (it reads x itself too): x, cos and sin are its only inputs
+    assert [a.name for a in call.args[0]] == [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    src = generate_source(list(args), call.args[1]).source
+    assert src.count("tl.load(in0") == 1 and "tl.split(tl.reshape(" in src and "tl.join(" in src, src
+    run(gm, pw.rope, args)
+
+
 def test_a_view_of_an_outside_value_is_read_at_its_strides():
     x = rn(3, 7, 96)
     gm, (site,) = pw.fuse(pw.swiglu, x)

@@ -149,8 +149,9 @@ def find_groups(graph: fx.Graph, opaque: set[fx.Node] = frozenset()) -> list[lis
     """The groups of connected groupable nodes (graph order), before choosing outputs.
 
     Computed nodes are grouped; a view joins a group when a computed node of that group reads
-    it and the value it views is computed in that group too (a view of an outside value, or
-    one whose readers are elsewhere, stays outside).
+    it and the value it views is computed in that group too, or is an outside value the group
+    also reads directly (other views of outside values, or views whose readers are elsewhere,
+    stay outside).
     """
     nodes = list(graph.nodes)
     index = {n: i for i, n in enumerate(nodes)}
@@ -202,13 +203,28 @@ def find_groups(graph: fx.Graph, opaque: set[fx.Node] = frozenset()) -> list[lis
                 g = _Group(members, lo)
         for m in g.nodes:
             group_of[m] = g
-    seen, out = set(), []
+    seen, groups = set(), []
     for n in nodes:
         g = group_of.get(n)
         if g is not None and id(g) not in seen:
             seen.add(id(g))
-            out.append(sorted(g.nodes, key=index.__getitem__))
-    return out
+            groups.append(g)
+    # A view of an outside value the group also reads directly joins the group: the kernel then reads that value
+    # once, at the view's indices, instead of reading the view as a second input (RoPE reads x and, through
+    # reshape + unbind, x's pair elements: inside the group the codegen takes those from x's own load).
+    claimed: dict[fx.Node, int] = {}  # view -> the group that took it (one group each)
+    for g in groups:
+        direct = {a for m in g.nodes for a in m.all_input_nodes if a not in g.nodes and a not in kind}
+        for m in list(g.nodes):
+            for a in m.all_input_nodes:
+                if a in g.nodes:
+                    continue
+                root, views = chain(a)
+                if views and root in direct and not any(v in group_of or claimed.get(v, id(g)) != id(g)
+                                                        for v in views):
+                    g.nodes |= set(views)
+                    claimed.update(dict.fromkeys(views, id(g)))
+    return [sorted(g.nodes, key=index.__getitem__) for g in groups]
 
 
 def group_site(group: list[fx.Node]) -> Site | None:

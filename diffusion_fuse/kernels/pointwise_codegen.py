@@ -16,6 +16,9 @@ group in one pass:
   Triton gives each its own layout and moves values between them through shared memory.
   ``choose_layout`` generates the flat kernel and each tiling and keeps the one with the fewest
   bytes accessed with a stride (the flat one on a tie);
+* RoPE's rotation (``stack([-x_imag, x_real], -1)`` of ``unbind`` pairs) reads the neighbouring
+  lane's element: the flat kernel loads the pairs once and swaps neighbours in registers
+  (``_pair_swap``) instead of loading each partner with a scalar load;
 * a node's value at a multi-index is an fp32 expression: views map the index to their input's
   index (no copy), compute nodes apply their recipe (kernels/pointwise_ops.py, the numerics
   contract) to their operands at the broadcast index, ``cat``/``stack`` select an input by the
@@ -462,6 +465,10 @@ class Generator(Emit):
         tensors = list(n.args[0])
         stack = n.target is aten.stack.default
         dim = _norm_dim(_arg(n, 1, "dim", 0), len(out.shape))
+        if stack:
+            swapped = self._pair_swap(n, tensors, dim, idx, mask)
+            if swapped is not None:
+                return swapped
         branches = []  # (lo, hi, node, input index)
         lo = 0
         for x in tensors:
@@ -495,6 +502,52 @@ class Generator(Emit):
         for b_hi, code in reversed(vals[:-1]):
             acc = self.tmp(f"tl.where({dc} < {b_hi}, {code}, {acc})")
         return Val(acc, out.dtype)
+
+    def _pair_swap(self, n: fx.Node, tensors: list, dim: int, idx: list[Lin], mask: str) -> Val | None:
+        """RoPE's rotation, ``stack([f(u[..., 1]), g(u[..., 0])], -1)`` with ``u[..., 0], u[..., 1] = unbind(u, -1)``:
+        lane ``2p + q`` needs ``u[p, 1 - q]``, its neighbour's element. In the flat kernel the pair is two
+        adjacent lanes of one block, so ``u`` is loaded once at ``u[p, q]`` (contiguous, vectorized) and the
+        partner comes from swapping neighbours in registers (``tl.split`` / ``tl.join``), where reading
+        ``u[p, 1 - q]`` from memory is a scalar load per element. Same values, same ops: bits unchanged.
+        None where the form differs (the select below handles it)."""
+        q = idx[dim]
+        if len(tensors) != 2 or dim != len(idx) - 1 or q != Lin.of(Term("f", 1, 2)):
+            return None
+        unbind, items = None, []
+        for i, x in enumerate(tensors):
+            node = x
+            while isinstance(node, fx.Node) and node.op == "call_function" and node.target is not operator.getitem:
+                ins = node.all_input_nodes
+                if len(ins) != 1 or node.target not in RECIPES or RECIPES[node.target].tensor_args != (0,):
+                    return None  # not a unary op of the unbound element
+                node = ins[0]
+            if not (isinstance(node, fx.Node) and node.target is operator.getitem):
+                return None
+            parent, k = node.args
+            u = parent.args[0] if isinstance(parent, fx.Node) else None
+            if (not isinstance(parent, fx.Node) or parent.target is not aten.unbind.int or k != 1 - i
+                    or _norm_dim(_arg(parent, 1, "dim", 0), len(self.shape(u))) != len(self.shape(u)) - 1
+                    or self.shape(u)[-1] != 2 or (unbind is not None and parent is not unbind)):
+                return None
+            unbind = parent
+            items.append(node)
+        pair = idx[:dim]
+        own = self.value(unbind.args[0], pair + [q], mask)  # u[p, q]: lane f's own element
+        a, b = f"t{len(self._cse)}a", f"t{len(self._cse)}b"
+        self.lines.append(f"{a}, {b} = tl.split(tl.reshape({own.code}, [BLOCK // 2, 2]))")
+        partner = self.tmp(f"tl.reshape(tl.join({b}, {a}), [BLOCK])")  # u[p, 1 - q]
+        # the branches read their unbound element as the partner, under a mask name of their own (the memo is
+        # keyed by node, index and mask: no other use of these nodes sees the swapped value)
+        swap_mask = f"m{len(self.lines)}s"
+        self.lines.append(f"{swap_mask} = {mask}")
+        out = self.meta(n)
+        vals = []
+        for item, x in zip(items, tensors):
+            self._memo[(item, tuple(pair), swap_mask)] = Val(partner, own.dtype)
+            v = self.value(x, pair, swap_mask)
+            exact = v.dtype == out.dtype or out.dtype == torch.float32
+            vals.append(v.code if exact else self.tmp(round_code(v.code, out.dtype)))
+        return Val(self.tmp(f"tl.where({self.index_code(q)} == 0, {vals[0]}, {vals[1]})"), out.dtype)
 
     # --- the kernel ------------------------------------------------------------------------
     def generate(self, title: str = "", tile: tuple[int, int] | None = None) -> KernelSource:

@@ -394,6 +394,11 @@ def test_pointwise_kernels_compile_for_sm90(name):
     if name in ("gated_residual", "wan_residual", "gelu_cat"):
         # contiguous operands: the index simplifies to the flat offset, loads and stores are 16-byte vectors
         assert "ld.global.v4" in ptx and "st.global.v4" in ptx, name
+    if name == "rope_double":
+        # the rotation partner is the neighbouring lane's element, swapped in registers: x is read once with
+        # vector loads, no scalar partner loads, no shared memory
+        assert "ld.global.v4" in ptx and not re.search(r"ld\.global(\.nc)?\.(b16|u16)\b", ptx), name
+        assert ck.metadata.shared == 0
     if name.startswith("sana_"):
         # a transpose, tiled: loads contiguous along one tile index, stores along the other, both 16-byte
         # vectors; the values change layout once, through shared memory
