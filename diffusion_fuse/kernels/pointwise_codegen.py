@@ -422,6 +422,10 @@ class Generator(Emit):
             self.accesses.append((off, spec.dtype.itemsize))
             if off.is_const():
                 load = f"tl.load(in{k} + {off.const})"  # one element: a valid address, no mask needed
+            elif all(t.var == "z" for t, _ in off.terms):
+                # a tiled kernel's per-program element (z < its extent in every program): a scalar load; a
+                # block mask cannot go with a scalar address
+                load = f"tl.load(in{k} + {self.index_code(off)})"
             else:
                 load = f"tl.load(in{k} + {self.index_code(off)}, mask={mask}, other=0)"
             if spec.dtype == torch.bool:

@@ -112,6 +112,56 @@ TILES = {"sana_query_relu": (3, 2), "sana_key_relu": None, "sana_value_float": (
          "permuted_out": (1, 2), "gated_residual": None}
 
 
+def _random_layout_case(seed: int):
+    """A mul + add over a permuted (non-contiguous) fp32 input and a contiguous or broadcast one, whose result is
+    copied out contiguous, transposed, or with two dims merged: the layouts that exercise the tiling and the view
+    index algebra. fp32 ops the interpreter computes as eager does: the result must be bitwise eager's."""
+    g = torch.Generator().manual_seed(1000 + seed)
+
+    def randint(lo, hi):
+        return int(torch.randint(lo, hi + 1, (1,), generator=g))
+
+    nd = randint(2, 4)
+    shape = [randint(1, 40) for _ in range(nd)]
+    while torch.tensor(shape).prod() > 20000:
+        shape[int(torch.argmax(torch.tensor(shape)))] //= 2
+    perm = torch.randperm(nd, generator=g).tolist()
+    base = torch.randn([shape[p] for p in perm], generator=g)
+    x = base.permute([perm.index(k) for k in range(nd)])  # logical `shape`, memory order `perm`
+    y_shape = [1 if randint(0, 3) == 0 else n for n in shape]
+    y = torch.randn(y_shape, generator=g)
+    tail = randint(0, 2)
+    a, b = sorted(torch.randperm(nd, generator=g)[:2].tolist()) if nd > 1 else (0, 0)
+
+    def fn(x, y):
+        z = x * 1.5 + y
+        if tail == 0:
+            return z.contiguous()
+        if tail == 1:
+            return z.transpose(a, b).contiguous()
+        return z.flatten(a, a + 1).contiguous() if a + 1 < nd else z.contiguous()
+
+    return fn, (x, y), (shape, perm, y_shape, tail)
+
+
+def random_layouts(n: int = 40) -> list:
+    from diffusion_fuse.lowering import counters
+    from diffusion_fuse.lowering.pointwise import generate_source
+    from diffusion_fuse.testing.pointwise import fuse, program_of
+
+    out = []
+    for seed in range(n):
+        fn, args, desc = _random_layout_case(seed)
+        gm, sites = fuse(fn, *args)
+        counters.reset()
+        ref, got = fn(*args), gm(*args)
+        src = generate_source(list(args), program_of(fn, *args))
+        out.append({"case": [str(d) for d in desc], "sites": len(sites), "hits": counters.snapshot()["kernel"],
+                    "equal": bool(torch.equal(ref, got)) and ref.stride() == got.stride(),
+                    "tile": list(src.tile) if src.tile else None, "strided_bytes": src.strided_bytes})
+    return out
+
+
 def worker() -> dict:
     from diffusion_fuse.lowering import counters
     from diffusion_fuse.testing.pointwise import fuse, site_ops
@@ -139,6 +189,7 @@ def worker() -> dict:
             "tile": list(src.tile) if src and src.tile else None,
             "strided_bytes": src.strided_bytes if src else None,
         }
+    res["random_layouts"] = random_layouts()
     # Through the backend: the interpreter's fp32 -> bf16 cast truncates, so the verifier rejects
     # this bf16 group, and the report names the first op whose kernel differs from eager.
     import diffusion_fuse
@@ -187,6 +238,13 @@ def test_layout_reads_and_writes_contiguously(results, case):
     r = results[case]
     assert r["tile"] == (list(TILES[case]) if TILES[case] else None), r
     assert r["strided_bytes"] == 0, r
+
+
+def test_random_layouts_are_bitwise_eager(results):
+    cases = results["random_layouts"]
+    bad = [c for c in cases if not (c["equal"] and c["sites"] == 1 and c["hits"] == {"pointwise": 1})]
+    assert not bad, bad[:3]
+    assert sum(c["tile"] is not None for c in cases) >= 5, [c["tile"] for c in cases]  # the tiling is exercised
 
 
 def _eval_lin(lin, env):
