@@ -150,7 +150,9 @@ def test_a_large_single_op_eager_runs_strided_is_fused(fn, args):
     (torch.add, (rn(2, 300, 256), rn(2, 300, 256, seed=1))),  # same layouts: eager's vectorized loop
     (torch.add, (rn(2, 30, 256), rn(256))),  # small
     (lambda x: x.float(), (rn(2, 300, 256),)),  # a contiguous cast
-], ids=["same_layout", "small", "contiguous_cast"])
+    (lambda a, b: torch.cat([a, b], 1), (rn(1, 300, 256), rn(1, 300, 256))),  # a lone cat: a batched copy
+    (torch.add, (rn(1, 300, 256), rn(300, 256))),  # only a size-1 dim differs: not a broadcast
+], ids=["same_layout", "small", "contiguous_cast", "cat", "size1_dim"])
 def test_a_single_op_eager_runs_vectorized_or_small_is_left_to_eager(fn, args):
     _, sites = pw.fuse(fn, *args)
     assert sites == []

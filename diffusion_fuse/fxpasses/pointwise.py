@@ -108,12 +108,23 @@ LONE_OP_MIN_NUMEL = 1 << 16  # below this a lone op's kernel is launch-bound eit
 def lone_op_worth_fusing(n: fx.Node) -> bool:
     """Whether one op alone is worth a generated kernel: large, and run by eager's strided (unvectorized) loop."""
     v = n.meta.get("val")
-    if not isinstance(v, torch.Tensor) or not isinstance(v.numel(), int) or v.numel() < LONE_OP_MIN_NUMEL:
-        return False
+    if n.target in STRUCTURAL_OPS or not isinstance(v, torch.Tensor) or not _static(v) or v.numel() < LONE_OP_MIN_NUMEL:
+        return False  # (a lone cat or stack: eager's own kernel is a batched copy)
     ins = [a.meta["val"] for a in n.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
-    if any(a.numel() < v.numel() or a.stride() != v.stride() for a in ins):
+    if not all(_static(a) for a in ins):
+        return False  # symbolic sizes or strides: comparing them would add guards
+    if any(_layout(a.expand(v.shape)) != _layout(v) for a in ins):
         return True  # broadcast, or laid out unlike the output
     return n.target is torch.ops.aten._to_copy.default and any(a.dtype != v.dtype and not a.is_contiguous() for a in ins)
+
+
+def _static(t: torch.Tensor) -> bool:
+    return all(isinstance(d, int) for d in (*t.shape, *t.stride()))
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    """Strides of the dims that have more than one element (a size-1 dim's stride says nothing)."""
+    return tuple(st for n, st in zip(t.shape, t.stride()) if n != 1)
 
 
 @dataclasses.dataclass

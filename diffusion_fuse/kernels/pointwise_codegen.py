@@ -283,6 +283,7 @@ class Generator(Emit):
         self._memo: dict[tuple, Val] = {}
         self.index_dtype = index_dtype
         self.bounds: dict[str, int] = {}  # iteration variable -> its extent (f, or x, y and z when tiled)
+        self.block_shape = "[BLOCK]"  # the shape of the kernel's lanes ([BY, BX] when tiled)
         self.accesses: list[tuple[Lin, int]] = []  # (offset, bytes per element) of every load and store
 
     # --- emission --------------------------------------------------------------------------
@@ -295,6 +296,14 @@ class Generator(Emit):
             self._cse[expr] = name
             self.lines.append(f"{name} = {expr}")
         return name
+
+    def block_ptr(self, base: str, off: Lin) -> str:
+        """``base + off`` as a pointer of the kernel's block shape: an offset that does not move with the lane
+        (a constant, a program's own index, or a materialized index) is broadcast so that a mask can go with it."""
+        ptr = f"{base} + {self.index_code(off)}"
+        if any(t.var in ("f", "x", "y") for t, _ in off.terms):
+            return ptr
+        return f"tl.broadcast_to({ptr}, {self.block_shape})"
 
     def index_code(self, i: Lin) -> str:
         return str(i.const) if i.is_const() else self.tmp(i.code())
@@ -422,12 +431,14 @@ class Generator(Emit):
             self.accesses.append((off, spec.dtype.itemsize))
             if off.is_const():
                 load = f"tl.load(in{k} + {off.const})"  # one element: a valid address, no mask needed
-            elif all(t.var == "z" for t, _ in off.terms):
-                # a tiled kernel's per-program element (z < its extent in every program): a scalar load; a
-                # block mask cannot go with a scalar address
+            elif mask == "m" and all(t.var == "z" for t, _ in off.terms):
+                # a tiled kernel's per-program element under the kernel's own mask: z is in range in every
+                # program, so the element exists; one scalar load
                 load = f"tl.load(in{k} + {self.index_code(off)})"
             else:
-                load = f"tl.load(in{k} + {self.index_code(off)}, mask={mask}, other=0)"
+                # under a narrower mask (a cat branch) the index may be out of the input's range where the mask
+                # is off: the mask must apply, so a scalar address becomes a block
+                load = f"tl.load({self.block_ptr(f'in{k}', off)}, mask={mask}, other=0)"
             if spec.dtype == torch.bool:
                 return Val(self.tmp(load), torch.bool)
             if spec.dtype not in FLOAT_DTYPES:
@@ -538,7 +549,8 @@ class Generator(Emit):
         pair = idx[:dim]
         own = self.value(unbind.args[0], pair + [q], mask)  # u[p, q]: lane f's own element
         a, b = f"t{len(self._cse)}a", f"t{len(self._cse)}b"
-        self.lines.append(f"{a}, {b} = tl.split(tl.reshape({own.code}, [BLOCK // 2, 2]))")
+        # (broadcast first: u may not depend on the lane, e.g. a constant expanded)
+        self.lines.append(f"{a}, {b} = tl.split(tl.reshape(tl.broadcast_to({own.code}, [BLOCK]), [BLOCK // 2, 2]))")
         partner = self.tmp(f"tl.reshape(tl.join({b}, {a}), [BLOCK])")  # u[p, 1 - q]
         # the branches read their unbound element as the partner, under a mask name of their own (the memo is
         # keyed by node, index and mask: no other use of these nodes sees the swapped value)
@@ -596,6 +608,7 @@ class Generator(Emit):
                     f"m = (x < {shape[dx]}) & (y < {shape[dy]})"]
             index_of = lambda _shape: list(base)  # noqa: E731
             constexprs, tparams = {"BX": bx, "BY": by}, ["BX: tl.constexpr", "BY: tl.constexpr"]
+            self.block_shape = "[BY, BX]"
         body_start = len(self.lines)
         stores = []
         for j, (o, spec) in enumerate(zip(outs, specs)):
@@ -605,9 +618,8 @@ class Generator(Emit):
             v = self.value(o, idx, "m")
             flat_off = flatten(idx, spec.stride, spec.shape)
             self.accesses.append((flat_off, spec.dtype.itemsize))
-            off = self.index_code(flat_off)
             cast = "" if spec.dtype == torch.float32 else f".to({_TL_DTYPE[spec.dtype]})"
-            stores.append(f"tl.store(out{j} + {off}, {v.code}{cast}, mask=m)")
+            stores.append(f"tl.store({self.block_ptr(f'out{j}', flat_off)}, {v.code}{cast}, mask=m)")
         body = self.lines[body_start:] + stores
         n_in, n_out = len(self.inputs), len(outs)
         params = [f"in{k}" for k in range(n_in)] + [f"out{j}" for j in range(n_out)] + ["numel", *tparams]
@@ -676,7 +688,7 @@ def choose_layout(make: Callable[[], Generator], title: str = "") -> KernelSourc
             continue
         try:
             src = make().generate(title, tile=(dx, dy))
-        except Unsupported:
+        except Exception:  # noqa: BLE001 - a tiling that cannot be generated leaves the flat kernel standing
             continue
         if src.strided_bytes < best.strided_bytes:
             best = src

@@ -64,6 +64,10 @@ def _silu_sigmoid_tanh(x):
     return torch.nn.functional.silu(x) + torch.sigmoid(x) * torch.tanh(x) - torch.rsqrt(x.abs() + 1)
 
 
+def _cat_per_program(x, a, b):
+    return (x.transpose(1, 2) * torch.cat([a, b], 0)).contiguous()
+
+
 def make(name, seed=0):
     from diffusion_fuse.testing import pointwise as pw
 
@@ -95,21 +99,25 @@ def make(name, seed=0):
         "sana_attn_out_odd": (pw.sana_attn_out, (rn(1, 3, 17, 37, dtype=f32),)),
         "sana_key_relu_fp32": (functools.partial(pw.sana_key_relu, heads=3), (rn(2, 70, 96, dtype=f32),)),
         "bias_add": (pw.bias_add, (rn(2, 300, 256), rn(256))),
+        # a cat over the tiled kernel's program index: each branch's element is per program, and out of the
+        # branch's range in the other programs (the load must stay masked)
+        "cat_per_program": (_cat_per_program, (rn(8, 64, 48, dtype=f32), rn(2, 1, 1, dtype=f32),
+                                               rn(6, 1, 1, dtype=f32))),
     }[name]
 
 
 CASES = ["rope", "rope_cat", "gated_residual", "gelu_cat", "swiglu", "wan_residual", "fp32_chain", "where_mask",
          "strided_in", "permuted_out", "stack_split", "modulate_fp16", "zero_dim", "two_outputs", "gelu_clone",
          "activations", "sana_query_relu", "sana_key_relu", "sana_value_float", "sana_attn_out", "sana_attn_out_odd",
-         "sana_key_relu_fp32", "bias_add"]
+         "sana_key_relu_fp32", "bias_add", "cat_per_program"]
 # fp32 cases whose ops eager computes alike on CPU and CUDA, and the interpreter exactly: bitwise
 EXACT = {"fp32_chain", "where_mask", "strided_in", "permuted_out", "sana_query_relu", "sana_key_relu",
-         "sana_value_float", "sana_key_relu_fp32"}
+         "sana_value_float", "sana_key_relu_fp32", "cat_per_program"}
 # the layouts choose_layout must pick: (x dim, y dim) of the outputs' shape, None for the flat kernel
 # (SANA's key: both sides contiguous along the head dim, 16 or 32 elements: flat)
 TILES = {"sana_query_relu": (3, 2), "sana_key_relu": None, "sana_value_float": (2, 3), "sana_attn_out": (2, 1),
          "sana_attn_out_odd": (2, 1), "sana_key_relu_fp32": None, "bias_add": None, "strided_in": (1, 2),
-         "permuted_out": (1, 2), "gated_residual": None}
+         "permuted_out": (1, 2), "gated_residual": None, "cat_per_program": (2, 1)}
 
 
 def _random_layout_case(seed: int):
@@ -188,6 +196,8 @@ def worker() -> dict:
             "equal": all(torch.equal(r, g) for r, g in zip(refs, gots)),
             "tile": list(src.tile) if src and src.tile else None,
             "strided_bytes": src.strided_bytes if src else None,
+            "unmasked_loads": [ln.strip() for ln in src.source.splitlines()
+                               if "tl.load(" in ln and "mask=" not in ln] if src else None,
         }
     res["random_layouts"] = random_layouts()
     # Through the backend: the interpreter's fp32 -> bf16 cast truncates, so the verifier rejects
@@ -238,6 +248,14 @@ def test_layout_reads_and_writes_contiguously(results, case):
     r = results[case]
     assert r["tile"] == (list(TILES[case]) if TILES[case] else None), r
     assert r["strided_bytes"] == 0, r
+
+
+def test_a_cat_branch_reads_its_input_under_its_mask(results):
+    # the branch's per-program element is out of its input's range in the other branch's programs: an unmasked
+    # load there reads past the input (a fault on the GPU), so every load but the kernel's own is masked
+    r = results["cat_per_program"]
+    assert r["equal"] and r["tile"] == [2, 1]
+    assert r["unmasked_loads"] == [], r["unmasked_loads"]
 
 
 def test_random_layouts_are_bitwise_eager(results):
