@@ -223,7 +223,7 @@ def find_groups(graph: fx.Graph, opaque: set[fx.Node] = frozenset()) -> list[lis
     # A view of an outside value the group also reads directly joins the group: the kernel then reads that value
     # once, at the view's indices, instead of reading the view as a second input (RoPE reads x and, through
     # reshape + unbind, x's pair elements: inside the group the codegen takes those from x's own load).
-    claimed: dict[fx.Node, int] = {}  # view -> the group that took it (one group each)
+    claimed: dict[fx.Node, _Group] = {}  # view -> the group that took it (one group each)
     for g in groups:
         direct = {a for m in g.nodes for a in m.all_input_nodes if a not in g.nodes and a not in kind}
         for m in list(g.nodes):
@@ -231,10 +231,9 @@ def find_groups(graph: fx.Graph, opaque: set[fx.Node] = frozenset()) -> list[lis
                 if a in g.nodes:
                     continue
                 root, views = chain(a)
-                if views and root in direct and not any(v in group_of or claimed.get(v, id(g)) != id(g)
-                                                        for v in views):
+                if views and root in direct and not any(v in group_of or claimed.get(v, g) is not g for v in views):
                     g.nodes |= set(views)
-                    claimed.update(dict.fromkeys(views, id(g)))
+                    claimed.update(dict.fromkeys(views, g))
     return [sorted(g.nodes, key=index.__getitem__) for g in groups]
 
 

@@ -47,10 +47,12 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.fx as fx
 
+from ..log import get_logger
 from . import triton_interpret
 from .pointwise_ops import DEFAULT_VARIANTS, FLOAT_DTYPES, RECIPES, Emit, Val, Variants, round_code, to_common
 
 aten = torch.ops.aten
+_log = get_logger("pointwise")
 BLOCK = 1024
 NUM_WARPS = 4
 TILE_X, TILE_Y = 64, 32  # tiled kernels: 2048 elements per program; a row of 64 bf16 / 32 fp32 is 128 bytes
@@ -595,6 +597,12 @@ class Generator(Emit):
             grid = (nz, triton_cdiv(shape[dx], bx), triton_cdiv(shape[dy], by))
             if max(grid[1:]) > 65535:
                 raise Unsupported("too many tiles for the grid")
+            # masked lanes past the edge tiles compute offsets up to (BX + BY) strides past a tensor's end: with
+            # int32 indices that must not wrap (the flat kernel's margin is BLOCK elements, lowering/pointwise.py)
+            if not i64 and any(1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride))
+                               + (bx + by) * max(map(abs, t.stride), default=0) >= 2**31
+                               for t in [*self.inputs, *specs]):
+                raise Unsupported("int32 indices would wrap past the edge tiles")
             self.bounds = {"x": shape[dx], "y": shape[dy], "z": nz}
             z_idx = self.unravel(Lin.of(Term("z", 1, 0)), [shape[k] for k in rest])
             base: list[Lin] = [Lin()] * len(shape)
@@ -688,7 +696,11 @@ def choose_layout(make: Callable[[], Generator], title: str = "") -> KernelSourc
             continue
         try:
             src = make().generate(title, tile=(dx, dy))
-        except Exception:  # noqa: BLE001 - a tiling that cannot be generated leaves the flat kernel standing
+        except Unsupported:
+            continue
+        except Exception as e:  # noqa: BLE001 - a codegen bug in a tiling must leave the flat kernel standing
+            _log.warning("pointwise: tiling (%d, %d) not generated, the flat kernel stays: %s: %s", dx, dy,
+                         type(e).__name__, e)
             continue
         if src.strided_bytes < best.strided_bytes:
             best = src
