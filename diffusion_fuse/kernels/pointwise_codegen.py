@@ -46,6 +46,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.fx as fx
+import triton
 
 from ..log import get_logger
 from . import triton_interpret
@@ -585,7 +586,7 @@ class Generator(Emit):
             pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
             head = [f"f = {pid} * BLOCK + tl.arange(0, BLOCK)", "m = f < numel"]
             index_of = lambda shape: self.unravel(Lin.of(Term("f", 1, 0)), shape)  # noqa: E731
-            grid, constexprs, tparams = (triton_cdiv(numel, BLOCK),), {"BLOCK": BLOCK}, ["BLOCK: tl.constexpr"]
+            grid, constexprs, tparams = (triton.cdiv(numel, BLOCK),), {"BLOCK": BLOCK}, ["BLOCK: tl.constexpr"]
         else:
             shape = specs[0].shape
             if any(s.shape != shape for s in specs):
@@ -593,8 +594,8 @@ class Generator(Emit):
             dx, dy = tile
             rest = [k for k in range(len(shape)) if k not in tile]
             nz = math.prod(shape[k] for k in rest)
-            bx, by = min(TILE_X, _pow2(shape[dx])), min(TILE_Y, _pow2(shape[dy]))
-            grid = (nz, triton_cdiv(shape[dx], bx), triton_cdiv(shape[dy], by))
+            bx, by = min(TILE_X, triton.next_power_of_2(shape[dx])), min(TILE_Y, triton.next_power_of_2(shape[dy]))
+            grid = (nz, triton.cdiv(shape[dx], bx), triton.cdiv(shape[dy], by))
             if max(grid[1:]) > 65535:
                 raise Unsupported("too many tiles for the grid")
             # masked lanes past the edge tiles compute offsets up to (BX + BY) strides past a tensor's end: with
@@ -630,6 +631,7 @@ class Generator(Emit):
             stores.append(f"tl.store({self.block_ptr(f'out{j}', flat_off)}, {v.code}{cast}, mask=m)")
         body = self.lines[body_start:] + stores
         n_in, n_out = len(self.inputs), len(outs)
+        # numel in both forms (a tiled kernel masks by its dims): one launch signature for the op's plan
         params = [f"in{k}" for k in range(n_in)] + [f"out{j}" for j in range(n_out)] + ["numel", *tparams]
         text = "\n".join(f"    {ln}" for ln in [*head, *body])
         libdevice = ("from diffusion_fuse.kernels.pointwise_ops import interpreter_libdevice\n"
@@ -643,14 +645,6 @@ class Generator(Emit):
         fast = ("f",) if tile is None else ("x", "y")
         strided = sum(size for off, size in self.accesses if not _coalesced(off, fast)) * numel
         return KernelSource(source, name, specs, numel, grid, constexprs, strided, tile)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _compose(t: Term, p: int, q: int) -> Term | None:
