@@ -162,12 +162,36 @@ def cprofile_calls(fn, tag: str, calls: int = 3) -> None:
         f.write(f"{tag}: {calls} calls\n{buf.getvalue()}")
 
 
-def profile_call(fn, tag: str) -> float:
-    """One profiled call: writes the kernel table to $OUT/profile_<tag>.txt; returns summed kernel ms."""
+def gap_report(prof, kernels) -> str:
+    """Where the GPU is idle during the profiled call: from the call's first host event to its first kernel, and
+    between kernels (start of one minus end of the one before), largest gaps with their neighbours."""
+    ks = sorted(kernels, key=lambda e: e.time_range.start)
+    if not ks:
+        return ""
+    host = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU]
+    first_host = min((e.time_range.start for e in host), default=ks[0].time_range.start)
+    gaps = [(b.time_range.start - a.time_range.end, a.name[:60], b.name[:60]) for a, b in zip(ks, ks[1:])]
+    idle = sum(max(g, 0.0) for g, _, _ in gaps)
+    span = ks[-1].time_range.end - ks[0].time_range.start
+    lines = [f"\nGPU span {span / 1e3:.3f} ms (first kernel start to last kernel end), idle between kernels "
+             f"{idle / 1e3:.3f} ms in {len(gaps)} gaps, host start to first kernel {(ks[0].time_range.start - first_host) / 1e3:.3f} ms"]
+    for lo, hi in ((0, 2), (2, 5), (5, 20), (20, 1e12)):
+        sel = [g for g, _, _ in gaps if lo <= g < hi]
+        lines.append(f"  gaps {lo}-{hi if hi < 1e12 else 'inf'} us: {len(sel)}, {sum(sel) / 1e3:.3f} ms")
+    lines.append("largest gaps (us, kernel before -> kernel after):")
+    for g, a, b in sorted(gaps, reverse=True)[:15]:
+        lines.append(f"  {g:8.1f}  {a} -> {b}")
+    return "\n".join(lines) + "\n"
+
+
+def profile_call(fn, tag: str, calls: int = 1) -> float:
+    """``calls`` profiled calls issued back to back: writes the kernel table and the GPU's idle gaps to
+    $OUT/profile_<tag>.txt; returns summed kernel ms per call."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()
+        for _ in range(calls):
+            fn()
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     busy_ms = sum(e.device_time for e in kernels) / 1e3
@@ -179,9 +203,10 @@ def profile_call(fn, tag: str) -> float:
                      headers=["ms", "%", "calls", "kernel"])
     with open(os.path.join(os.environ.get("OUT", "."), f"profile_{tag}.txt"), "w") as f:
         f.write(f"{tag}: {len(kernels)} kernels, {busy_ms:.3f} ms summed kernel time\n{table}\n")
+        f.write(gap_report(prof, kernels))
     print(f"{tag}: {len(kernels)} kernels, {busy_ms:.3f} ms kernel time; top 8:")
     print("\n".join(table.splitlines()[:10]))
-    return busy_ms
+    return busy_ms / calls
 
 
 def _new_step(fn):
@@ -257,6 +282,8 @@ def main() -> None:
                     rec[f"{k}_kernel_ms"] = profile_call(lambda: fn(**kw), f"{name}_{k}")
                     if k.startswith("lossless"):
                         cprofile_calls(lambda: fn(**kw), f"{name}_{k}")
+                    if args.back_to_back:  # where the GPU idles when forwards are issued without a sync
+                        profile_call(lambda: fn(**kw), f"{name}_{k}_b2b{args.back_to_back}", args.back_to_back)
                 print(name, "host ms per call (until it returns):",
                       {k: round(rec[f"{k}_host_ms"], 2) for k in variants})
         rec["lossless_equal"] = torch.equal(bits(outs["eager"]), bits(outs["lossless"]))
