@@ -24,10 +24,12 @@ from diffusion_fuse.testing.tiny_models import build
 from helpers import bitwise_equal, compile_and_run
 from test_models_lossless import expected
 
-R, C = "rms_norm", "rms_norm_chain"
+R, C, RR = "rms_norm", "rms_norm_chain", "rms_norm_rope"
 # torch.nn.RMSNorm QK norms (FLUX/FLUX.2: norm_q/k and norm_added_q/k of the double block, norm_q/k
 # of the single block; Wan: attn1 and attn2 norm_q/k) and diffusers RMSNorm chains (tests/SITE_CENSUS.md).
 FUSED_SITES = {"flux": 6, "flux2": 6, "wan21": 4, "wan22_ti2v": 4}
+# of which RoPE follows the norm directly (family rms_norm_rope): the single block's q and k
+ROPE_SITES = {"flux": 2, "flux2": 2, "wan21": 0, "wan22_ti2v": 0}
 CHAIN_SITES = {"flux": 6, "flux2": 6, "wan21": 4, "wan22_ti2v": 4, "sana": 1, "qwen_image": 5, "sd35": 10}
 
 
@@ -78,14 +80,22 @@ def test_qk_norms_of_tiny_models_are_sites_and_the_output_is_eager(fused_rms_nor
     model, kwargs = build(name, dtype)
     ref, out, report = compile_and_run(model, kwargs)
     assert bitwise_equal(ref, out)
-    assert report.count(R) == FUSED_SITES[name], report.table()
-    assert all(s.status == "kept" and s.exact and s.verdict == "bitwise equal" for s in report.sites(R))
+    assert report.count(R) + report.count(RR) == FUSED_SITES[name], report.table()
+    assert report.count(RR) == ROPE_SITES[name], report.table()
+    sites = [s for s in report.sites() if s.pattern in (R, RR)]
+    assert len(sites) == FUSED_SITES[name]
+    assert all(s.status == "kept" and s.exact and s.verdict == "bitwise equal" for s in sites), report.table()
     fams, _ = expected(name, dtype)  # every other family keeps its sites
     fams.pop("pointwise")  # (pointwise groups what is left: fewer ops once the norms are rms_norm sites)
     assert {f: report.count(f) for f in fams} == fams, report.table()
-    assert report.counters()["fallback"]["rms_norm"] == {"device is cpu": 2 * FUSED_SITES[name]}
+    fallback = report.counters()["fallback"]
+    assert fallback["rms_norm"] == {"device is cpu": 2 * (FUSED_SITES[name] - ROPE_SITES[name])}
+    if ROPE_SITES[name]:
+        assert fallback["rms_norm_rope"] == {"device is cpu": 2 * ROPE_SITES[name]}
+        rope = [s for s in sites if s.pattern == RR]
+        assert all(s.before[:4] == ["_fused_rms_norm", "getitem", "view", "unbind.int"] for s in rope), rope
     # the site is named by the model line that called the norm, not by torch's F.rms_norm
-    assert {s.location.split("/")[-1] for s in report.sites(R)} <= {
+    assert {s.location.split("/")[-1] for s in sites} <= {
         "transformer_flux.py:102", "transformer_flux.py:103", "transformer_flux.py:110", "transformer_flux.py:111",
         "transformer_flux2.py:353", "transformer_flux2.py:354", "transformer_flux2.py:361", "transformer_flux2.py:362",
         "transformer_flux2.py:605", "transformer_flux2.py:606", "transformer_wan.py:95", "transformer_wan.py:96"}
@@ -288,3 +298,64 @@ def test_chain_tail_dtypes_follow_eager_promotion():
     assert (tail.c1, tail.w, tail.c2, final) == (None, torch.float32, torch.bfloat16, torch.bfloat16)
     tail, final = rms_norm_chain_tail(torch.bfloat16, w32, None, None, sc, None, torch.bfloat16)
     assert (tail.w, tail.u, tail.v, final) == (torch.float32, torch.float32, None, torch.bfloat16)
+
+
+# ----------------------------------------------------------------------------------------
+# rms_norm_rope: the norm feeding diffusers' apply_rotary_emb only
+# ----------------------------------------------------------------------------------------
+
+
+class NormRope(torch.nn.Module):
+    """FLUX single-block q: RMSNorm over head_dim, then apply_rotary_emb along the sequence dim."""
+
+    def __init__(self, D=32, affine=True, also_read_norm=False):
+        super().__init__()
+        self.norm = torch.nn.RMSNorm(D, eps=1e-6, elementwise_affine=affine)
+        if affine:
+            with torch.no_grad():
+                self.norm.weight.normal_()
+        self.also_read_norm = also_read_norm
+
+    def forward(self, x, cos, sin):
+        from diffusers.models.embeddings import apply_rotary_emb
+
+        y = self.norm(x)
+        out = apply_rotary_emb(y, (cos, sin), sequence_dim=1)
+        return (out, y * 2) if self.also_read_norm else out
+
+
+def _rope_inputs(dtype, B=2, S=7, H=3, D=32):
+    g = torch.Generator().manual_seed(3)
+    pos = torch.randn(S, D // 2, generator=g).double() * 20
+    cos, sin = (f(pos).repeat_interleave(2, dim=1).float() for f in (torch.cos, torch.sin))
+    return torch.randn(B, S, H, D, generator=g).to(dtype), cos, sin
+
+
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_norm_then_rope_is_one_site(fused_rms_norm_kernel_on_cpu, dtype, affine):
+    model = NormRope(affine=affine).to(dtype)
+    args = _rope_inputs(dtype)
+    with torch.no_grad():
+        ref = model(*args)
+    report = diffusion_fuse.Report()
+    with torch.no_grad():
+        out = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(None, report), fullgraph=True)(*args)
+    assert bitwise_equal(ref, out)
+    (site,) = report.sites()
+    assert site.pattern == RR and site.status == "kept", report.table()
+    casts = [] if dtype == torch.float32 else ["_to_copy"]
+    assert site.before[:2] == ["_fused_rms_norm", "getitem"] and site.before.count("_to_copy") == 3 * len(casts)
+    assert {"unbind.int", "neg", "stack", "add.Tensor"} <= set(site.before), site.before
+
+
+def test_norm_read_elsewhere_stays_an_rms_norm_site(fused_rms_norm_kernel_on_cpu):
+    model = NormRope(also_read_norm=True).to(torch.bfloat16)
+    args = _rope_inputs(torch.bfloat16)
+    with torch.no_grad():
+        ref = model(*args)
+    report = diffusion_fuse.Report()
+    with torch.no_grad():
+        out = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(None, report), fullgraph=True)(*args)
+    assert bitwise_equal(ref, out)
+    assert report.count(RR) == 0 and report.count(R) == 1, report.table()

@@ -37,6 +37,12 @@ above, then each op of the replaced chain in fp32, rounded to its eager result d
     y = round_T(rn(w * rn(x * rstd)))        # _fused_rms_norm's output (no w: round_T(x * rstd))
     t = round_t(scale + 1); u = round_u(y * t); v = round_v(u + shift); out = round_out(v)   # optional
 
+``rms_norm_rope`` (lossless): ``rms_norm``'s output y (rounded to x's dtype, no modulate), then diffusers'
+``apply_rotary_emb`` (use_real, pairs along D) as eager runs it, each op rounded as there::
+
+    rot = (-y[..., 1::2], y[..., 0::2]) interleaved      # neg (a sign flip: -0 for +0) and stack: exact
+    out = round_T(rn(rn(y * cos) + rn(rot * sin)))        # fp32 cos/sin broadcast over rows, unit stride along D
+
 Launched with ``enable_fp_fusion=False``; the only FMA is the PUSH_FMA push. Verified on the H200
 by tests/gpu/test_rms_norm_gpu.py (until it has run, the default variant is the hypothesis).
 
@@ -66,9 +72,22 @@ import triton
 import triton.language as tl
 
 from ..lowering.rms_norm import Tail
+from . import triton_interpret
 from .launch import CachedLaunch
 from .layer_norm_stats import LANES, USE_SHUFFLES, VEC, WARP, _as_f32, _shfl_down, is_uniform
 from .ln_modulate import _DT_CODE, round_to
+
+if triton_interpret():  # the interpreter runs no inline PTX: the sign flip (equal to neg.f32 but on NaN payloads)
+    @triton.jit
+    def neg_f32(x):
+        return (x.to(tl.int32, bitcast=True) ^ -2147483648).to(tl.float32, bitcast=True)
+else:
+    @triton.jit
+    def neg_f32(x):
+        # -x as C++ negates a float (PTX neg.f32, what eager's neg kernel runs). Triton's unary minus is
+        # 0 - x: +0 for +0 where eager gives -0 (kernels/pointwise_ops.py neg_code, the same choice).
+        return tl.inline_asm_elementwise("neg.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1)
+
 
 MAX_ROWS_PER_PROGRAM = 16  # LPR >= 8 lanes: small rows of D <= 32 share a program 16 at a time
 
@@ -200,7 +219,7 @@ def _rms_norm_kernel(
     ROW_DIMS: tl.constexpr, WIDE_ROWS: tl.constexpr,
     C1_DT: tl.constexpr, HAS_W: tl.constexpr, W_DT: tl.constexpr, HAS_B: tl.constexpr, B_DT: tl.constexpr,
     C2_DT: tl.constexpr, HAS_SCALE: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr,
-    HAS_SHIFT: tl.constexpr, V_DT: tl.constexpr,
+    HAS_SHIFT: tl.constexpr, V_DT: tl.constexpr, ROPE: tl.constexpr = False,
 ):
     if WIDE_ROWS:  # M >= 2**31 - 2**8: row indices in int64
         first = tl.program_id(0).to(tl.int64) * ROWS
@@ -213,19 +232,23 @@ def _rms_norm_kernel(
         lane_row = first + tl.arange(0, ROWS * LPR) // LPR
         x_lanes = X + _row_offsets(lane_row, L1, L2, x_s0, x_s1, x_s2, ROW_DIMS)
         lane_ok = lane_row < M
+    r = first + tl.arange(0, ROWS)
+    row_ok = r < M
+    BLOCK: tl.constexpr = LPR * VEC
+    cols = tl.arange(0, BLOCK)
+    sc_off = _row_offsets(r, L1, L2, sc_s0, sc_s1, sc_s2, ROW_DIMS)[:, None]
+    sh_off = _row_offsets(r, L1, L2, sh_s0, sh_s1, sh_s2, ROW_DIMS)[:, None]
+    if ROPE and N_ITERS == 1:  # cos/sin do not depend on the sums: their loads overlap x's and the reduction
+        pre_mask = row_ok[:, None] & (cols < N)[None, :]
+        cos_pre = tl.load(SCALE + sc_off + cols[None, :], mask=pre_mask, other=0.0)
+        sin_pre = tl.load(SHIFT + sh_off + cols[None, :], mask=pre_mask, other=0.0)
     sumsq = rms_row_sum_squares(x_lanes, lane_ok, N, x_sd, N_ITERS, ROWS, LPR, VEC, PUSH_FMA, UNIFORM)
     var = tl.math.div_rn(sumsq, tl.cast(N, tl.float32))
     rstd = tl.math.rsqrt(var + eps)
-    r = first + tl.arange(0, ROWS)
-    row_ok = r < M
     if STORE_RSTD:
         tl.store(RSTD + r, rstd, mask=row_ok)
-    BLOCK: tl.constexpr = LPR * VEC
-    cols = tl.arange(0, BLOCK)
     x_rows = X + _row_offsets(r, L1, L2, x_s0, x_s1, x_s2, ROW_DIMS)
     o_off = _row_offsets(r, L1, L2, o_s0, o_s1, o_s2, ROW_DIMS)[:, None]
-    sc_off = _row_offsets(r, L1, L2, sc_s0, sc_s1, sc_s2, ROW_DIMS)[:, None]
-    sh_off = _row_offsets(r, L1, L2, sh_s0, sh_s1, sh_s2, ROW_DIMS)[:, None]
     for it in range(N_ITERS):
         c = it * BLOCK + cols
         mask = row_ok[:, None] & (c < N)[None, :]
@@ -241,6 +264,16 @@ def _rms_norm_kernel(
             y = round_to(y * t, U_DT)
         if HAS_SHIFT:
             y = round_to(y + tl.load(SHIFT + sh_off + c[None, :], mask=mask, other=0.0).to(tl.float32), V_DT)
+        if ROPE:  # SCALE/SHIFT are cos/sin (fp32): y.float() * cos + rotate(y).float() * sin, three fp32 ops
+            if N_ITERS == 1:
+                cos, sin = cos_pre, sin_pre
+            else:
+                cos = tl.load(SCALE + sc_off + c[None, :], mask=mask, other=0.0)
+                sin = tl.load(SHIFT + sh_off + c[None, :], mask=mask, other=0.0)
+            # rotate pairs (2k, 2k+1) -> (-y[2k+1], y[2k]) in registers (BLOCK is even, pairs never straddle it)
+            even, odd = tl.split(tl.reshape(y, [ROWS, BLOCK // 2, 2]))
+            rot = tl.reshape(tl.join(neg_f32(odd), even), [ROWS, BLOCK])
+            y = y * cos + rot * sin  # enable_fp_fusion=False: two roundings of the products, one of the sum
         tl.store(OUT + o_off + (c * o_sd)[None, :], y.to(OUT.dtype.element_ty), mask=mask)
 
 
@@ -283,17 +316,18 @@ def _expanded_strides(t: torch.Tensor | None, shape) -> tuple[int, ...] | None:
 
 
 def plan_rms_norm(x, out_shape, out_strides, out_dtype, weight, bias, eps, scale, shift, tail: Tail,
-                  rows, push_fma: bool = True, store_rstd: bool = False):
+                  rows, push_fma: bool = True, store_rstd: bool = False, rope: bool = False):
     """A launch for inputs of this layout (the guards in lowering/rms_norm.py accepted them).
 
     ``rows`` is ``(sizes[3], strides[3] of x, scale, shift, out)`` from ``lowering.rms_norm.row_layout``.
+    ``rope``: scale and shift are RoPE's cos and sin (fp32), applied to the rounded output (``rms_norm_rope``).
     Returns ``launch(x, weight, bias, scale, shift) -> (out, rstd or None)``.
     """
     D = x.shape[-1]
     M = x.numel() // D
     (L0, L1, L2), (xs, scs, shs, os_) = rows
     const = dict(**stats_constexprs(D, push_fma), STORE_RSTD=store_rstd, ROW_DIMS=row_dims(L0, L1),
-                 WIDE_ROWS=M >= 2**31 - 2**8, **tail_constexprs(tail))
+                 WIDE_ROWS=M >= 2**31 - 2**8, **tail_constexprs(tail), ROPE=rope)
     grid = (triton.cdiv(M, const["ROWS"]),)
     kernel = CachedLaunch(_rms_norm_kernel, grid, const, num_warps=LANES // WARP, enable_fp_fusion=False)
     device = x.device

@@ -14,6 +14,12 @@ Semantics are those of the ATen chains the patterns replace (patterns/rms_norm.p
     h  = h.to(cast1); h = h * weight; h = h + bias; h = h.to(cast2)     # each optional, in this order
     out = h * (scale + 1) [+ shift] [→ out_dtype]           # optional
 
+``rms_norm_rope`` (family ``rms_norm_rope``, lossless): ``rms_norm`` without modulate, then diffusers'
+``apply_rotary_emb`` (``use_real=True``, ``use_real_unbind_dim=-1``: the FLUX/FLUX.2 single-block q and k)::
+
+    re, im = y.unflatten(-1, (-1, 2)).unbind(-1)
+    out = (y.float() * cos + stack([-im, re], -1).flatten(-2).float() * sin).to(y.dtype)
+
 (diffusers' RMSNorm is ``cast1 = weight dtype`` then ``* weight`` for a half-precision weight,
 ``cast2 = x.dtype`` without a weight; PyTorch's composite ``rms_norm`` is ``* weight`` then
 ``cast2 = x.dtype``.) The reference impls *are* these chains (CPU, and every input a guard
@@ -41,6 +47,17 @@ from .norm_modulate import (KERNEL_DTYPES, MAX_D, VEC, check_broadcast, check_de
 def rms_norm_reference(x, weight, eps, scale, shift, out_dtype) -> Tensor:
     y = torch.ops.aten._fused_rms_norm.default(x, [x.shape[-1]], weight, eps)[0]
     return y if scale is None else modulate_reference(y, scale, shift, out_dtype)
+
+
+def rope_reference(y: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """diffusers' ``apply_rotary_emb`` (use_real, unbind -1) on y, op for op as eager runs it."""
+    re, im = y.unflatten(-1, (-1, 2)).unbind(-1)
+    rot = torch.stack([-im, re], -1).flatten(-2)
+    return (y.float() * cos + rot.float() * sin).to(y.dtype)
+
+
+def rms_norm_rope_reference(x, weight, eps, cos, sin) -> Tensor:
+    return rope_reference(rms_norm_reference(x, weight, eps, None, None, None), cos, sin)
 
 
 def rms_norm_chain_reference(x, eps, cast1, weight, bias, cast2, scale, shift, out_dtype) -> Tensor:
@@ -177,6 +194,17 @@ def can_use_rms_norm(x, weight, eps, scale, shift, out_dtype) -> tuple[bool, str
     return not why, why
 
 
+def can_use_rms_norm_rope(x, weight, eps, cos, sin) -> tuple[bool, str]:
+    """``can_use_rms_norm`` for the norm; cos/sin: fp32, broadcast to x over its rows with unit stride along D."""
+    ok, why = can_use_rms_norm(x, weight, eps, None, None, None)
+    if ok and any(t.dtype != torch.float32 or t.device != x.device for t in (cos, sin)):
+        why = f"cos/sin are {cos.dtype}/{sin.dtype} on {cos.device}/{sin.device}, not float32 on {x.device}"
+    why = why or check_broadcast(x.shape, cos=cos, sin=sin)
+    if not why and _rows(x, _contiguous(x.shape), cos, sin) is None:
+        why = "x's rows span more than 3 strided dims"
+    return not why, why
+
+
 def can_use_rms_norm_chain(x, eps, cast1, weight, bias, cast2, scale, shift, out_dtype) -> tuple[bool, str]:
     """Whether the Triton kernel can compute ``rms_norm_chain`` for these inputs; else the reason."""
     why = check_device_and_dtypes(x, (weight, bias, scale, shift))
@@ -216,6 +244,10 @@ def rms_norm_layout_key(x, weight, eps, scale, shift, out_dtype) -> tuple:
     return (x.device, _key(x), _key(weight), eps, _key(scale), _key(shift), out_dtype)
 
 
+def rms_norm_rope_layout_key(x, weight, eps, cos, sin) -> tuple:
+    return (x.device, _key(x), _key(weight), eps, _key(cos), _key(sin))
+
+
 def rms_norm_chain_layout_key(x, eps, cast1, weight, bias, cast2, scale, shift, out_dtype) -> tuple:
     return (x.device, _key(x), eps, cast1, _key(weight), _key(bias), cast2, _key(scale), _key(shift), out_dtype)
 
@@ -231,6 +263,17 @@ def _plan_rms_norm(x, weight, eps, scale, shift, out_dtype, push_fma: bool = Tru
     return lambda x, weight, eps, scale, shift, out_dtype: launch(x, weight, None, scale, shift)[0]
 
 
+def _plan_rms_norm_rope(x, weight, eps, cos, sin):
+    from ..kernels.rms_norm import plan_rms_norm
+
+    tail, final = rms_norm_tail(x.dtype, weight, None, None, None)
+    out_strides = _contiguous(x.shape)
+    eps = float(torch.finfo(torch.float32).eps) if eps is None else eps
+    launch = plan_rms_norm(x, x.shape, out_strides, final, weight, None, eps, cos, sin, tail,
+                           _rows(x, out_strides, cos, sin), rope=True)
+    return lambda x, weight, eps, cos, sin: launch(x, weight, None, cos, sin)[0]
+
+
 def _plan_rms_norm_chain(x, eps, cast1, weight, bias, cast2, scale, shift, out_dtype):
     from ..kernels.rms_norm import plan_rms_norm
 
@@ -242,6 +285,8 @@ def _plan_rms_norm_chain(x, eps, cast1, weight, bias, cast2, scale, shift, out_d
 
 
 _rms_norm = GuardedKernel("rms_norm", rms_norm_layout_key, can_use_rms_norm, _plan_rms_norm, rms_norm_reference)
+_rms_norm_rope = GuardedKernel("rms_norm_rope", rms_norm_rope_layout_key, can_use_rms_norm_rope, _plan_rms_norm_rope,
+                               rms_norm_rope_reference)
 _rms_norm_chain = GuardedKernel("rms_norm_chain", rms_norm_chain_layout_key, can_use_rms_norm_chain,
                                 _plan_rms_norm_chain, rms_norm_chain_reference)
 
@@ -252,6 +297,8 @@ _lib.define("rms_norm_chain(Tensor x, float eps, ScalarType? cast1, Tensor? weig
             "Tensor? scale, Tensor? shift, ScalarType? out_dtype) -> Tensor")
 impl(_lib, "rms_norm", _rms_norm)
 impl(_lib, "rms_norm_chain", _rms_norm_chain)
+_lib.define("rms_norm_rope(Tensor x, Tensor? weight, float? eps, Tensor cos, Tensor sin) -> Tensor")
+impl(_lib, "rms_norm_rope", _rms_norm_rope)
 
 
 @torch.library.register_fake("diffusion_fuse::rms_norm", lib=_lib)
@@ -262,3 +309,8 @@ def _(x, weight, eps, scale, shift, out_dtype):
 @torch.library.register_fake("diffusion_fuse::rms_norm_chain", lib=_lib)
 def _(x, eps, cast1, weight, bias, cast2, scale, shift, out_dtype):
     return torch.empty_like(x, dtype=rms_norm_chain_tail(cast1, weight, bias, cast2, scale, shift, out_dtype)[1])
+
+
+@torch.library.register_fake("diffusion_fuse::rms_norm_rope", lib=_lib)
+def _(x, weight, eps, cos, sin):
+    return x.new_empty(x.shape)

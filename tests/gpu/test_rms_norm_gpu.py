@@ -15,7 +15,10 @@ Stages (module-scoped fixtures, each runs once; a table per stage; ``$OUT/rms_no
 4. ``diffusion_fuse::rms_norm_chain`` against diffusers' RMSNorm / the composite rms_norm,
    within the verifier's default tolerance; the share of bitwise-equal elements is printed.
 5. tiny FLUX and Wan compiled on CUDA: the graph holds ``_fused_rms_norm`` (not the chain),
-   every rms_norm site is kept, the kernel ran.
+   every rms_norm site is kept, the kernel ran; FLUX's single-block q/k norms are rms_norm_rope sites.
+6. ``diffusion_fuse::rms_norm_rope`` against eager's ``torch.nn.RMSNorm`` then diffusers' own
+   ``apply_rotary_emb`` (FLUX single block: [B, S, 24, 128], cos/sin [S, 128] fp32), bitwise: FLUX's
+   4608 tokens and small shapes, amplitudes 1e-4/1/100, bf16/fp16/fp32, with and without weight.
 
 Run: ``python -m pytest -q -s tests/gpu/test_rms_norm_gpu.py`` (about a minute on an H200).
 """
@@ -259,7 +262,8 @@ def test_chain_is_within_tolerance():
 # ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name, sites", [("flux", 6), ("wan21", 4)])
+@pytest.mark.parametrize("name, sites", [("flux", {"rms_norm": 4, "rms_norm_rope": 2}),
+                                         ("wan21", {"rms_norm": 4, "rms_norm_rope": 0})])
 def test_tiny_model_qk_norms_are_kept_with_the_kernel(name, sites):
     from diffusion_fuse.testing.tiny_models import build
 
@@ -270,14 +274,68 @@ def test_tiny_model_qk_norms_are_kept_with_the_kernel(name, sites):
     with torch.no_grad():
         ref = model(**kwargs)[0]
         out = compiled(**kwargs)[0]
-    rms = report.sites("kept")
-    res = {"equal": _ndiff(ref, out) == 0, "rms_norm_sites": report.count("rms_norm"),
-           "kept": sum(s.pattern == "rms_norm" for s in rms), "kernel": report.counters()["kernel"].get("rms_norm", 0),
+    kept = report.sites("kept")
+    fams = ("rms_norm", "rms_norm_rope")
+    kernels = report.counters()["kernel"]
+    res = {"equal": _ndiff(ref, out) == 0, "sites": {f: report.count(f) for f in fams},
+           "kept": {f: sum(s.pattern == f for s in kept) for f in fams}, "kernel": {f: kernels.get(f, 0) for f in fams},
            "statuses": sorted({s.status for s in report.sites()})}
     RESULTS.setdefault("models", {})[name] = res
     print(f"\n== stage 5: tiny {name} bf16 on CUDA: {res}")
-    assert res["equal"] and res["rms_norm_sites"] == sites and res["kept"] == sites and res["kernel"] > 0, \
-        report.table()
+    assert res["equal"] and res["sites"] == sites and res["kept"] == sites, report.table()
+    assert all(res["kernel"][f] > 0 for f in fams if sites[f]), res
+
+
+# ----------------------------------------------------------------------------------------
+# stage 6: rms_norm_rope against torch.nn.RMSNorm + diffusers' apply_rotary_emb
+# ----------------------------------------------------------------------------------------
+
+
+def _rope_eager(norm, x, cos, sin):
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    return apply_rotary_emb(norm(x), (cos, sin), sequence_dim=1)
+
+
+@pytest.fixture(scope="module")
+def rope_results():
+    res = {}
+    seed = 0
+    for (B, S, H, D) in ((1, 4608, 24, 128), (2, 77, 24, 128), (1, 333, 4, 64), (1, 5, 2, 256)):
+        g = torch.Generator(device="cuda").manual_seed(S)
+        pos = torch.randn(S, D // 2, device="cuda", generator=g).double() * 50  # angles as FLUX's fp64 table
+        cos = pos.cos().repeat_interleave(2, dim=1).float()
+        sin = pos.sin().repeat_interleave(2, dim=1).float()
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            for amp in AMPS:
+                for affine in (True, False):
+                    if (dtype != torch.bfloat16 or not affine) and S == 4608 and amp != 1.0:
+                        continue  # the large shape: every amplitude in the model's form, the rest at amp 1
+                    seed += 1
+                    norm = torch.nn.RMSNorm(D, eps=1e-6, elementwise_affine=affine, device="cuda", dtype=dtype)
+                    if affine:
+                        with torch.no_grad():
+                            norm.weight.copy_(make_weight(D, dtype, seed))
+                    x = make_input(B * S * H, D, amp, dtype, seed).view(B, S, H, D)
+                    with torch.no_grad():
+                        ref = _rope_eager(norm, x, cos, sin)
+                        counters.reset()
+                        out = torch.ops.diffusion_fuse.rms_norm_rope(
+                            x, norm.weight if affine else None, 1e-6, cos[None, :, None, :], sin[None, :, None, :])
+                    key = f"[{B},{S},{H},{D}] {_DT[dtype]} amp={amp:g} w={affine}"
+                    res[key] = {"ndiff": _ndiff(ref, out), "kernel": counters.snapshot()["kernel"].get(
+                        "rms_norm_rope", 0), "layout": out.stride() == ref.stride() and out.dtype == ref.dtype}
+    print("\n== stage 6: diffusion_fuse::rms_norm_rope vs RMSNorm + apply_rotary_emb (differing elements)")
+    for k, v in res.items():
+        print(f"  {k:42s} {v}")
+    RESULTS["rope"] = res
+    return res
+
+
+def test_rms_norm_rope_is_bit_exact_with_norm_then_apply_rotary_emb(rope_results):
+    bad = {k: v for k, v in rope_results.items() if v["ndiff"] or v["kernel"] != 1 or not v["layout"]}
+    assert not bad, bad
+    assert len(rope_results) >= 30
 
 
 def teardown_module(module):

@@ -134,8 +134,58 @@ def _model_results() -> dict:
             "kernel_calls": report.counters()["kernel"].get("rms_norm", 0)}
 
 
+def _rope_cases():
+    g = torch.Generator().manual_seed(1)
+
+    def rn(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    S, D = 9, 64
+    cos, sin = rn(S, D, dtype=torch.float32), rn(S, D, dtype=torch.float32)
+
+    def with_zero_rows(x):  # y = +0.0 there: RoPE's neg must give -0.0 (Triton's unary minus gives +0.0)
+        x[:, 1] = 0.0
+        return x
+
+    cs = (cos[None, :, None, :], sin[None, :, None, :])  # as apply_rotary_emb broadcasts them (sequence_dim=1)
+    return {  # op args: x, weight, eps, cos, sin
+        "single_block_bf16": (rn(2, S, 3, D), rn(D), 1e-6, *cs),
+        "single_block_fp32": (with_zero_rows(rn(2, S, 3, D, dtype=torch.float32)), rn(D, dtype=torch.float32), 1e-6,
+                              *cs),
+        "no_weight_fp32_rows_over_3_dims": (with_zero_rows(rn(2, S, 3, D, dtype=torch.float32)), None, None, *cs),
+        "one_row_pair_block": (rn(1, S, 1, 8, dtype=torch.float32), None, 1e-6, cos[None, :, None, :8].contiguous(),
+                               sin[None, :, None, :8].contiguous()),
+        "cos_fp16": (rn(2, S, 3, D), rn(D), 1e-6, cs[0].half(), cs[1]),
+        "cos_strided_along_D": (rn(2, S, 3, D), rn(D), 1e-6, rn(S, 2 * D, dtype=torch.float32)[:, ::2][None, :, None],
+                                cs[1]),
+    }
+
+
+def _rope_results() -> dict:
+    from diffusion_fuse.lowering import counters
+    from diffusion_fuse.lowering.rms_norm import rms_norm_rope_reference, rope_reference
+
+    res = {}
+    for key, args in _rope_cases().items():
+        x, w, eps, cos, sin = args
+        counters.reset()
+        out = torch.ops.diffusion_fuse.rms_norm_rope(*args)
+        snap = counters.snapshot()
+        ref = rms_norm_rope_reference(*args)
+        # the epilogue alone: RoPE of the rms_norm op's output (the same kernel's norm) in torch, op for op
+        epilogue = rope_reference(torch.ops.diffusion_fuse.rms_norm(x, w, eps, None, None, None), cos, sin)
+        err = float((ref.double() - out.double()).norm() / ref.double().norm())
+        res[key] = {"counters": snap, "equal": bool(torch.equal(out, ref)), "rel_err": err,
+                    "epilogue_equal": bool(torch.equal(out.view(torch.int16) if out.dtype == torch.bfloat16 else out,
+                                                       epilogue.view(torch.int16) if out.dtype == torch.bfloat16
+                                                       else epilogue)),
+                    "same_layout": (out.dtype, out.shape, out.stride()) == (ref.dtype, ref.shape, ref.stride())}
+    return res
+
+
 def worker() -> dict:
-    return {"order": _order_results(), "dispatch": _dispatch_results(), "model": _model_results()}
+    return {"order": _order_results(), "dispatch": _dispatch_results(), "model": _model_results(),
+            "rope": _rope_results()}
 
 
 @pytest.fixture(scope="module")
@@ -188,6 +238,27 @@ def test_rms_norm_chain_kernel_is_within_tolerance_with_the_reference_layout(res
     assert r["same_layout"] and r["rel_err"] < 3e-2, r  # up to six bf16 truncations in the interpreter
 
 
+@pytest.mark.parametrize("key", ["single_block_bf16", "single_block_fp32", "no_weight_fp32_rows_over_3_dims",
+                                 "one_row_pair_block"])
+def test_rms_norm_rope_kernel_runs_and_its_epilogue_is_ropes_ops(results, key):
+    r = results["rope"][key]
+    assert r["counters"]["kernel"] == {"rms_norm_rope": 1} and r["counters"]["fallback"] == {}, r
+    assert r["same_layout"] and r["rel_err"] < 2e-2, r  # the norm's order differs from the CPU reference's
+    if "fp32" in key or key == "one_row_pair_block":  # fp32: the interpreter rounds as torch does, op for op
+        assert r["epilogue_equal"], r
+
+
+@pytest.mark.parametrize("key, reason", [
+    ("cos_fp16", "cos/sin are torch.float16/torch.float32"),
+    ("cos_strided_along_D", "cos is not contiguous along D"),
+])
+def test_rms_norm_rope_guard_rejections_take_the_reference_path(results, key, reason):
+    r = results["rope"][key]
+    assert r["equal"] and r["counters"]["kernel"] == {}
+    ((got, n),) = r["counters"]["fallback"]["rms_norm_rope"].items()
+    assert got.startswith(reason) and n == 1, got
+
+
 def test_rms_norm_chain_guard_rejection_is_counted(results):
     r = results["dispatch"]["rms_norm_chain:float64"]
     assert r["equal"] and list(r["counters"]["fallback"]["rms_norm_chain"]) == [
@@ -206,7 +277,7 @@ def test_live_kernel_that_is_not_eager_is_rejected_and_the_output_is_eager(resul
 # ----------------------------------------------------------------------------------------
 
 
-def _compile_sm90(D, x="bf16", push_fma=True, tail=None, out="bf16", row_dims=1):
+def _compile_sm90(D, x="bf16", push_fma=True, tail=None, out="bf16", row_dims=1, rope=False):
     """Compile ``_rms_norm_kernel`` for sm_90 as the launcher does for these operands."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
@@ -218,9 +289,10 @@ def _compile_sm90(D, x="bf16", push_fma=True, tail=None, out="bf16", row_dims=1)
     ptr = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
     k = rk._rms_norm_kernel
     const = dict(**rk.stats_constexprs(D, push_fma), STORE_RSTD=False, ROW_DIMS=row_dims, WIDE_ROWS=False,
-                 **rk.tail_constexprs(tail or Tail()))
+                 **rk.tail_constexprs(tail or Tail()), ROPE=rope)
     # M, L1, L2 as Triton's JIT types them for values below 2**31
     sig = {**{p: ptr[x] for p in ("X", "W", "B", "SCALE", "SHIFT")}, "OUT": ptr[out], "RSTD": "*fp32",
+           **({"SCALE": "*fp32", "SHIFT": "*fp32"} if rope else {}),
            "M": "i32", "N": "i32", "L1": "i32", "L2": "i32", "eps": "fp32",
            **{n: "i64" for n in k.arg_names[12:len(k.arg_names) - len(const)]}, **{n: "constexpr" for n in const}}
     # As the launcher compiles contiguous, 16-byte aligned operands: unit strides along D are
@@ -281,6 +353,26 @@ def test_contiguous_rows_are_one_dim(shape, row_dims):
     x = _torch.empty(shape)
     (L0, L1, _), _ = row_layout(x.shape, x.stride(), x.stride())
     assert dims(L0, L1) == row_dims
+
+
+@pytest.mark.parametrize("D", [128, 3072])
+def test_rms_norm_rope_epilogue_compiles_for_sm90_without_contraction_or_partner_loads(D):
+    import torch as _torch
+
+    from diffusion_fuse.lowering.rms_norm import Tail
+
+    tail = Tail(w=_torch.float32, c2=_torch.bfloat16)
+    const, ck = _compile_sm90(D, tail=tail, rope=True, row_dims=2)
+    ptx = ck.asm["ptx"]
+    # the norm's pushes are the only FMAs: y * cos + rot * sin stays two rounded products and a rounded sum
+    assert len(re.findall(r"\bfma\.rn\.f32", ptx)) == 4 * const["N_ITERS"]
+    # the partner's negation is neg.f32 (-0 for +0, as eager's neg), not Triton's unary minus (0 - x: +0 for +0;
+    # the interpreter negates exactly, so only this and the GPU test can tell)
+    assert "neg.f32" in ptx and not re.search(r"\bsub\.(rn\.)?f32", ptx)
+    # the rotation partner comes from registers: x is read with vector loads only, as without the epilogue
+    plain = _compile_sm90(D, tail=tail, row_dims=2)[1].asm["ptx"]
+    assert ptx.count("ld.global.b16") == plain.count("ld.global.b16")
+    assert "ld.global.v2.b32" in ptx or "ld.global.v4.b32" in ptx
 
 
 def test_rms_norm_chain_tail_with_modulate_compiles_for_sm90():
