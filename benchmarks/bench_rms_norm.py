@@ -6,8 +6,10 @@ bf16 (same op), SD3.5/Qwen-Image QK norm as diffusers' RMSNorm writes it [2,24,4
 (transposed view; op ``rms_norm_chain``, tier high), LTX-style RMSNorm + modulate [1,8192,2048]
 (chain + ``* (1 + scale) + shift``). GPU times are medians of ``triton.testing.do_bench`` (CUDA
 events, L2 flushed); "eager" is the op's reference impl (the ATen ops eager runs), "op" the
-``torch.ops.diffusion_fuse`` call (guard + plan cache + kernel). The floor is the bytes that must
-move over the measured copy bandwidth.
+``torch.ops.diffusion_fuse`` call (guard + plan cache + kernel); "steady" columns: benchmarks/steady.py
+(back to back in one CUDA graph, inputs cycled out of L2). FLUX's single-block QK norm + RoPE runs as
+``rms_norm_rope`` (RoPE in the norm's epilogue); its eager is the norm then the RoPE ops. The floor is the
+bytes that must move over the measured copy bandwidth.
 The host column is the wall time of 200 back-to-back calls without synchronizing, per call (what a
 CPU-bound step pays).
 
@@ -25,7 +27,15 @@ from tabulate import tabulate
 from triton.testing import do_bench
 
 import diffusion_fuse  # noqa: F401  (registers the ops)
-from diffusion_fuse.lowering.rms_norm import rms_norm_chain_reference, rms_norm_reference
+from diffusion_fuse.lowering.rms_norm import rms_norm_chain_reference, rms_norm_reference, rms_norm_rope_reference
+
+try:
+    from steady import input_sets, steady_us
+except ImportError:  # imported as benchmarks.bench_rms_norm
+    from benchmarks.steady import input_sets, steady_us
+
+REFERENCES = {"rms_norm": rms_norm_reference, "rms_norm_chain": rms_norm_chain_reference,
+              "rms_norm_rope": rms_norm_rope_reference}
 
 
 def copy_bandwidth() -> float:
@@ -47,6 +57,10 @@ def workloads():
     yield "SD3.5 QK chain [2,24,4096,64]^T", "rms_norm_chain", (x, 1e-6, torch.bfloat16, rn(64), None, None, None,
                                                                 None, None)
     sc, sh = rn(1, 1, 2048), rn(1, 1, 2048)
+    g2 = torch.Generator(device="cuda").manual_seed(1)
+    pos = torch.randn(4608, 64, device="cuda", generator=g2).double() * 50
+    cos, sin = (f(pos).repeat_interleave(2, dim=1).float()[None, :, None, :] for f in (torch.cos, torch.sin))
+    yield "FLUX single QK norm + RoPE [1,4608,24,128]", "rms_norm_rope", (rn(1, 4608, 24, 128), rn(128), 1e-6, cos, sin)
     yield "LTX RMS+mod [1,8192,2048]", "rms_norm_chain", (rn(1, 8192, 2048), 1e-6, torch.bfloat16, None, None, None,
                                                           sc, sh, None)
 
@@ -70,20 +84,24 @@ def main() -> None:
     rows, out = [], []
     for name, op_name, op_args in workloads():
         op = getattr(torch.ops.diffusion_fuse, op_name)
-        reference = rms_norm_reference if op_name == "rms_norm" else rms_norm_chain_reference
+        reference = REFERENCES[op_name]
         y = op(*op_args)
         moved = sum(t.numel() * t.element_size() for t in (*op_args, y) if isinstance(t, torch.Tensor))
         t_eager = do_bench(lambda: reference(*op_args), return_mode="median")
         t_op = do_bench(lambda: op(*op_args), return_mode="median")
+        sets = input_sets(op_args, moved)
+        s_eager = steady_us([lambda a=a: reference(*a) for a in sets])
+        s_op = steady_us([lambda a=a: op(*a) for a in sets])
         floor = moved / bw * 1e3
         h_eager, h_op = host_us(lambda: reference(*op_args)), host_us(lambda: op(*op_args))
-        rows.append([name, op_name, f"{t_eager * 1e3:.1f}", f"{t_op * 1e3:.1f}", f"{floor * 1e3:.1f}",
-                     f"{t_eager / t_op:.2f}x", f"{h_eager:.0f}", f"{h_op:.0f}"])
+        rows.append([name, op_name, f"{t_eager * 1e3:.1f}", f"{t_op * 1e3:.1f}", f"{s_eager:.1f}", f"{s_op:.1f}",
+                     f"{floor * 1e3:.1f}", f"{s_op / (floor * 1e3):.2f}", f"{t_eager / t_op:.2f}x", f"{h_eager:.0f}",
+                     f"{h_op:.0f}"])
         out.append(dict(workload=name, op=op_name, eager_us=t_eager * 1e3, op_us=t_op * 1e3, floor_us=floor * 1e3,
-                        host_eager_us=h_eager, host_op_us=h_op))
+                        eager_steady_us=s_eager, op_steady_us=s_op, host_eager_us=h_eager, host_op_us=h_op))
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s ({torch.cuda.get_device_name()}, torch {torch.__version__})")
-    print(tabulate(rows, headers=["workload", "op", "eager µs", "op µs", "floor µs", "speedup",
-                                  "host eager µs/call", "host op µs/call"]))
+    print(tabulate(rows, headers=["workload", "op", "eager µs", "op µs", "eager steady µs", "op steady µs",
+                                  "floor µs", "op steady/floor", "speedup", "host eager µs/call", "host op µs/call"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"copy_bandwidth": bw, "rows": out}, f, indent=1)
