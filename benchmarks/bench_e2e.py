@@ -233,6 +233,9 @@ def main() -> None:
                     help='add lossless and Inductor under CUDA graphs (mode="reduce-overhead")')
     ap.add_argument("--profile", action="store_true",
                     help="also profile one call per variant: kernel table and GPU-busy share to $OUT/profile_*.txt")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time the variants in R rounds, alternating their order (ABBA), --reps calls each per round; "
+                         "medians over all rounds (clock and host drift spread over every variant)")
     ap.add_argument("--back-to-back", type=int, default=0, metavar="N",
                     help="also time N forwards issued back to back, per forward (median of 5 rounds)")
     args = ap.parse_args()
@@ -259,6 +262,7 @@ def main() -> None:
         rec: dict = {"model": name}
         outs = {}
         with torch.no_grad():
+            calls = {}
             for k, fn in variants.items():
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
@@ -267,10 +271,16 @@ def main() -> None:
                 rec[f"{k}_first_call_s"] = time.perf_counter() - t0
                 fn(**kw)  # warm-up
                 torch.cuda.reset_peak_memory_stats()
-                call = lambda: fn(**kw)  # noqa: E731
+                calls[k] = call = lambda fn=fn: fn(**kw)  # noqa: E731
                 rec[f"{k}_ms"], rec[f"{k}_times"] = timed(call, args.reps)
                 rec[f"{k}_host_ms"] = statistics.median(HOST_MS[id(call)])
                 rec[f"{k}_peak_GiB"] = torch.cuda.max_memory_allocated() / 2**30
+            for r in range(1, args.rounds):  # ABBA: later rounds alternate the order
+                for k in (reversed(list(calls)) if r % 2 else list(calls)):
+                    rec[f"{k}_times"] += timed(calls[k], args.reps)[1]
+                    rec[f"{k}_ms"] = statistics.median(rec[f"{k}_times"])
+                    rec[f"{k}_host_ms"] = statistics.median(HOST_MS[id(calls[k])])
+            rec["rounds"] = args.rounds
             if args.back_to_back:
                 for k, fn in variants.items():
                     rec[f"{k}_b2b_ms"] = timed_back_to_back(lambda: fn(**kw), args.back_to_back, 5)  # noqa: B023
