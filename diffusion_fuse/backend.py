@@ -31,6 +31,7 @@ from .config import Options, parse_options
 from .cudagraphs import with_cuda_graphs
 from .log import get_logger
 from .patterns.registry import REGISTRY
+from .subclass_params import flatten_subclass_params
 from .verify.compare import compare_close
 from .verify.report import Report, default_report
 from .verify.verifier import VerifiedGraph
@@ -54,11 +55,21 @@ class DiffusionFuseBackend:
     def _lossless(self, gm: fx.GraphModule, example_inputs: Sequence[Any]):
         options, report = self.options, self.report
 
+        try:
+            flat = flatten_subclass_params(gm, example_inputs) if not torch.is_grad_enabled() else None
+        except Exception as e:  # noqa: BLE001 - never a crash in the user's compile: AOTAutograd's own path
+            _log.warning("subclass parameters left to AOTAutograd (%s: %s)", type(e).__name__, e)
+            flat = None
+
         def inference_compiler(agm: fx.GraphModule, inputs: Sequence[Any]):
             greport = report.new_graph(options.quality)
+            if flat is not None:
+                greport.notes.append(f"{flat[2].count} tensor-subclass parameters flattened at compile time "
+                                     "(inner tensors are the graph's inputs; no per-call unwrap by AOTAutograd)")
             vg = VerifiedGraph(agm, options, greport, report)
             if options.cudagraphs:
-                return with_cuda_graphs(vg, agm, len(example_inputs), inputs, greport)
+                n_dynamo = len(flat[1]) if flat is not None else len(example_inputs)  # the graph AOTAutograd saw
+                return with_cuda_graphs(vg, agm, n_dynamo, inputs, greport)
             return make_boxed_func(vg)
 
         def training_compiler(agm: fx.GraphModule, _inputs: Sequence[Any]):
@@ -67,12 +78,22 @@ class DiffusionFuseBackend:
                                  + ("; CUDA graphs not applied" if options.cudagraphs else ""))
             return make_boxed_func(agm.forward)
 
-        return aot_autograd(
+        compile_aot = aot_autograd(
             fw_compiler=training_compiler,
             bw_compiler=training_compiler,
             inference_compiler=inference_compiler,
             keep_inference_input_mutations=True,
-        )(gm, example_inputs)
+        )
+        if flat is not None:
+            # Subclass weights (torchao Float8) unwrapped once here, not by AOTAutograd on every call
+            flat_gm, flat_inputs, params = flat
+            try:
+                return params.wrap(compile_aot(flat_gm, flat_inputs))
+            except Exception as e:  # noqa: BLE001 - the unflattened graph is always an option
+                _log.warning("subclass parameters left to AOTAutograd (flattened graph failed to compile: %s: %s)",
+                             type(e).__name__, e)
+                flat = None
+        return compile_aot(gm, example_inputs)
 
     # --- high ----------------------------------------------------------------------------
     def _high(self, gm: fx.GraphModule, example_inputs: Sequence[Any]):

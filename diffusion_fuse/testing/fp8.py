@@ -151,4 +151,13 @@ def torchao_check(name: str, device: str = "cpu") -> dict:
     bits = {torch.bfloat16: torch.int16, torch.float32: torch.int32}[ref.dtype]
     return {"linears": n, "equal": all(torch.equal(ref.view(bits), o.view(bits)) for o in outs),
             "sites": len(report.sites()), "kept": len(kept),
-            "quantizers_fused": sum(s.before.count("clamp") for s in kept)}
+            "quantizers_fused": sum(s.before.count("clamp") for s in kept),
+            "subclass_params_flattened": subclass_params_flattened(report)}
+
+
+def subclass_params_flattened(report) -> int:
+    """Tensor-subclass parameters the backend flattened at compile time (diffusion_fuse/subclass_params.py)."""
+    import re
+
+    return sum(int(m.group(1)) for g in report.graphs for note in g.notes
+               if (m := re.match(r"(\d+) tensor-subclass parameters flattened", note)))

@@ -16,7 +16,7 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
     pytest.skip("needs CUDA with FP8 (sm_89+)", allow_module_level=True)
 torchao = pytest.importorskip("torchao")
 
-from diffusion_fuse.testing.fp8 import run_torchao_model  # noqa: E402
+from diffusion_fuse.testing.fp8 import run_torchao_model, subclass_params_flattened  # noqa: E402
 
 
 @pytest.mark.parametrize("name", ["flux", "flux2"])
@@ -27,4 +27,5 @@ def test_torchao_static_fp8_model_equals_eager_with_quantizers_fused(name):
     print(f"\n{name}: torchao {torchao.__version__}, {n} linears quantized, {fused} quantizers fused\n{report.table()}")
     assert all(torch.equal(ref.view(torch.int16), o.view(torch.int16)) for o in outs)
     assert fused > 0, "torchao's quantizer form was not matched"
+    assert subclass_params_flattened(report) == n, report.table()  # diffusion_fuse/subclass_params.py
     assert sum(report.counters()["kernel"].values()) > 0
