@@ -129,6 +129,17 @@ def _mod_inputs(dtype, B=2, S=9, D=64, per_token=False, seed=0):
     return x, sc, sh
 
 
+def _assert_compiled_equals_eager(model, args) -> diffusion_fuse.Report:
+    """Compile ``model`` with the lossless backend, check its output is eager's bit for bit; the report."""
+    with torch.no_grad():
+        ref = model(*args)
+    report = diffusion_fuse.Report()
+    with torch.no_grad():
+        out = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(None, report), fullgraph=True)(*args)
+    assert bitwise_equal(ref, out)
+    return report
+
+
 @pytest.mark.parametrize("form", [
     dict(), dict(affine=False), dict(modulate=False), dict(eps=None), dict(cast=torch.float32), dict(swapped=True),
 ])
@@ -136,12 +147,7 @@ def _mod_inputs(dtype, B=2, S=9, D=64, per_token=False, seed=0):
 def test_fused_rms_norm_forms(fused_rms_norm_kernel_on_cpu, form, dtype):
     model = RmsModulate(**form).to(dtype)
     args = _mod_inputs(dtype, per_token=dtype == torch.float32)
-    with torch.no_grad():
-        ref = model(*args)
-    report = diffusion_fuse.Report()
-    with torch.no_grad():
-        out = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(None, report), fullgraph=True)(*args)
-    assert bitwise_equal(ref, out)
+    report = _assert_compiled_equals_eager(model, args)
     (site,) = report.sites()
     assert site.pattern == R and site.status == "kept", report.table()
     befores = {"modulate": ["_fused_rms_norm", "getitem", "mul.Tensor", "add.Tensor"]}
@@ -336,12 +342,7 @@ def _rope_inputs(dtype, B=2, S=7, H=3, D=32):
 def test_norm_then_rope_is_one_site(fused_rms_norm_kernel_on_cpu, dtype, affine):
     model = NormRope(affine=affine).to(dtype)
     args = _rope_inputs(dtype)
-    with torch.no_grad():
-        ref = model(*args)
-    report = diffusion_fuse.Report()
-    with torch.no_grad():
-        out = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(None, report), fullgraph=True)(*args)
-    assert bitwise_equal(ref, out)
+    report = _assert_compiled_equals_eager(model, args)
     (site,) = report.sites()
     assert site.pattern == RR and site.status == "kept", report.table()
     casts = [] if dtype == torch.float32 else ["_to_copy"]
@@ -352,10 +353,5 @@ def test_norm_then_rope_is_one_site(fused_rms_norm_kernel_on_cpu, dtype, affine)
 def test_norm_read_elsewhere_stays_an_rms_norm_site(fused_rms_norm_kernel_on_cpu):
     model = NormRope(also_read_norm=True).to(torch.bfloat16)
     args = _rope_inputs(torch.bfloat16)
-    with torch.no_grad():
-        ref = model(*args)
-    report = diffusion_fuse.Report()
-    with torch.no_grad():
-        out = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(None, report), fullgraph=True)(*args)
-    assert bitwise_equal(ref, out)
+    report = _assert_compiled_equals_eager(model, args)
     assert report.count(RR) == 0 and report.count(R) == 1, report.table()
