@@ -24,12 +24,14 @@ from diffusion_fuse.testing.tiny_models import build
 from helpers import bitwise_equal, compile_and_run
 from test_models_lossless import expected
 
-R, C, RR = "rms_norm", "rms_norm_chain", "rms_norm_rope"
+R, C, RR, RCR = "rms_norm", "rms_norm_chain", "rms_norm_rope", "rms_norm_cat_rope"
 # torch.nn.RMSNorm QK norms (FLUX/FLUX.2: norm_q/k and norm_added_q/k of the double block, norm_q/k
 # of the single block; Wan: attn1 and attn2 norm_q/k) and diffusers RMSNorm chains (tests/SITE_CENSUS.md).
 FUSED_SITES = {"flux": 6, "flux2": 6, "wan21": 4, "wan22_ti2v": 4}
-# of which RoPE follows the norm directly (family rms_norm_rope): the single block's q and k
+# of which RoPE follows the norm directly (family rms_norm_rope): the single block's q and k; and of which the
+# double block's text and image norms are cat, then RoPE'd (family rms_norm_cat_rope: one site per two norms)
 ROPE_SITES = {"flux": 2, "flux2": 2, "wan21": 0, "wan22_ti2v": 0}
+CAT_ROPE_SITES = {"flux": 2, "flux2": 2, "wan21": 0, "wan22_ti2v": 0}
 CHAIN_SITES = {"flux": 6, "flux2": 6, "wan21": 4, "wan22_ti2v": 4, "sana": 1, "qwen_image": 5, "sd35": 10}
 
 
@@ -80,20 +82,25 @@ def test_qk_norms_of_tiny_models_are_sites_and_the_output_is_eager(fused_rms_nor
     model, kwargs = build(name, dtype)
     ref, out, report = compile_and_run(model, kwargs)
     assert bitwise_equal(ref, out)
-    assert report.count(R) + report.count(RR) == FUSED_SITES[name], report.table()
-    assert report.count(RR) == ROPE_SITES[name], report.table()
-    sites = [s for s in report.sites() if s.pattern in (R, RR)]
-    assert len(sites) == FUSED_SITES[name]
+    assert report.count(R) + report.count(RR) + 2 * report.count(RCR) == FUSED_SITES[name], report.table()
+    assert report.count(RR) == ROPE_SITES[name] and report.count(RCR) == CAT_ROPE_SITES[name], report.table()
+    sites = [s for s in report.sites() if s.pattern in (R, RR, RCR)]
     assert all(s.status == "kept" and s.exact and s.verdict == "bitwise equal" for s in sites), report.table()
     fams, _ = expected(name, dtype)  # every other family keeps its sites
     fams.pop("pointwise")  # (pointwise groups what is left: fewer ops once the norms are rms_norm sites)
     assert {f: report.count(f) for f in fams} == fams, report.table()
     fallback = report.counters()["fallback"]
-    assert fallback["rms_norm"] == {"device is cpu": 2 * (FUSED_SITES[name] - ROPE_SITES[name])}
+    plain = FUSED_SITES[name] - ROPE_SITES[name] - 2 * CAT_ROPE_SITES[name]
+    assert fallback.get("rms_norm", {}) == ({"device is cpu": 2 * plain} if plain else {})
     if ROPE_SITES[name]:
         assert fallback["rms_norm_rope"] == {"device is cpu": 2 * ROPE_SITES[name]}
         rope = [s for s in sites if s.pattern == RR]
         assert all(s.before[:4] == ["_fused_rms_norm", "getitem", "view", "unbind.int"] for s in rope), rope
+    if CAT_ROPE_SITES[name]:
+        assert fallback["rms_norm_cat_rope"] == {"device is cpu": 2 * CAT_ROPE_SITES[name]}
+        cat = [s for s in sites if s.pattern == RCR]
+        assert all(s.before[:6] == ["_fused_rms_norm", "getitem", "_fused_rms_norm", "getitem", "cat", "view"]
+                   for s in cat), cat
     # the site is named by the model line that called the norm, not by torch's F.rms_norm
     assert {s.location.split("/")[-1] for s in sites} <= {
         "transformer_flux.py:102", "transformer_flux.py:103", "transformer_flux.py:110", "transformer_flux.py:111",
@@ -355,3 +362,43 @@ def test_norm_read_elsewhere_stays_an_rms_norm_site(fused_rms_norm_kernel_on_cpu
     args = _rope_inputs(torch.bfloat16)
     report = _assert_compiled_equals_eager(model, args)
     assert report.count(RR) == 0 and report.count(R) == 1, report.table()
+
+
+class NormCatRope(torch.nn.Module):
+    """FLUX double-block q: text and image RMSNorms, cat along the sequence, then apply_rotary_emb."""
+
+    def __init__(self, D=32, read_text_norm=False):
+        super().__init__()
+        self.norm_img = torch.nn.RMSNorm(D, eps=1e-6)
+        self.norm_txt = torch.nn.RMSNorm(D, eps=1e-5)
+        with torch.no_grad():
+            self.norm_img.weight.normal_()
+            self.norm_txt.weight.normal_()
+        self.read_text_norm = read_text_norm
+
+    def forward(self, x_img, x_txt, cos, sin):
+        from diffusers.models.embeddings import apply_rotary_emb
+
+        t = self.norm_txt(x_txt)
+        q = torch.cat([t, self.norm_img(x_img)], dim=1)
+        out = apply_rotary_emb(q, (cos, sin), sequence_dim=1)
+        return (out, t + 1) if self.read_text_norm else out
+
+
+def _cat_rope_inputs(dtype, S_img=7, S_txt=3):
+    x, cos, sin = _rope_inputs(dtype, S=S_img + S_txt)
+    return x[:, :S_img].contiguous(), x[:, S_img:].contiguous(), cos, sin
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_norms_cat_then_rope_is_one_site(fused_rms_norm_kernel_on_cpu, dtype):
+    report = _assert_compiled_equals_eager(NormCatRope().to(dtype), _cat_rope_inputs(dtype))
+    (site,) = report.sites()
+    assert site.pattern == RCR and site.status == "kept", report.table()
+    assert site.before.count("_fused_rms_norm") == 2 and "cat" in site.before
+
+
+def test_cat_of_a_norm_read_elsewhere_is_not_one_site(fused_rms_norm_kernel_on_cpu):
+    report = _assert_compiled_equals_eager(NormCatRope(read_text_norm=True).to(torch.bfloat16),
+                                           _cat_rope_inputs(torch.bfloat16))
+    assert report.count(RCR) == 0 and report.count(R) == 2, report.table()

@@ -321,7 +321,8 @@ def plan_rms_norm(x, out_shape, out_strides, out_dtype, weight, bias, eps, scale
 
     ``rows`` is ``(sizes[3], strides[3] of x, scale, shift, out)`` from ``lowering.rms_norm.row_layout``.
     ``rope``: scale and shift are RoPE's cos and sin (fp32), applied to the rounded output (``rms_norm_rope``).
-    Returns ``launch(x, weight, bias, scale, shift) -> (out, rstd or None)``.
+    Returns ``launch(x, weight, bias, scale, shift, out=None) -> (out, rstd or None)``; ``out`` (optional) is
+    written in place and must have ``out_shape`` and ``out_strides``.
     """
     D = x.shape[-1]
     M = x.numel() // D
@@ -334,8 +335,10 @@ def plan_rms_norm(x, out_shape, out_strides, out_dtype, weight, bias, eps, scale
     eps32 = _as_f32(eps)
     args = (M, D, L1, L2, eps32, *xs, x.stride(-1), *scs, *shs, *os_, out_strides[-1])
 
-    def launch(x, weight, bias, scale, shift):
-        out = torch.empty_strided(out_shape, out_strides, dtype=out_dtype, device=device)
+    def launch(x, weight, bias, scale, shift, out=None):
+        # out: a view to write into, of the planned shape and strides (rms_norm_cat_rope's two halves)
+        if out is None:
+            out = torch.empty_strided(out_shape, out_strides, dtype=out_dtype, device=device)
         rstd = torch.empty(M if store_rstd else 0, dtype=torch.float32, device=device)
         if M:
             kernel(x, weight if weight is not None else x, bias if bias is not None else x,

@@ -20,6 +20,13 @@ Semantics are those of the ATen chains the patterns replace (patterns/rms_norm.p
     re, im = y.unflatten(-1, (-1, 2)).unbind(-1)
     out = (y.float() * cos + stack([-im, re], -1).flatten(-2).float() * sin).to(y.dtype)
 
+``rms_norm_cat_rope`` (family ``rms_norm_cat_rope``, lossless): two ``rms_norm`` outputs concatenated along a row
+dim, then the same RoPE (the FLUX / FLUX.2 double blocks: text and image q, k)::
+
+    out = rope(cat([rms_norm(x_a, w_a, eps_a), rms_norm(x_b, w_b, eps_b)], dim), cos, sin)
+
+run as two launches of the ``rms_norm_rope`` kernel writing the two halves of one output.
+
 (diffusers' RMSNorm is ``cast1 = weight dtype`` then ``* weight`` for a half-precision weight,
 ``cast2 = x.dtype`` without a weight; PyTorch's composite ``rms_norm`` is ``* weight`` then
 ``cast2 = x.dtype``.) The reference impls *are* these chains (CPU, and every input a guard
@@ -58,6 +65,12 @@ def rope_reference(y: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 def rms_norm_rope_reference(x, weight, eps, cos, sin) -> Tensor:
     return rope_reference(rms_norm_reference(x, weight, eps, None, None, None), cos, sin)
+
+
+def rms_norm_cat_rope_reference(x_a, w_a, eps_a, x_b, w_b, eps_b, dim, cos, sin) -> Tensor:
+    y = torch.cat([rms_norm_reference(x_a, w_a, eps_a, None, None, None),
+                   rms_norm_reference(x_b, w_b, eps_b, None, None, None)], dim)
+    return rope_reference(y, cos, sin)
 
 
 def rms_norm_chain_reference(x, eps, cast1, weight, bias, cast2, scale, shift, out_dtype) -> Tensor:
@@ -205,6 +218,45 @@ def can_use_rms_norm_rope(x, weight, eps, cos, sin) -> tuple[bool, str]:
     return not why, why
 
 
+def cat_shape(x_a: Tensor, x_b: Tensor, dim: int) -> torch.Size:
+    shape = list(x_a.shape)
+    shape[dim] = x_a.shape[dim] + x_b.shape[dim]
+    return torch.Size(shape)
+
+
+def narrow_rows(t: Tensor, ndim: int, dim: int, start: int, length: int) -> Tensor:
+    """``t`` (broadcasting to an ``ndim``-dim output) restricted to output positions [start, start+length) of ``dim``."""
+    d = dim - (ndim - t.dim())
+    return t if d < 0 or t.shape[d] == 1 else t.narrow(d, start, length)
+
+
+def can_use_rms_norm_cat_rope(x_a, w_a, eps_a, x_b, w_b, eps_b, dim, cos, sin) -> tuple[bool, str]:
+    """Both norms as ``can_use_rms_norm``; the cat along a row dim of same-dtype, same-shape halves; cos/sin as
+    ``can_use_rms_norm_rope`` checks them, against the concatenated shape."""
+    ok, why = can_use_rms_norm(x_a, w_a, eps_a, None, None, None)
+    if ok:
+        ok, why = can_use_rms_norm(x_b, w_b, eps_b, None, None, None)
+    if ok and (x_a.dtype != x_b.dtype or x_a.device != x_b.device or x_a.dim() != x_b.dim()):
+        why = f"halves differ: {x_a.dtype}/{x_b.dtype} on {x_a.device}/{x_b.device}, {x_a.dim()}/{x_b.dim()} dims"
+    if not why and not 0 <= dim < x_a.dim() - 1:
+        why = f"cat dim {dim} is not a row dim of {x_a.dim()}-dim inputs"
+    if not why and any(a != b for i, (a, b) in enumerate(zip(x_a.shape, x_b.shape)) if i != dim):
+        why = f"halves {tuple(x_a.shape)} and {tuple(x_b.shape)} differ outside the cat dim"
+    if why:
+        return False, why
+    shape = cat_shape(x_a, x_b, dim)
+    if any(t.dtype != torch.float32 or t.device != x_a.device for t in (cos, sin)):
+        why = f"cos/sin are {cos.dtype}/{sin.dtype} on {cos.device}/{sin.device}, not float32 on {x_a.device}"
+    why = why or check_broadcast(shape, cos=cos, sin=sin)
+    out_strides = _contiguous(shape)
+    for x, start in ((x_a, 0), (x_b, x_a.shape[dim])):
+        if not why:
+            c, s = (narrow_rows(t, len(shape), dim, start, x.shape[dim]) for t in (cos, sin))
+            if _rows(x, out_strides, c, s) is None:
+                why = "x's rows span more than 3 strided dims"
+    return not why, why
+
+
 def can_use_rms_norm_chain(x, eps, cast1, weight, bias, cast2, scale, shift, out_dtype) -> tuple[bool, str]:
     """Whether the Triton kernel can compute ``rms_norm_chain`` for these inputs; else the reason."""
     why = check_device_and_dtypes(x, (weight, bias, scale, shift))
@@ -248,6 +300,10 @@ def rms_norm_rope_layout_key(x, weight, eps, cos, sin) -> tuple:
     return (x.device, _key(x), _key(weight), eps, _key(cos), _key(sin))
 
 
+def rms_norm_cat_rope_layout_key(x_a, w_a, eps_a, x_b, w_b, eps_b, dim, cos, sin) -> tuple:
+    return (x_a.device, _key(x_a), _key(w_a), eps_a, _key(x_b), _key(w_b), eps_b, dim, _key(cos), _key(sin))
+
+
 def rms_norm_chain_layout_key(x, eps, cast1, weight, bias, cast2, scale, shift, out_dtype) -> tuple:
     return (x.device, _key(x), eps, cast1, _key(weight), _key(bias), cast2, _key(scale), _key(shift), out_dtype)
 
@@ -274,6 +330,31 @@ def _plan_rms_norm_rope(x, weight, eps, cos, sin):
     return lambda x, weight, eps, cos, sin: launch(x, weight, None, cos, sin)[0]
 
 
+def _plan_rms_norm_cat_rope(x_a, w_a, eps_a, x_b, w_b, eps_b, dim, cos, sin):
+    # Two launches of the rms_norm_rope kernel, each writing its half of one output: the cat is never a pass
+    from ..kernels.rms_norm import plan_rms_norm
+
+    shape = cat_shape(x_a, x_b, dim)
+    out_strides = _contiguous(shape)
+    parts = []
+    for x, w, eps, start in ((x_a, w_a, eps_a, 0), (x_b, w_b, eps_b, x_a.shape[dim])):
+        n = x.shape[dim]
+        c, s = (narrow_rows(t, len(shape), dim, start, n) for t in (cos, sin))
+        tail, final = rms_norm_tail(x.dtype, w, None, None, None)
+        eps = float(torch.finfo(torch.float32).eps) if eps is None else eps
+        parts.append((plan_rms_norm(x, x.shape, out_strides, final, w, None, eps, c, s, tail,
+                                    _rows(x, out_strides, c, s), rope=True), start, n))
+
+    def run(x_a, w_a, eps_a, x_b, w_b, eps_b, dim, cos, sin):
+        out = torch.empty_strided(shape, out_strides, dtype=x_a.dtype, device=x_a.device)
+        for (launch, start, n), x, w in zip(parts, (x_a, x_b), (w_a, w_b)):
+            c, s = (narrow_rows(t, len(shape), dim, start, n) for t in (cos, sin))
+            launch(x, w, None, c, s, out=out.narrow(dim, start, n))
+        return out
+
+    return run
+
+
 def _plan_rms_norm_chain(x, eps, cast1, weight, bias, cast2, scale, shift, out_dtype):
     from ..kernels.rms_norm import plan_rms_norm
 
@@ -287,6 +368,8 @@ def _plan_rms_norm_chain(x, eps, cast1, weight, bias, cast2, scale, shift, out_d
 _rms_norm = GuardedKernel("rms_norm", rms_norm_layout_key, can_use_rms_norm, _plan_rms_norm, rms_norm_reference)
 _rms_norm_rope = GuardedKernel("rms_norm_rope", rms_norm_rope_layout_key, can_use_rms_norm_rope, _plan_rms_norm_rope,
                                rms_norm_rope_reference)
+_rms_norm_cat_rope = GuardedKernel("rms_norm_cat_rope", rms_norm_cat_rope_layout_key, can_use_rms_norm_cat_rope,
+                                   _plan_rms_norm_cat_rope, rms_norm_cat_rope_reference)
 _rms_norm_chain = GuardedKernel("rms_norm_chain", rms_norm_chain_layout_key, can_use_rms_norm_chain,
                                 _plan_rms_norm_chain, rms_norm_chain_reference)
 
@@ -299,6 +382,9 @@ impl(_lib, "rms_norm", _rms_norm)
 impl(_lib, "rms_norm_chain", _rms_norm_chain)
 _lib.define("rms_norm_rope(Tensor x, Tensor? weight, float? eps, Tensor cos, Tensor sin) -> Tensor")
 impl(_lib, "rms_norm_rope", _rms_norm_rope)
+_lib.define("rms_norm_cat_rope(Tensor x_a, Tensor? w_a, float? eps_a, Tensor x_b, Tensor? w_b, float? eps_b, int dim, "
+            "Tensor cos, Tensor sin) -> Tensor")
+impl(_lib, "rms_norm_cat_rope", _rms_norm_cat_rope)
 
 
 @torch.library.register_fake("diffusion_fuse::rms_norm", lib=_lib)
@@ -314,3 +400,8 @@ def _(x, eps, cast1, weight, bias, cast2, scale, shift, out_dtype):
 @torch.library.register_fake("diffusion_fuse::rms_norm_rope", lib=_lib)
 def _(x, weight, eps, cos, sin):
     return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("diffusion_fuse::rms_norm_cat_rope", lib=_lib)
+def _(x_a, w_a, eps_a, x_b, w_b, eps_b, dim, cos, sin):
+    return x_a.new_empty(cat_shape(x_a, x_b, dim))

@@ -22,12 +22,15 @@ On a CPU build ``_fused_rms_norm`` is CompositeImplicit, so CPU graphs hold the 
 
 ``rms_norm_rope`` (lossless) becomes ``diffusion_fuse::rms_norm_rope``: the ``rms_norm`` form without
 modulate when the normalized value feeds only diffusers' ``apply_rotary_emb`` (use_real, pairs along D),
-as in the FLUX / FLUX.2 single blocks (the double blocks ``cat`` text and image tokens in between).
+as in the FLUX / FLUX.2 single blocks. ``rms_norm_cat_rope`` (lossless) is the double blocks' form: the text
+and image norms ``cat`` along the sequence, then the same RoPE (``diffusion_fuse::rms_norm_cat_rope``).
 
 Sites are sized to what only they read: a chain stops at a value read by more than one op.
 """
 
 from __future__ import annotations
+
+import operator
 
 import torch
 import torch.fx as fx
@@ -238,6 +241,84 @@ class RmsNormRope(PatternFamily):
             emit=emit,
             op="diffusion_fuse::rms_norm_rope",
             where=y,  # named by the model line that called the norm (the RoPE is a helper in embeddings.py)
+        )
+
+
+def _norm_output(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """(norm, y) if ``node`` is output 0 of a ``_fused_rms_norm`` over the last dim whose rstd nobody reads."""
+    if not (node.op == "call_function" and node.target is operator.getitem and node.args[1] == 0):
+        return None
+    norm = node.args[0]
+    if not is_op(norm, aten._fused_rms_norm.default) or len(norm.args[1]) != 1:
+        return None
+    try:
+        outs = getitem_users(norm)
+    except LookupError:
+        return None
+    return (norm, node) if set(outs) == {0} else None
+
+
+@register_family
+class RmsNormCatRope(PatternFamily):
+    name = "rms_norm_cat_rope"
+    tier = "lossless"
+    priority = 2  # tried before rms_norm_rope and rms_norm on the same anchor: the larger site
+    anchors = (aten._fused_rms_norm.default,)
+    description = "two RMSNorms (_fused_rms_norm) → cat along a row dim → RoPE (FLUX/FLUX.2 double-block q and k)"
+    variants = (
+        "cat([_fused_rms_norm(x_txt)[0], _fused_rms_norm(x_img)[0]], 1) → apply_rotary_emb(·, (cos, sin))",
+    )
+
+    def match(self, node: fx.Node) -> Site | NearMiss | None:
+        try:
+            outs = getitem_users(node)
+        except LookupError:
+            return None
+        if set(outs) != {0}:
+            return None
+        cat = single_user(outs[0])
+        if not is_op(cat, aten.cat.default) or len(cat.args[0]) != 2 or val(cat) is None:
+            return None
+        halves = [_norm_output(t) if isinstance(t, fx.Node) else None for t in cat.args[0]]
+        if any(h is None or single_user(h[1]) is not cat for h in halves) or halves[0][0] is halves[1][0]:
+            return None
+        if node not in (halves[0][0], halves[1][0]):
+            return None
+        ndim = val(cat).dim()
+        dim = _arg(cat, 1, "dim", 0)
+        dim = dim + ndim if dim < 0 else dim
+        if not 0 <= dim < ndim - 1:
+            return None
+        rope = _Rope(cat)
+        if rope.out is None:
+            return None
+        parts = []
+        for norm, _y in halves:
+            w, eps = _arg(norm, 2, "weight"), _arg(norm, 3, "eps")
+            parts.append((norm.args[0], w if isinstance(w, fx.Node) else None, None if eps is None else float(eps)))
+
+        def emit(graph: fx.Graph, ins):
+            it = iter(ins)
+            args = []
+            for _x, w, eps in parts:
+                x_n = next(it)
+                args += [x_n, next(it) if w is not None else None, eps]
+            cos, sin = next(it), next(it)
+            return [graph.call_function(torch.ops.diffusion_fuse.rms_norm_cat_rope.default,
+                                        (*args[:3], *args[3:], dim, cos, sin))]
+
+        inputs = []
+        for x, w, _eps in parts:
+            inputs += [x] + ([w] if w is not None else [])
+        return Site(
+            pattern=self.name,
+            anchor=node,
+            nodes=[halves[0][0], halves[0][1], halves[1][0], halves[1][1], cat] + rope.nodes,
+            inputs=inputs + [rope.cos, rope.sin],
+            outputs=[rope.out],
+            emit=emit,
+            op="diffusion_fuse::rms_norm_cat_rope",
+            where=outs[0],  # named by the model line of the first norm in graph order
         )
 
 

@@ -19,6 +19,8 @@ Stages (module-scoped fixtures, each runs once; a table per stage; ``$OUT/rms_no
 6. ``diffusion_fuse::rms_norm_rope`` against eager's ``torch.nn.RMSNorm`` then diffusers' own
    ``apply_rotary_emb`` (FLUX single block: [B, S, 24, 128], cos/sin [S, 128] fp32), bitwise: FLUX's
    4608 tokens and small shapes, amplitudes 1e-4/1/100, bf16/fp16/fp32, with and without weight.
+7. ``diffusion_fuse::rms_norm_cat_rope`` against the double block's eager: two ``torch.nn.RMSNorm`` (text, image),
+   ``torch.cat`` along the sequence, ``apply_rotary_emb``, bitwise (FLUX 512 + 4096 tokens and small shapes).
 
 Run: ``python -m pytest -q -s tests/gpu/test_rms_norm_gpu.py`` (about a minute on an H200).
 """
@@ -262,8 +264,8 @@ def test_chain_is_within_tolerance():
 # ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name, sites", [("flux", {"rms_norm": 4, "rms_norm_rope": 2}),
-                                         ("wan21", {"rms_norm": 4, "rms_norm_rope": 0})])
+@pytest.mark.parametrize("name, sites", [("flux", {"rms_norm": 0, "rms_norm_rope": 2, "rms_norm_cat_rope": 2}),
+                                         ("wan21", {"rms_norm": 4, "rms_norm_rope": 0, "rms_norm_cat_rope": 0})])
 def test_tiny_model_qk_norms_are_kept_with_the_kernel(name, sites):
     from diffusion_fuse.testing.tiny_models import build
 
@@ -275,7 +277,7 @@ def test_tiny_model_qk_norms_are_kept_with_the_kernel(name, sites):
         ref = model(**kwargs)[0]
         out = compiled(**kwargs)[0]
     kept = report.sites("kept")
-    fams = ("rms_norm", "rms_norm_rope")
+    fams = ("rms_norm", "rms_norm_rope", "rms_norm_cat_rope")
     kernels = report.counters()["kernel"]
     res = {"equal": _ndiff(ref, out) == 0, "sites": {f: report.count(f) for f in fams},
            "kept": {f: sum(s.pattern == f for s in kept) for f in fams}, "kernel": {f: kernels.get(f, 0) for f in fams},
@@ -344,3 +346,57 @@ def teardown_module(module):
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "rms_norm_gpu.json").write_text(json.dumps(
             {"torch": torch.__version__, "native_override": _native_override(), **RESULTS}, indent=1, default=str))
+
+
+
+# ----------------------------------------------------------------------------------------
+# stage 7: rms_norm_cat_rope against two RMSNorms + cat + diffusers' apply_rotary_emb
+# ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cat_rope_results():
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    res = {}
+    seed = 1000
+    for (B, S_txt, S_img, H, D) in ((1, 512, 4096, 24, 128), (2, 7, 77, 4, 64), (1, 3, 5, 2, 256)):
+        S = S_txt + S_img
+        g = torch.Generator(device="cuda").manual_seed(S)
+        pos = torch.randn(S, D // 2, device="cuda", generator=g).double() * 50
+        cos = pos.cos().repeat_interleave(2, dim=1).float()
+        sin = pos.sin().repeat_interleave(2, dim=1).float()
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            for amp in AMPS:
+                if S == 4608 and (dtype != torch.bfloat16) and amp != 1.0:
+                    continue
+                seed += 1
+                norms = []
+                for k, eps in enumerate((1e-6, 1e-5)):
+                    n = torch.nn.RMSNorm(D, eps=eps, device="cuda", dtype=dtype)
+                    with torch.no_grad():
+                        n.weight.copy_(make_weight(D, dtype, seed + k))
+                    norms.append(n)
+                x_txt = make_input(B * S_txt * H, D, amp, dtype, seed).view(B, S_txt, H, D)
+                x_img = make_input(B * S_img * H, D, amp, dtype, seed + 7).view(B, S_img, H, D)
+                with torch.no_grad():
+                    ref = apply_rotary_emb(torch.cat([norms[0](x_txt), norms[1](x_img)], dim=1), (cos, sin),
+                                           sequence_dim=1)
+                    counters.reset()
+                    out = torch.ops.diffusion_fuse.rms_norm_cat_rope(
+                        x_txt, norms[0].weight, 1e-6, x_img, norms[1].weight, 1e-5, 1, cos[None, :, None, :],
+                        sin[None, :, None, :])
+                key = f"[{B},{S_txt}+{S_img},{H},{D}] {_DT[dtype]} amp={amp:g}"
+                res[key] = {"ndiff": _ndiff(ref, out), "kernel": counters.snapshot()["kernel"].get(
+                    "rms_norm_cat_rope", 0), "layout": out.stride() == ref.stride() and out.dtype == ref.dtype}
+    print("\n== stage 7: diffusion_fuse::rms_norm_cat_rope vs 2 RMSNorm + cat + apply_rotary_emb (differing elements)")
+    for k, v in res.items():
+        print(f"  {k:42s} {v}")
+    RESULTS["cat_rope"] = res
+    return res
+
+
+def test_rms_norm_cat_rope_is_bit_exact_with_norms_cat_then_apply_rotary_emb(cat_rope_results):
+    bad = {k: v for k, v in cat_rope_results.items() if v["ndiff"] or v["kernel"] != 1 or not v["layout"]}
+    assert not bad, bad
+    assert len(cat_rope_results) >= 20

@@ -183,9 +183,48 @@ def _rope_results() -> dict:
     return res
 
 
+def _cat_rope_results() -> dict:
+    from diffusion_fuse.lowering import counters
+    from diffusion_fuse.lowering.rms_norm import rms_norm_cat_rope_reference, rope_reference
+
+    g = torch.Generator().manual_seed(2)
+
+    def rn(*shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    D, Sa, Sb = 64, 5, 4
+    cos, sin = rn(1, Sa + Sb, 1, D), rn(1, Sa + Sb, 1, D)
+    x_a, x_b = rn(2, Sa, 3, D), rn(2, Sb, 3, D)
+    x_b[:, 1] = 0.0  # the neg's -0 (see _rope_cases)
+    cases = {  # op args: x_a, w_a, eps_a, x_b, w_b, eps_b, dim, cos, sin
+        "double_block_fp32": (x_a, rn(D), 1e-6, x_b, rn(D), 1e-5, 1, cos, sin),
+        "double_block_bf16": (x_a.bfloat16(), rn(D).bfloat16(), 1e-6, x_b.bfloat16(), None, 1e-6, 1, cos, sin),
+        "cos_broadcast_along_cat": (x_a, None, 1e-6, x_b, None, 1e-6, 1, cos[:, :1].contiguous(), sin[:, :1]
+                                    .contiguous()),
+        "cat_over_D": (x_a[:, :4], None, 1e-6, x_a[:, :4], None, 1e-6, 3, rn(1, 4, 1, 2 * D), rn(1, 4, 1, 2 * D)),
+        "halves_of_two_dtypes": (x_a, None, 1e-6, x_b.bfloat16(), None, 1e-6, 1, cos, sin),
+    }
+    res = {}
+    for key, args in cases.items():
+        x_a, w_a, eps_a, x_b, w_b, eps_b, dim, cos, sin = args
+        counters.reset()
+        out = torch.ops.diffusion_fuse.rms_norm_cat_rope(*args)
+        snap = counters.snapshot()
+        ref = rms_norm_cat_rope_reference(*args)
+        res[key] = {"counters": snap, "equal": bool(torch.equal(out, ref)), "same_layout":
+                    (out.dtype, out.shape, out.stride()) == (ref.dtype, ref.shape, ref.stride()),
+                    "rel_err": float((ref.double() - out.double()).norm() / ref.double().norm())}
+        if snap["kernel"]:  # the two halves and the RoPE, op for op, from the rms_norm op's own outputs
+            parts = [torch.ops.diffusion_fuse.rms_norm(x, w, e, None, None, None)
+                     for x, w, e in ((x_a, w_a, eps_a), (x_b, w_b, eps_b))]
+            composed = rope_reference(torch.cat(parts, dim), cos, sin)
+            res[key]["composed_equal"] = bool(torch.equal(out.float(), composed.float()))
+    return res
+
+
 def worker() -> dict:
     return {"order": _order_results(), "dispatch": _dispatch_results(), "model": _model_results(),
-            "rope": _rope_results()}
+            "rope": _rope_results(), "cat_rope": _cat_rope_results()}
 
 
 @pytest.fixture(scope="module")
@@ -256,6 +295,26 @@ def test_rms_norm_rope_guard_rejections_take_the_reference_path(results, key, re
     r = results["rope"][key]
     assert r["equal"] and r["counters"]["kernel"] == {}
     ((got, n),) = r["counters"]["fallback"]["rms_norm_rope"].items()
+    assert got.startswith(reason) and n == 1, got
+
+
+@pytest.mark.parametrize("key", ["double_block_fp32", "double_block_bf16", "cos_broadcast_along_cat"])
+def test_rms_norm_cat_rope_writes_both_halves_with_their_rope(results, key):
+    r = results["cat_rope"][key]
+    assert r["counters"]["kernel"] == {"rms_norm_cat_rope": 1} and r["counters"]["fallback"] == {}, r
+    assert r["same_layout"] and r["rel_err"] < 2e-2, r
+    if "bf16" not in key:  # fp32: the interpreter rounds as torch does, op for op
+        assert r["composed_equal"], r
+
+
+@pytest.mark.parametrize("key, reason", [
+    ("cat_over_D", "cat dim 3 is not a row dim of 4-dim inputs"),
+    ("halves_of_two_dtypes", "halves differ: torch.float32/torch.bfloat16"),
+])
+def test_rms_norm_cat_rope_guard_rejections_take_the_reference_path(results, key, reason):
+    r = results["cat_rope"][key]
+    assert r["equal"] and r["counters"]["kernel"] == {}
+    ((got, n),) = r["counters"]["fallback"]["rms_norm_cat_rope"].items()
     assert got.startswith(reason) and n == 1, got
 
 
