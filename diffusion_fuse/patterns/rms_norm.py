@@ -120,6 +120,25 @@ class RmsNorm(PatternFamily):
         )
 
 
+def _normalized(norm: fx.Node) -> fx.Node | None:
+    """Output 0 of ``_fused_rms_norm`` node ``norm`` if nothing reads its rstd (output 1), else None."""
+    try:
+        outs = getitem_users(norm)
+    except LookupError:
+        return None
+    return outs[0] if set(outs) == {0} else None
+
+
+def _norm_output(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """(norm, y) if ``node`` is output 0 of a ``_fused_rms_norm`` over the last dim whose rstd nobody reads."""
+    if not (node.op == "call_function" and node.target is operator.getitem and node.args[1] == 0):
+        return None
+    norm = node.args[0]
+    if not is_op(norm, aten._fused_rms_norm.default) or len(norm.args[1]) != 1:
+        return None
+    return (norm, node) if _normalized(norm) is node else None
+
+
 class _Rope:
     """diffusers' ``apply_rotary_emb`` (use_real, unbind -1) applied to ``y`` and nothing else reading ``y``::
 
@@ -210,15 +229,9 @@ class RmsNormRope(PatternFamily):
     def match(self, node: fx.Node) -> Site | NearMiss | None:
         x, normalized_shape = node.args[:2]
         weight, eps = _arg(node, 2, "weight"), _arg(node, 3, "eps")
-        if len(normalized_shape) != 1:
+        y = _normalized(node)
+        if len(normalized_shape) != 1 or y is None:
             return None  # family rms_norm says why
-        try:
-            outs = getitem_users(node)
-        except LookupError:
-            return None
-        if set(outs) != {0}:
-            return None
-        y = outs[0]
         rope = _Rope(y)
         if rope.out is None:
             return None
@@ -244,20 +257,6 @@ class RmsNormRope(PatternFamily):
         )
 
 
-def _norm_output(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
-    """(norm, y) if ``node`` is output 0 of a ``_fused_rms_norm`` over the last dim whose rstd nobody reads."""
-    if not (node.op == "call_function" and node.target is operator.getitem and node.args[1] == 0):
-        return None
-    norm = node.args[0]
-    if not is_op(norm, aten._fused_rms_norm.default) or len(norm.args[1]) != 1:
-        return None
-    try:
-        outs = getitem_users(norm)
-    except LookupError:
-        return None
-    return (norm, node) if set(outs) == {0} else None
-
-
 @register_family
 class RmsNormCatRope(PatternFamily):
     name = "rms_norm_cat_rope"
@@ -270,13 +269,8 @@ class RmsNormCatRope(PatternFamily):
     )
 
     def match(self, node: fx.Node) -> Site | NearMiss | None:
-        try:
-            outs = getitem_users(node)
-        except LookupError:
-            return None
-        if set(outs) != {0}:
-            return None
-        cat = single_user(outs[0])
+        y = _normalized(node)
+        cat = single_user(y) if y is not None else None
         if not is_op(cat, aten.cat.default) or len(cat.args[0]) != 2 or val(cat) is None:
             return None
         halves = [_norm_output(t) if isinstance(t, fx.Node) else None for t in cat.args[0]]
@@ -318,7 +312,7 @@ class RmsNormCatRope(PatternFamily):
             outputs=[rope.out],
             emit=emit,
             op="diffusion_fuse::rms_norm_cat_rope",
-            where=outs[0],  # named by the model line of the first norm in graph order
+            where=y,  # named by the model line of the first norm in graph order
         )
 
 
