@@ -136,8 +136,8 @@ def flatten_subclass_params(gm: fx.GraphModule, example_inputs: Sequence[Any]
                             ) -> tuple[fx.GraphModule, list[Any], SubclassParams] | None:
     """``gm`` with its subclass parameters as inner-tensor placeholders, the matching inputs, and the unwrapper;
     None when there is nothing to flatten or the graph is not one this handles."""
-    if type(gm) is not fx.GraphModule and not isinstance(gm, fx.GraphModule) or hasattr(gm, "gm"):
-        return None  # Dynamo's boxed GmWrapper (inputs it flattened itself): left as it is
+    if not isinstance(gm, fx.GraphModule):
+        return None  # e.g. Dynamo's boxed GmWrapper (inputs it flattened itself): left as it is
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
     if len(placeholders) != len(example_inputs):
         return None
