@@ -164,9 +164,10 @@ def flatten_subclass_params(gm: fx.GraphModule, example_inputs: Sequence[Any]
             flat_inputs.append(x)
             continue
         fake = node.meta.get("example_value")
-        fake_leaves = spec.leaves(fake) if fake is not None else [None] * len(spec.leaves(x))
+        real_leaves = spec.leaves(x)
+        fake_leaves = spec.leaves(fake) if fake is not None else [None] * len(real_leaves)
         inner = []
-        for j, (real, fv) in enumerate(zip(spec.leaves(x), fake_leaves)):
+        for j, (real, fv) in enumerate(zip(real_leaves, fake_leaves)):
             p = graph.placeholder(f"{node.name}_inner{j}")
             p.meta = {k: v for k, v in node.meta.items() if k in ("tensor_dict", "stack_trace", "nn_module_stack")}
             if fv is not None:
@@ -184,9 +185,8 @@ def flatten_subclass_params(gm: fx.GraphModule, example_inputs: Sequence[Any]
             env[node] = graph.node_copy(node, lambda n: env[n])
     new = fx.GraphModule(gm, graph)
     new.meta.update(gm.meta)
-    for attr in ("_param_name_to_source",):
-        if hasattr(gm, attr):
-            setattr(new, attr, getattr(gm, attr))
+    if hasattr(gm, "_param_name_to_source"):  # AOTAutograd reads it to tell a Dynamo graph's params
+        new._param_name_to_source = gm._param_name_to_source
     params = SubclassParams(specs)
     _log.info("subclass parameters flattened at compile time: %d (%d inner tensors), %d other inputs",
               params.count, len(flat_inputs) - (len(example_inputs) - params.count),

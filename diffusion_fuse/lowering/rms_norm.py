@@ -207,14 +207,25 @@ def can_use_rms_norm(x, weight, eps, scale, shift, out_dtype) -> tuple[bool, str
     return not why, why
 
 
+def _check_rope_tables(shape, dim: int, cos: Tensor, sin: Tensor, parts) -> str:
+    """'' if cos/sin are fp32 on the parts' device, broadcast to the output ``shape`` with unit stride along D,
+    and each part (x, its first position along ``dim``) has rows the kernel can address with its slice of them."""
+    device = parts[0][0].device
+    if any(t.dtype != torch.float32 or t.device != device for t in (cos, sin)):
+        return f"cos/sin are {cos.dtype}/{sin.dtype} on {cos.device}/{sin.device}, not float32 on {device}"
+    why = check_broadcast(shape, cos=cos, sin=sin)
+    out_strides = _contiguous(shape)
+    for x, start in parts:
+        c, s = (narrow_rows(t, len(shape), dim, start, x.shape[dim]) for t in (cos, sin))
+        if not why and _rows(x, out_strides, c, s) is None:
+            why = "x's rows span more than 3 strided dims"
+    return why
+
+
 def can_use_rms_norm_rope(x, weight, eps, cos, sin) -> tuple[bool, str]:
     """``can_use_rms_norm`` for the norm; cos/sin: fp32, broadcast to x over its rows with unit stride along D."""
     ok, why = can_use_rms_norm(x, weight, eps, None, None, None)
-    if ok and any(t.dtype != torch.float32 or t.device != x.device for t in (cos, sin)):
-        why = f"cos/sin are {cos.dtype}/{sin.dtype} on {cos.device}/{sin.device}, not float32 on {x.device}"
-    why = why or check_broadcast(x.shape, cos=cos, sin=sin)
-    if not why and _rows(x, _contiguous(x.shape), cos, sin) is None:
-        why = "x's rows span more than 3 strided dims"
+    why = why or _check_rope_tables(x.shape, 0, cos, sin, [(x, 0)])
     return not why, why
 
 
@@ -242,18 +253,7 @@ def can_use_rms_norm_cat_rope(x_a, w_a, eps_a, x_b, w_b, eps_b, dim, cos, sin) -
         why = f"cat dim {dim} is not a row dim of {x_a.dim()}-dim inputs"
     if not why and any(a != b for i, (a, b) in enumerate(zip(x_a.shape, x_b.shape)) if i != dim):
         why = f"halves {tuple(x_a.shape)} and {tuple(x_b.shape)} differ outside the cat dim"
-    if why:
-        return False, why
-    shape = cat_shape(x_a, x_b, dim)
-    if any(t.dtype != torch.float32 or t.device != x_a.device for t in (cos, sin)):
-        why = f"cos/sin are {cos.dtype}/{sin.dtype} on {cos.device}/{sin.device}, not float32 on {x_a.device}"
-    why = why or check_broadcast(shape, cos=cos, sin=sin)
-    out_strides = _contiguous(shape)
-    for x, start in ((x_a, 0), (x_b, x_a.shape[dim])):
-        if not why:
-            c, s = (narrow_rows(t, len(shape), dim, start, x.shape[dim]) for t in (cos, sin))
-            if _rows(x, out_strides, c, s) is None:
-                why = "x's rows span more than 3 strided dims"
+    why = why or _check_rope_tables(cat_shape(x_a, x_b, dim), dim, cos, sin, [(x_a, 0), (x_b, x_a.shape[dim])])
     return not why, why
 
 
@@ -319,31 +319,30 @@ def _plan_rms_norm(x, weight, eps, scale, shift, out_dtype, push_fma: bool = Tru
     return lambda x, weight, eps, scale, shift, out_dtype: launch(x, weight, None, scale, shift)[0]
 
 
-def _plan_rms_norm_rope(x, weight, eps, cos, sin):
+def _plan_rope_part(x, weight, eps, cos, sin, out_strides):
+    """The rms_norm_rope kernel for x, writing rows laid out as ``out_strides`` (x's own output or a part of one)."""
     from ..kernels.rms_norm import plan_rms_norm
 
     tail, final = rms_norm_tail(x.dtype, weight, None, None, None)
-    out_strides = _contiguous(x.shape)
     eps = float(torch.finfo(torch.float32).eps) if eps is None else eps
-    launch = plan_rms_norm(x, x.shape, out_strides, final, weight, None, eps, cos, sin, tail,
-                           _rows(x, out_strides, cos, sin), rope=True)
+    return plan_rms_norm(x, x.shape, out_strides, final, weight, None, eps, cos, sin, tail,
+                         _rows(x, out_strides, cos, sin), rope=True)
+
+
+def _plan_rms_norm_rope(x, weight, eps, cos, sin):
+    launch = _plan_rope_part(x, weight, eps, cos, sin, _contiguous(x.shape))
     return lambda x, weight, eps, cos, sin: launch(x, weight, None, cos, sin)[0]
 
 
 def _plan_rms_norm_cat_rope(x_a, w_a, eps_a, x_b, w_b, eps_b, dim, cos, sin):
     # Two launches of the rms_norm_rope kernel, each writing its half of one output: the cat is never a pass
-    from ..kernels.rms_norm import plan_rms_norm
-
     shape = cat_shape(x_a, x_b, dim)
     out_strides = _contiguous(shape)
     parts = []
     for x, w, eps, start in ((x_a, w_a, eps_a, 0), (x_b, w_b, eps_b, x_a.shape[dim])):
         n = x.shape[dim]
         c, s = (narrow_rows(t, len(shape), dim, start, n) for t in (cos, sin))
-        tail, final = rms_norm_tail(x.dtype, w, None, None, None)
-        eps = float(torch.finfo(torch.float32).eps) if eps is None else eps
-        parts.append((plan_rms_norm(x, x.shape, out_strides, final, w, None, eps, c, s, tail,
-                                    _rows(x, out_strides, c, s), rope=True), start, n))
+        parts.append((_plan_rope_part(x, w, eps, c, s, out_strides), start, n))
 
     def run(x_a, w_a, eps_a, x_b, w_b, eps_b, dim, cos, sin):
         out = torch.empty_strided(shape, out_strides, dtype=x_a.dtype, device=x_a.device)
