@@ -302,6 +302,7 @@ def abba(variants: list[str], reps: int) -> list[tuple[int, str]]:
 
 
 CPROFILE: str | None = None  # --cprofile VARIANT
+PROFILE: list[str] = []  # --profile VARIANTS: one forward each under torch.profiler (kernel table, GPU idle gaps)
 HOST_MS: list[float] = []  # host time of each timed_call on CUDA: until the call returned, before the sync
 
 
@@ -406,6 +407,12 @@ def run_model(spec: ModelSpec, variants: list[str], reps: int, tiny: bool) -> di
             pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(40)
             rec["cprofile"] = {"variant": CPROFILE, "forwards": 3, "top_by_tottime": buf.getvalue()}
             print(buf.getvalue())
+        for v in (v for v in PROFILE if v in live and cuda):  # where the GPU time of a variant goes (--profile)
+            from bench_e2e import profile_call  # benchmarks/ is sys.path[0] when this runs as a script
+
+            activate(blocks, impls[v])
+            fwd(v)
+            rec["variants"][v]["kernel_ms"] = profile_call(lambda: fwd(v), f"{spec.name}_{v}")
     activate(blocks, None)
     for v in live:
         vr = rec["variants"][v]
@@ -519,6 +526,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-autotune", action="store_true", help="add inductor-max-autotune (slow compile)")
     ap.add_argument("--reps", type=int, default=6, help="timed forwards per variant (ABBA rounds)")
     ap.add_argument("--cprofile", default=None, help="a variant whose host time to profile (cProfile, 3 forwards)")
+    ap.add_argument("--profile", default="", help="comma-separated variants to profile after timing (one forward "
+                    "each): kernel table and GPU idle gaps to $OUT/profile_<model>_<variant>.txt")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_models.json"),
                     help="where to write; with --table, one or more comma-separated runs to read")
     ap.add_argument("--table", action="store_true", help="regenerate the BENCHMARKS.md table from --json and exit")
@@ -528,8 +537,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tiny", action="store_true", help="tiny models on the CPU (eager and lossless unless "
                                                         "--variants says otherwise): checks the code path")
     args = ap.parse_args(argv)
-    global CPROFILE
+    global CPROFILE, PROFILE
     CPROFILE = args.cprofile
+    PROFILE = [v for v in args.profile.split(",") if v]
     if args.table:
         write_table(args.json, args.md)
         return

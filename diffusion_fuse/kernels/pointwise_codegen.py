@@ -472,22 +472,60 @@ class Generator(Emit):
         v = self.tmp(r.build(self, n, ops, self.variants))
         return Val(v if r.selects else self.tmp(round_code(v, out.dtype)), out.dtype)
 
+    def _uniform_cat(self, o: fx.Node, idx: list[Lin]) -> tuple[Term, list] | None:
+        """An output ``cat`` in which every program's ``BLOCK`` indices fall in one input (its index along the cat
+        dimension is ``f // s % W`` and ``BLOCK`` divides ``s`` or every input's extent times ``s``): the term and
+        the inputs. Such a kernel branches once per program instead of loading every input under a mask and
+        computing every input's chain on every lane (FLUX's ``cat([attn, gelu(mlp)], 2)``: the gelu ran on the
+        attention's lanes too)."""
+        if o.op != "call_function" or o.target is not aten.cat.default:
+            return None
+        dim, branches = self._branches(o, idx)
+        t = idx[dim].pure()
+        if len(branches) < 2 or t is None or t.var != "f" or t.mod not in (0, branches[-1][1]):
+            return None
+        if t.div % BLOCK == 0:
+            return t, branches
+        if BLOCK % t.div or any(hi % (BLOCK // t.div) for _, hi, _, _ in branches):
+            return None
+        return t, branches
+
+    def _branch_per_program(self, spec: TensorSpec, idx: list[Lin], uniform: tuple[Term, list],
+                            i64: bool) -> list[str]:
+        """The store of a ``_uniform_cat`` output: ``if c0 < hi: <that input's chain, stored>`` per input, where
+        ``c0`` is the cat index of the program's first element. Each branch has its own temporaries."""
+        t, branches = uniform
+        pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
+        self.lines.append(f"c0 = {Term('f0', t.div, t.mod).code()}".replace("f0", f"({pid} * BLOCK)", 1))
+        flat_off = flatten(idx, spec.stride, spec.shape)
+        self.accesses.append((flat_off, spec.dtype.itemsize))
+        ptr = self.block_ptr("out0", flat_off)
+        cast = "" if spec.dtype == torch.float32 else f".to({_TL_DTYPE[spec.dtype]})"
+        head_cse, head_lines = dict(self._cse), self.lines
+        out: list[str] = []
+        for k, (_, hi, x, xi) in enumerate(branches):
+            self.lines, self._cse, self._memo = [], dict(head_cse), {}
+            v = self.value(x, xi, "m")
+            code = v.code if v.dtype == spec.dtype or spec.dtype == torch.float32 else self.tmp(
+                round_code(v.code, spec.dtype))
+            out.append("else:" if k == len(branches) - 1 else f"{'if' if k == 0 else 'elif'} c0 < {hi}:")
+            out += [f"    {ln}" for ln in self.lines] + [f"    tl.store({ptr}, {code}{cast}, mask=m)"]
+            # temporaries are named by count: later branches must not reuse an earlier branch's names
+            head_cse.update({f"#branch{k}:{e}": n for e, n in self._cse.items() if e not in head_cse})
+        self.lines, self._cse, self._memo = head_lines, head_cse, {}
+        return out
+
     def _broadcast(self, a: fx.Node, idx: list[Lin], out_shape: Sequence[int]) -> list[Lin]:
         shape = self.shape(a)
         lead = len(out_shape) - len(shape)
         return [Lin() if shape[k] == 1 else idx[k + lead] for k in range(len(shape))]
 
-    def _select(self, n: fx.Node, idx: list[Lin], mask: str) -> Val:
-        """``cat`` / ``stack``: the input the index along ``dim`` falls in, loads masked to it."""
-        out = self.meta(n)
+    def _branches(self, n: fx.Node, idx: list[Lin]) -> tuple[int, list[tuple[int, int, fx.Node, list[Lin]]]]:
+        """``cat`` / ``stack``'s dim and its inputs as ``(lo, hi, input, index into it)`` along that dim."""
         tensors = list(n.args[0])
         stack = n.target is aten.stack.default
-        dim = _norm_dim(_arg(n, 1, "dim", 0), len(out.shape))
-        if stack:
-            swapped = self._pair_swap(n, tensors, dim, idx, mask)
-            if swapped is not None:
-                return swapped
-        branches = []  # (lo, hi, node, input index)
+        dim = _norm_dim(_arg(n, 1, "dim", 0), len(self.meta(n).shape))
+        branches = []
         lo = 0
         for x in tensors:
             xs = self.shape(x)
@@ -499,6 +537,17 @@ class Generator(Emit):
                 continue  # cat skips empty inputs
             branches.append((lo, lo + xs[dim], x, idx[:dim] + [idx[dim] + (-lo)] + idx[dim + 1:]))
             lo += xs[dim]
+        return dim, branches
+
+    def _select(self, n: fx.Node, idx: list[Lin], mask: str) -> Val:
+        """``cat`` / ``stack``: the input the index along ``dim`` falls in, loads masked to it."""
+        out = self.meta(n)
+        if n.target is aten.stack.default:
+            dim = _norm_dim(_arg(n, 1, "dim", 0), len(out.shape))
+            swapped = self._pair_swap(n, list(n.args[0]), dim, idx, mask)
+            if swapped is not None:
+                return swapped
+        dim, branches = self._branches(n, idx)
         d = idx[dim]
         if d.is_const():  # the branch is known: no select
             for b_lo, b_hi, x, xi in branches:
@@ -620,7 +669,10 @@ class Generator(Emit):
             self.block_shape = "[BY, BX]"
         body_start = len(self.lines)
         stores = []
-        for j, (o, spec) in enumerate(zip(outs, specs)):
+        uniform = self._uniform_cat(outs[0], index_of(specs[0].shape)) if tile is None and len(outs) == 1 else None
+        if uniform is not None:
+            stores = self._branch_per_program(specs[0], index_of(specs[0].shape), uniform, i64)
+        for j, (o, spec) in enumerate([] if uniform is not None else zip(outs, specs)):
             if spec.dtype not in FLOAT_DTYPES:
                 raise Unsupported(f"output dtype {spec.dtype}")
             idx = index_of(spec.shape)

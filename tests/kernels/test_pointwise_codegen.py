@@ -68,6 +68,14 @@ def _cat_per_program(x, a, b):
     return (x.transpose(1, 2) * torch.cat([a, b], 0)).contiguous()
 
 
+def _cat_three_chains(a, b, c):
+    return torch.cat([a * 3, b - 1.5, c], -1)
+
+
+def _cat_rows(a, b):
+    return torch.cat([a * 3, b + 0.25], 1)
+
+
 def make(name, seed=0):
     from diffusion_fuse.testing import pointwise as pw
 
@@ -103,16 +111,24 @@ def make(name, seed=0):
         # branch's range in the other programs (the load must stay masked)
         "cat_per_program": (_cat_per_program, (rn(8, 64, 48, dtype=f32), rn(2, 1, 1, dtype=f32),
                                                rn(6, 1, 1, dtype=f32))),
+        # cats whose every BLOCK (1024) of output lies in one input: one branch per program, no masked loads of
+        # the other inputs (FLUX's single-block gelu + cat at widths 3072 + 12288)
+        "gelu_cat_branches": (pw.gelu_cat, (rn(1, 3, 1024), rn(1, 3, 3072))),
+        "cat_three_chains": (_cat_three_chains, (rn(3, 1024, dtype=f32), rn(3, 2048, dtype=f32),
+                                                 rn(3, 1024, dtype=f32))),
+        "cat_rows": (_cat_rows, (rn(2, 3, 1024, dtype=f32), rn(2, 5, 1024, dtype=f32))),
     }[name]
 
 
 CASES = ["rope", "rope_cat", "gated_residual", "gelu_cat", "swiglu", "wan_residual", "fp32_chain", "where_mask",
          "strided_in", "permuted_out", "stack_split", "modulate_fp16", "zero_dim", "two_outputs", "gelu_clone",
          "activations", "sana_query_relu", "sana_key_relu", "sana_value_float", "sana_attn_out", "sana_attn_out_odd",
-         "sana_key_relu_fp32", "bias_add", "cat_per_program"]
+         "sana_key_relu_fp32", "bias_add", "cat_per_program", "gelu_cat_branches", "cat_three_chains", "cat_rows"]
+# cats whose kernel branches once per program on the input its BLOCK lies in (number of branches)
+BRANCHES = {"gelu_cat_branches": 2, "cat_three_chains": 3, "cat_rows": 2, "gelu_cat": 0}
 # fp32 cases whose ops eager computes alike on CPU and CUDA, and the interpreter exactly: bitwise
 EXACT = {"fp32_chain", "where_mask", "strided_in", "permuted_out", "sana_query_relu", "sana_key_relu",
-         "sana_value_float", "sana_key_relu_fp32", "cat_per_program"}
+         "sana_value_float", "sana_key_relu_fp32", "cat_per_program", "cat_three_chains", "cat_rows"}
 # the layouts choose_layout must pick: (x dim, y dim) of the outputs' shape, None for the flat kernel
 # (SANA's key: both sides contiguous along the head dim, 16 or 32 elements: flat)
 TILES = {"sana_query_relu": (3, 2), "sana_key_relu": None, "sana_value_float": (2, 3), "sana_attn_out": (2, 1),
@@ -180,7 +196,7 @@ def worker() -> dict:
     res = {}
     for name in CASES:
         fn, args = make(name)
-        src = generate_source(list(args), program_of(fn, *args)) if name in TILES else None  # all ops generatable
+        src = generate_source(list(args), program_of(fn, *args)) if name in TILES or name in BRANCHES else None
         gm, sites = fuse(fn, *args)
         counters.reset()
         ref = fn(*args)
@@ -198,6 +214,9 @@ def worker() -> dict:
             "strided_bytes": src.strided_bytes if src else None,
             "unmasked_loads": [ln.strip() for ln in src.source.splitlines()
                                if "tl.load(" in ln and "mask=" not in ln] if src else None,
+            "branches": [ln.strip() for ln in src.source.splitlines()
+                         if ln.strip().startswith(("if c0", "elif c0", "else:"))] if src else None,
+            "loads": [ln.strip() for ln in src.source.splitlines() if "tl.load(" in ln] if src else None,
         }
     res["random_layouts"] = random_layouts()
     # Through the backend: the interpreter's fp32 -> bf16 cast truncates, so the verifier rejects
@@ -248,6 +267,19 @@ def test_layout_reads_and_writes_contiguously(results, case):
     r = results[case]
     assert r["tile"] == (list(TILES[case]) if TILES[case] else None), r
     assert r["strided_bytes"] == 0, r
+
+
+@pytest.mark.parametrize("case", sorted(BRANCHES))
+def test_a_cat_whose_blocks_lie_in_one_input_branches_per_program(results, case):
+    """Each program takes the one input its BLOCK of the output lies in: one load per input, each under the
+    kernel's own mask only (no per-lane select of the others), and the chain of each input in its branch alone.
+    Where the inputs' boundaries do not fall on BLOCK multiples (the small gelu_cat), lanes select as before."""
+    r = results[case]
+    assert len(r["branches"]) == BRANCHES[case], r["branches"]
+    if BRANCHES[case]:
+        assert r["branches"][-1] == "else:"
+        assert all(ln.endswith("mask=m, other=0)") or "mask=m, other=0)." in ln for ln in r["loads"]), r["loads"]
+        assert len(r["loads"]) == BRANCHES[case]
 
 
 def test_a_cat_branch_reads_its_input_under_its_mask(results):
