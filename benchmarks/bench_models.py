@@ -302,6 +302,7 @@ def abba(variants: list[str], reps: int) -> list[tuple[int, str]]:
 
 
 CPROFILE: str | None = None  # --cprofile VARIANT
+BACK_TO_BACK = 0  # --back-to-back N: N forwards issued without a sync between them, per forward
 PROFILE: list[str] = []  # --profile VARIANTS: one forward each under torch.profiler (kernel table, GPU idle gaps)
 HOST_MS: list[float] = []  # host time of each timed_call on CUDA: until the call returned, before the sync
 
@@ -392,6 +393,18 @@ def run_model(spec: ModelSpec, variants: list[str], reps: int, tiny: bool) -> di
             if r == reps - 1:
                 vr["bit_exact"] = bool(vr["first_call_bit_exact"] and torch.equal(bits(ref), bits(out)))
                 vr["rel_l2_vs_eager"] = rel_l2(ref, out)
+        if BACK_TO_BACK and cuda:  # a denoising loop's view: the host issues the next forward while the GPU runs
+            for _, v in abba(live, 3):
+                activate(blocks, impls[v])
+                fwd(v)
+                torch.cuda.synchronize()
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                for _ in range(BACK_TO_BACK):
+                    fwd(v)
+                b.record()
+                b.synchronize()
+                rec["variants"][v].setdefault("b2b_times_ms", []).append(a.elapsed_time(b) / BACK_TO_BACK)
         if CPROFILE and CPROFILE in live:  # where the host time of one variant goes (--cprofile)
             import cProfile
             import io
@@ -417,6 +430,9 @@ def run_model(spec: ModelSpec, variants: list[str], reps: int, tiny: bool) -> di
     for v in live:
         vr = rec["variants"][v]
         vr["ms"] = statistics.median(vr["times_ms"]) if vr["times_ms"] else None
+        if vr.get("b2b_times_ms"):
+            vr["b2b_ms"] = statistics.median(vr["b2b_times_ms"])
+            vr["b2b_forwards"] = BACK_TO_BACK
         vr["host_ms"] = statistics.median(vr["host_times_ms"]) if vr.get("host_times_ms") else None
         vr["peak_GiB"] = max(vr["peaks_GiB"]) if cuda and vr["peaks_GiB"] else None
         if v in reports:
@@ -429,6 +445,8 @@ def run_model(spec: ModelSpec, variants: list[str], reps: int, tiny: bool) -> di
     for v in live:
         vr = rec["variants"][v]
         vr["speedup_vs_eager"] = eager_ms / vr["ms"] if eager_ms and vr.get("ms") else None
+        eager_b2b = rec["variants"].get("eager", {}).get("b2b_ms")
+        vr["b2b_speedup_vs_eager"] = eager_b2b / vr["b2b_ms"] if eager_b2b and vr.get("b2b_ms") else None
     rec["wall_s"] = time.perf_counter() - t_start
     return rec
 
@@ -436,8 +454,8 @@ def run_model(spec: ModelSpec, variants: list[str], reps: int, tiny: bool) -> di
 # --------------------------------------------------------------------------------------------------------------
 # Output
 # --------------------------------------------------------------------------------------------------------------
-TABLE_HEADERS = ["model", "variant", "median ms", "vs eager", "bit-exact", "rel L2 vs eager", "peak GiB",
-                 "first call s", "sites kept", "host ms"]
+TABLE_HEADERS = ["model", "variant", "median ms", "vs eager", "back-to-back ms", "vs eager (b2b)", "bit-exact",
+                 "rel L2 vs eager", "peak GiB", "first call s", "sites kept", "host ms"]
 
 
 def _f(x, fmt: str) -> str:
@@ -448,10 +466,11 @@ def table_rows(rec: dict) -> list[list[str]]:
     rows = []
     for v, vr in rec["variants"].items():
         if "error" in vr:
-            rows.append([rec["label"], v, "failed", "", "", "", "", "", vr["error"][:60], ""])
+            rows.append([rec["label"], v, "failed", "", "", "", "", "", "", "", vr["error"][:60], ""])
             continue
         kept = f"{vr['kept']}/{vr['sites']}" if "sites" in vr else ""
         rows.append([rec["label"], v, _f(vr.get("ms"), ".2f"), _f(vr.get("speedup_vs_eager"), ".3f"),
+                     _f(vr.get("b2b_ms"), ".2f"), _f(vr.get("b2b_speedup_vs_eager"), ".3f"),
                      "yes" if vr.get("bit_exact") else "no", _f(vr.get("rel_l2_vs_eager"), ".2e"),
                      _f(vr.get("peak_GiB"), ".2f"), _f(vr.get("first_call_s"), ".1f"), kept,
                      _f(vr.get("host_ms"), ".1f")])
@@ -486,6 +505,9 @@ def markdown(runs: list[dict]) -> str:
                      f"triton {meta['triton']}, diffusers {meta['diffusers']}; {meta['reps']} timed forwards per "
                      f"variant (ABBA-interleaved, {clock}, medians); random bf16 weights; compiled variants compile "
                      "the repeated blocks only (diffusers `compile_repeated_blocks`, `dynamic=False`)."
+                     + (f" Back-to-back: {meta['back_to_back']} forwards issued without a sync between them (as a "
+                        "denoising loop issues its steps), time per forward, median of 3 ABBA rounds."
+                        if meta.get("back_to_back") else "")
                      + (" **Tiny CPU models (`--tiny`): checks the code path, not a benchmark.**"
                         if meta.get("tiny") else ""))
         lines.append("")
@@ -526,6 +548,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-autotune", action="store_true", help="add inductor-max-autotune (slow compile)")
     ap.add_argument("--reps", type=int, default=6, help="timed forwards per variant (ABBA rounds)")
     ap.add_argument("--cprofile", default=None, help="a variant whose host time to profile (cProfile, 3 forwards)")
+    ap.add_argument("--back-to-back", type=int, default=0, metavar="N",
+                    help="also time N forwards issued without a sync between them (as a denoising loop issues its "
+                         "steps), per forward; 3 ABBA rounds, median")
     ap.add_argument("--profile", default="", help="comma-separated variants to profile after timing (one forward "
                     "each): kernel table and GPU idle gaps to $OUT/profile_<model>_<variant>.txt")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_models.json"),
@@ -537,8 +562,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tiny", action="store_true", help="tiny models on the CPU (eager and lossless unless "
                                                         "--variants says otherwise): checks the code path")
     args = ap.parse_args(argv)
-    global CPROFILE, PROFILE
+    global CPROFILE, PROFILE, BACK_TO_BACK
     CPROFILE = args.cprofile
+    BACK_TO_BACK = args.back_to_back
     PROFILE = [v for v in args.profile.split(",") if v]
     if args.table:
         write_table(args.json, args.md)
@@ -578,6 +604,7 @@ def main(argv: list[str] | None = None) -> None:
 
     data = {"meta": {"device": torch.cuda.get_device_name() if not args.tiny else "cpu", "torch": torch.__version__,
                      "triton": triton.__version__, "diffusers": diffusers.__version__, "reps": args.reps,
+                     "back_to_back": args.back_to_back,
                      "variants": variants, "tiny": args.tiny,
                      "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                      "command": " ".join(["python", "benchmarks/bench_models.py", *(argv or sys.argv[1:])])},
