@@ -36,6 +36,9 @@ class Options:
               default: on for ``mode="reduce-overhead"`` and ``"max-autotune"``, as in Inductor.
               An option too because torch.compile takes ``mode`` or ``options``, not both
               (``options={"quality": "high", "cudagraphs": True}``). See diffusion_fuse/cudagraphs.py.
+    side_stream: lossless tier on CUDA: run a block's small branch (the text tokens of a dual-stream block,
+              a cross-attention's context projections) on a second CUDA stream beside the large one; the same
+              kernels on the same inputs, so the same bits (fxpasses/side_stream.py).
     """
 
     quality: Quality = "lossless"
@@ -45,6 +48,7 @@ class Options:
     rtol: float = 2e-2
     atol: float = 1e-3
     cudagraphs: bool = False
+    side_stream: bool = True
     mode: str | None = None
 
     def pattern_enabled(self, name: str, tier: str) -> bool:
@@ -72,7 +76,7 @@ def parse_options(options: Mapping[str, Any] | None = None, mode: str | None = N
         )
     if "quality" in raw and raw["quality"] not in QUALITIES:
         _fail("quality", raw["quality"], list(QUALITIES))
-    for key in ("verify", "cudagraphs"):
+    for key in ("verify", "cudagraphs", "side_stream"):
         if key in raw and not isinstance(raw[key], bool):
             _fail(key, raw[key], [True, False])
     raw.setdefault("cudagraphs", mode in CUDAGRAPH_MODES)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+from collections.abc import Callable
 
 import torch.fx as fx
 
@@ -56,18 +57,24 @@ class PassManager:
         return gm, ctx
 
     @staticmethod
-    def runtime(gm: fx.GraphModule, rewrite: bool = True) -> tuple[fx.GraphModule, dict[str, int]]:
+    def runtime(gm: fx.GraphModule, rewrite: bool = True, side: bool = True) -> tuple[Callable, dict[str, int]]:
         """The graph that runs in place of ``gm`` (verified end to end by the caller), and what the
-        ATen-level runtime rewrites changed (``rewrite=False``: our ops' direct calls only)."""
+        ATen-level runtime rewrites changed (``rewrite=False``: our ops' direct calls only; ``side``: small
+        branches on a second CUDA stream, side_stream.py)."""
         from .direct_calls import direct_calls
         from .python_bindings import python_bindings
         from .recompose_linear import recompose_linear
+        from .side_stream import SideStreamGraph, side_stream
 
-        counts = {"linears_recomposed": 0, "python_bindings": 0}
+        counts = {"linears_recomposed": 0, "python_bindings": 0, "side_stream_nodes": 0}
+        device = -1
         if rewrite:
             gm, counts["linears_recomposed"] = recompose_linear(gm)
+            if side:
+                gm, counts["side_stream_nodes"], device = side_stream(gm)
             gm, counts["python_bindings"] = python_bindings(gm)
-        return direct_calls(gm), counts
+        run = direct_calls(gm)
+        return (SideStreamGraph(run, device) if counts["side_stream_nodes"] else run), counts
 
     def uuid(self) -> str:
         h = hashlib.sha256()

@@ -262,7 +262,7 @@ class VerifiedGraph:
             return self.ref(*args)
         if not self.options.verify:
             if self._unverified is None:
-                self._unverified = self.pm.runtime(self.fused)[0]
+                self._unverified = self.pm.runtime(self.fused, side=self.options.side_stream)[0]
             return self._unverified(*args)
         sig = self._signature(args)
         fn = self._chosen.get(sig)
@@ -309,7 +309,7 @@ class VerifiedGraph:
                 _log.warning("site %s (%s) rejected by the verifier: %s", cid, rec.location, v.detail)
         gm = self.build(frozenset(self.rejected))
         # what runs from now on, checked end to end below: fewer Python calls, the same kernels
-        run, rewrites = self.pm.runtime(gm)
+        run, rewrites = self.pm.runtime(gm, side=self.options.side_stream)
         out = run(*args)
         e2e = compare_bitwise(ref_out, out)
         if not e2e and any(rewrites.values()):
