@@ -36,9 +36,10 @@ class Options:
               default: on for ``mode="reduce-overhead"`` and ``"max-autotune"``, as in Inductor.
               An option too because torch.compile takes ``mode`` or ``options``, not both
               (``options={"quality": "high", "cudagraphs": True}``). See diffusion_fuse/cudagraphs.py.
-    side_stream: lossless tier on CUDA: run a block's small branch (the text tokens of a dual-stream block,
-              a cross-attention's context projections) on a second CUDA stream beside the large one; the same
-              kernels on the same inputs, so the same bits (fxpasses/side_stream.py).
+    side_stream: lossless tier on CUDA, off by default: run a block's small branch (the text tokens of a
+              dual-stream block, a cross-attention's context projections) on a second CUDA stream beside the
+              large one; the same kernels on the same inputs, so the same bits (fxpasses/side_stream.py). On an
+              H200 it measured no faster on FLUX (BENCHMARKS.md), hence opt-in.
     """
 
     quality: Quality = "lossless"
@@ -48,7 +49,7 @@ class Options:
     rtol: float = 2e-2
     atol: float = 1e-3
     cudagraphs: bool = False
-    side_stream: bool = True
+    side_stream: bool = False
     mode: str | None = None
 
     def pattern_enabled(self, name: str, tier: str) -> bool:

@@ -61,7 +61,7 @@ def test_flux_with_a_side_stream_equals_eager(hold_back, mode):
     torch._dynamo.reset()
     model, kw = build("flux", torch.bfloat16, "cuda")
     report = diffusion_fuse.Report()
-    opts = {"cudagraphs": mode == "reduce-overhead"}
+    opts = {"cudagraphs": mode == "reduce-overhead", "side_stream": True}
     compiled = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(opts, report))
     results = []
     with torch.no_grad():
@@ -82,11 +82,11 @@ def test_flux_with_a_side_stream_equals_eager(hold_back, mode):
     assert all(results), results
 
 
-def test_side_stream_off():
+def test_side_stream_is_off_by_default():
     torch._dynamo.reset()
     model, kw = build("flux", torch.bfloat16, "cuda")
     report = diffusion_fuse.Report()
-    compiled = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend({"side_stream": False}, report))
+    compiled = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(None, report))
     inputs = _inputs(kw, 1)
     with torch.no_grad():
         ref, out = model(**inputs)[0], compiled(**inputs)[0]
