@@ -299,15 +299,32 @@ def _rope_eager(norm, x, cos, sin):
     return apply_rotary_emb(norm(x), (cos, sin), sequence_dim=1)
 
 
+def _rope_tables(S, D):
+    """cos/sin [S, D] fp32, pairs repeated along D, from random fp64 angles as FLUX's position table."""
+    g = torch.Generator(device="cuda").manual_seed(S)
+    pos = torch.randn(S, D // 2, device="cuda", generator=g).double() * 50
+    return pos.cos().repeat_interleave(2, dim=1).float(), pos.sin().repeat_interleave(2, dim=1).float()
+
+
+def _record(res, key, ref, out, op):
+    res[key] = {"ndiff": _ndiff(ref, out), "kernel": counters.snapshot()["kernel"].get(op, 0),
+                "layout": out.stride() == ref.stride() and out.dtype == ref.dtype}
+
+
+def _report(res, name, title):
+    print(f"\n== {title} (differing elements)")
+    for k, v in res.items():
+        print(f"  {k:42s} {v}")
+    RESULTS[name] = res
+    return res
+
+
 @pytest.fixture(scope="module")
 def rope_results():
     res = {}
     seed = 0
     for (B, S, H, D) in ((1, 4608, 24, 128), (2, 77, 24, 128), (1, 333, 4, 64), (1, 5, 2, 256)):
-        g = torch.Generator(device="cuda").manual_seed(S)
-        pos = torch.randn(S, D // 2, device="cuda", generator=g).double() * 50  # angles as FLUX's fp64 table
-        cos = pos.cos().repeat_interleave(2, dim=1).float()
-        sin = pos.sin().repeat_interleave(2, dim=1).float()
+        cos, sin = _rope_tables(S, D)
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
             for amp in AMPS:
                 for affine in (True, False):
@@ -324,14 +341,9 @@ def rope_results():
                         counters.reset()
                         out = torch.ops.diffusion_fuse.rms_norm_rope(
                             x, norm.weight if affine else None, 1e-6, cos[None, :, None, :], sin[None, :, None, :])
-                    key = f"[{B},{S},{H},{D}] {_DT[dtype]} amp={amp:g} w={affine}"
-                    res[key] = {"ndiff": _ndiff(ref, out), "kernel": counters.snapshot()["kernel"].get(
-                        "rms_norm_rope", 0), "layout": out.stride() == ref.stride() and out.dtype == ref.dtype}
-    print("\n== stage 6: diffusion_fuse::rms_norm_rope vs RMSNorm + apply_rotary_emb (differing elements)")
-    for k, v in res.items():
-        print(f"  {k:42s} {v}")
-    RESULTS["rope"] = res
-    return res
+                    _record(res, f"[{B},{S},{H},{D}] {_DT[dtype]} amp={amp:g} w={affine}", ref, out,
+                            "rms_norm_rope")
+    return _report(res, "rope", "stage 6: diffusion_fuse::rms_norm_rope vs RMSNorm + apply_rotary_emb")
 
 
 def test_rms_norm_rope_is_bit_exact_with_norm_then_apply_rotary_emb(rope_results):
@@ -362,10 +374,7 @@ def cat_rope_results():
     seed = 1000
     for (B, S_txt, S_img, H, D) in ((1, 512, 4096, 24, 128), (2, 7, 77, 4, 64), (1, 3, 5, 2, 256)):
         S = S_txt + S_img
-        g = torch.Generator(device="cuda").manual_seed(S)
-        pos = torch.randn(S, D // 2, device="cuda", generator=g).double() * 50
-        cos = pos.cos().repeat_interleave(2, dim=1).float()
-        sin = pos.sin().repeat_interleave(2, dim=1).float()
+        cos, sin = _rope_tables(S, D)
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
             for amp in AMPS:
                 if S == 4608 and (dtype != torch.bfloat16) and amp != 1.0:
@@ -386,14 +395,9 @@ def cat_rope_results():
                     out = torch.ops.diffusion_fuse.rms_norm_cat_rope(
                         x_txt, norms[0].weight, 1e-6, x_img, norms[1].weight, 1e-5, 1, cos[None, :, None, :],
                         sin[None, :, None, :])
-                key = f"[{B},{S_txt}+{S_img},{H},{D}] {_DT[dtype]} amp={amp:g}"
-                res[key] = {"ndiff": _ndiff(ref, out), "kernel": counters.snapshot()["kernel"].get(
-                    "rms_norm_cat_rope", 0), "layout": out.stride() == ref.stride() and out.dtype == ref.dtype}
-    print("\n== stage 7: diffusion_fuse::rms_norm_cat_rope vs 2 RMSNorm + cat + apply_rotary_emb (differing elements)")
-    for k, v in res.items():
-        print(f"  {k:42s} {v}")
-    RESULTS["cat_rope"] = res
-    return res
+                _record(res, f"[{B},{S_txt}+{S_img},{H},{D}] {_DT[dtype]} amp={amp:g}", ref, out, "rms_norm_cat_rope")
+    return _report(res, "cat_rope",
+                   "stage 7: diffusion_fuse::rms_norm_cat_rope vs 2 RMSNorm + cat + apply_rotary_emb")
 
 
 def test_rms_norm_cat_rope_is_bit_exact_with_norms_cat_then_apply_rotary_emb(cat_rope_results):
