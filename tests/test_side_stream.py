@@ -91,6 +91,14 @@ def test_no_side_stream_without_a_small_gemm_branch(monkeypatch):
     assert ss.side_stream(gm)[1] == 0
 
 
+def test_a_graph_that_writes_in_place_stays_on_one_stream(graph):
+    last = next(n for n in graph.graph.nodes if n.op == "output")
+    x = next(n for n in graph.graph.nodes if n.op == "placeholder")
+    with graph.graph.inserting_before(last):
+        graph.graph.call_function(torch.ops.aten.add_.Tensor, (x, x))
+    assert ss.plan(graph) == set()
+
+
 def test_cpu_graphs_are_left_alone(graph):
     assert ss.side_stream(graph) == (graph, 0, -1)
 

@@ -14,7 +14,7 @@ What the rewrite must get right is ordering and memory:
   a timestep embedding stays on the main stream) and at most the graph's largest GEMM row count divided by
   ``SMALL_FRACTION``, grouped into branches (connected through each other); a branch without a GEMM stays on
   the main stream (a few small kernels are not worth two synchronizations). Views and ``getitem`` follow
-  the stream of the tensor they read. Ops that mutate an input stay on the main stream.
+  the stream of the tensor they read. A graph with any op that writes in place stays on one stream.
 * order: side nodes are moved to just after the last node they read (their relative order kept), so the host
   issues them before the main branch's next kernels.
 * synchronization: the side stream first waits for the main stream (work queued before the graph); a side
@@ -81,11 +81,6 @@ def _rows(n: fx.Node) -> int | None:
         return None
 
 
-def _mutates(n: fx.Node) -> bool:
-    schema = getattr(n.target, "_schema", None)
-    return schema is None or schema.is_mutable if n.target not in VIEWS else False
-
-
 def _cuda_device(gm: fx.GraphModule) -> torch.device | None:
     devs = {t.device for n in gm.graph.nodes for t in _tensors(_val(n))}
     if len(devs) != 1:
@@ -94,14 +89,23 @@ def _cuda_device(gm: fx.GraphModule) -> torch.device | None:
     return dev if dev.type == "cuda" else None
 
 
+def _writes_in_place(n: fx.Node) -> bool:
+    schema = getattr(n.target, "_schema", None)
+    return schema is not None and schema.is_mutable
+
+
 def plan(gm: fx.GraphModule) -> set[fx.Node]:
     """The nodes to run on the side stream (empty: the graph stays on one stream)."""
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    if any(_writes_in_place(n) for n in calls):
+        # e.g. AOTAutograd's copy_ into a mutated input at the end: a write the other stream could race with
+        return set()
     gemm_rows = [r for n in calls if n.target in GEMMS and (r := _rows(n)) is not None]
     if not gemm_rows:
         return set()
     limit = max(gemm_rows) // SMALL_FRACTION
-    small = {n for n in calls if n.target not in VIEWS and not _mutates(n)
+    # ATen and diffusion_fuse ops only (a Python callable's launches are unknown)
+    small = {n for n in calls if n.target not in VIEWS and getattr(n.target, "_schema", None) is not None
              and (r := _rows(n)) is not None and VECTOR_ROWS < r <= limit}
     if not small:
         return set()
