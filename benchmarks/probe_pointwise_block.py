@@ -3,7 +3,8 @@
 For FLUX's FF gelu ([4096, 12288] bf16), the single block's gelu + cat ([4608, 3072 + 12288]) and the gated
 residual ([4608, 3072]): the generated kernel with ``BLOCK`` elements per program (1024, 2048, 4096) and 4 or 8
 warps, and for gelu + cat with and without the per-program branch (``Generator._uniform_cat``), each checked
-bitwise against eager and timed with ``benchmarks/steady.py`` next to eager and the HBM floor.
+bitwise against eager and timed with ``benchmarks/steady.py`` next to eager and the HBM floor (bytes over the
+copy bandwidth ``bench_pointwise.copy_bandwidth`` measures, as everywhere in BENCHMARKS.md).
 
     python benchmarks/probe_pointwise_block.py [--json PATH]
 """
@@ -20,8 +21,9 @@ from tabulate import tabulate
 from diffusion_fuse.kernels import pointwise_codegen as pc
 from diffusion_fuse.kernels.launch import CachedLaunch
 from diffusion_fuse.lowering.pointwise import generate_source
+from bench_pointwise import copy_bandwidth
 from diffusion_fuse.testing import pointwise as pw
-from steady import input_sets, steady_copy_us, steady_us
+from steady import input_sets, steady_us
 
 
 def cases():
@@ -58,12 +60,13 @@ def main() -> None:
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "probe_pointwise_block.json"))
     args_ = ap.parse_args()
     rows, recs = [], []
+    bw = copy_bandwidth()
     for name, (fn, args) in cases().items():
         ref = fn(*args)
         nbytes = sum(a.numel() * a.element_size() for a in args) + ref.numel() * ref.element_size()
         sets = input_sets(args, nbytes)
         eager_us = steady_us([lambda s=s: fn(*s) for s in sets])
-        floor_us = steady_copy_us(1 << 30) * nbytes / (1 << 30)  # the large copy's bandwidth
+        floor_us = nbytes / bw * 1e6
         variants = [(b, w, True) for b in (1024, 2048, 4096) for w in (4, 8)]
         if name.startswith("gelu + cat"):
             variants.append((1024, 4, False))

@@ -31,25 +31,21 @@ from bench_e2e import flux_stack
 
 
 def sync_sites(fn) -> list[str]:
+    """The distinct stacks at which ``fn`` synchronizes (``set_sync_debug_mode("warn")`` warnings), with counts."""
     sites: collections.Counter = collections.Counter()
-    orig = warnings.showwarning
 
     def record(message, category, filename, lineno, file=None, line=None):
         stack = [f for f in traceback.extract_stack() if "warnings.py" not in f.filename][-12:]
         sites["".join(traceback.format_list(stack)) + f"  -> {message}"] += 1
 
-    warnings.showwarning = record
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.showwarning = record
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                fn()
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
-    finally:
-        warnings.showwarning = orig
+    with warnings.catch_warnings():  # restores showwarning on exit
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
     return [f"{n}x\n{s}" for s, n in sites.most_common() if "prototype feature" not in s]
 
 

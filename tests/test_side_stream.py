@@ -3,8 +3,6 @@
 (text 32 rows, image 256) is traced on the CPU and rewritten as if it ran on ``cuda:0``; executing it uses
 CPU stand-ins for the stream helpers (the GPU test runs the real ones, tests/gpu/test_side_stream_gpu.py)."""
 
-import operator
-
 import pytest
 import torch
 import torch.fx as fx
@@ -189,6 +187,3 @@ def test_option_is_checked():
         diffusion_fuse.DiffusionFuseBackend({"side_stream": "yes"})
     assert diffusion_fuse.config.parse_options({"side_stream": False}).side_stream is False
 
-
-def test_getitem_and_views_follow_their_tensor():
-    assert operator.getitem in ss.VIEWS

@@ -189,10 +189,6 @@ class SideStreamGraph:
         finally:
             torch.cuda.set_stream(main)
 
-    @property
-    def code(self) -> str:
-        return self.gm.code
-
 
 # --------------------------------------------------------------------------------------------------
 # the rewrite
