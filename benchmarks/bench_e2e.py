@@ -346,7 +346,7 @@ def main() -> None:
             if args.profile:
                 for k, fn in variants.items():
                     rec[f"{k}_kernel_ms"] = profile_call(lambda: fn(**kw), f"{name}_{k}")
-                    if k.startswith("lossless"):
+                    if k.startswith("lossless") or k == "inductor_cudagraphs":  # the host per call, side by side
                         cprofile_calls(lambda: fn(**kw), f"{name}_{k}")
                     if args.back_to_back:  # where the GPU idles when forwards are issued without a sync
                         profile_call(lambda: fn(**kw), f"{name}_{k}_b2b{args.back_to_back}", args.back_to_back)

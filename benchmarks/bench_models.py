@@ -8,14 +8,16 @@ Variants: ``eager``; ``inductor`` (default mode); ``inductor-max-autotune`` (``m
 with ``--max-autotune``: its compile is slow); ``lossless`` and ``high`` (``backend="diffusion_fuse"``). Every
 compiled variant uses regional compilation, diffusers' ``compile_repeated_blocks`` (the transformer blocks are
 compiled, the rest runs eagerly), to keep compile time down; each variant's compiled blocks are kept and swapped in
-per timing, so all variants share one set of weights.
+per timing, so all variants share one set of weights. ``--whole`` compiles the whole transformer instead, as the
+one line ``torch.compile(pipe.transformer, ...)`` does: one graph per variant (also over the one set of weights),
+in which the lossless tier sees across block boundaries.
 
 Per variant: the first call's wall time (compile, and for diffusion_fuse the verification) and peak memory; one
 forward per timing between CUDA events, after a warm-up call, variants interleaved ABBA (round r runs the variants
 in order, round r+1 in reverse), medians; peak memory of the timed forwards; bit-exactness against eager
 (``torch.equal`` on integer views, first call and last timed call); relative L2 error for the rest.
 
-    python benchmarks/bench_models.py [--models flux1,sana,wan22_5b] [--reps 6] [--max-autotune] [--json PATH]
+    python benchmarks/bench_models.py [--models flux1,sana,wan22_5b] [--reps 6] [--max-autotune] [--whole] [--json PATH]
     python benchmarks/bench_models.py --estimate           # the per-model time estimates only (no GPU needed)
     python benchmarks/bench_models.py --table [--json PATH] [--md BENCHMARKS.md]   # regenerate the table
     python benchmarks/bench_models.py --tiny               # tiny models on the CPU: the code path, in seconds (CI)
@@ -306,6 +308,7 @@ def abba(variants: list[str], reps: int) -> list[tuple[int, str]]:
 
 CPROFILE: str | None = None  # --cprofile VARIANT
 BACK_TO_BACK = 0  # --back-to-back N: N forwards issued without a sync between them, per forward
+WHOLE = False  # --whole: compile the whole transformer (one graph per variant), not the repeated blocks
 PROFILE: list[str] = []  # --profile VARIANTS: one forward each under torch.profiler (kernel table, GPU idle gaps)
 HOST_MS: list[float] = []  # host time of each timed_call on CUDA: until the call returned, before the sync
 
@@ -346,22 +349,30 @@ def run_model(spec: ModelSpec, variants: list[str], reps: int, tiny: bool) -> di
         notes.append(f"diffusers declares no _repeated_blocks for {spec.cls}; set to {list(spec.repeated_blocks)}")
     block_classes = list(model._repeated_blocks)
     blocks = [m for m in model.modules() if type(m).__name__ in block_classes]
-    notes.append(f"compiled variants: regional compilation (diffusers compile_repeated_blocks, dynamic=False) of "
-                 f"{len(blocks)} {'/'.join(block_classes)} blocks; the rest of the model runs eagerly in every variant")
-    rec: dict[str, Any] = {"model": spec.name, "label": spec.label,
+    if WHOLE:
+        notes.append(f"compiled variants: the whole transformer (torch.compile(model, dynamic=False)), "
+                     f"{len(blocks)} {'/'.join(block_classes)} blocks and the rest in one graph")
+    else:
+        notes.append(f"compiled variants: regional compilation (diffusers compile_repeated_blocks, dynamic=False) of "
+                     f"{len(blocks)} {'/'.join(block_classes)} blocks; the rest of the model runs eagerly in every "
+                     "variant")
+    rec: dict[str, Any] = {"model": spec.name, "label": spec.label + (" (whole)" if WHOLE else ""),
+                           "compile": "whole" if WHOLE else "regional",
                            "shape": f"tiny_models.{spec.tiny} on the CPU" if tiny else spec.shape,
                            "config_source": "diffusion_fuse.testing.tiny_models" if tiny else spec.source,
                            "tiny": tiny, "notes": notes,
                            "params_B": sum(p.numel() for p in model.parameters()) / 1e9, "variants": {}}
     impls: dict[str, dict | None] = {"eager": None}
+    whole: dict[str, Callable] = {}  # --whole: each compiled variant's torch.compile(model)
     reports: dict[str, Any] = {}
     ref = None
 
     def fwd(v: str):
+        call = whole.get(v, model)
         if v.endswith("-cudagraphs"):  # a new forward for the cudagraph trees; the output outlives the next replay
             torch.compiler.cudagraph_mark_step_begin()
-            return model(**kwargs)[0].clone()
-        return model(**kwargs)[0]
+            return call(**kwargs)[0].clone()
+        return call(**kwargs)[0]
 
     with torch.no_grad():
         for v in variants:  # first call (compile, verification) and one warm-up call per variant
@@ -370,7 +381,9 @@ def run_model(spec: ModelSpec, variants: list[str], reps: int, tiny: bool) -> di
             try:
                 if v.startswith(("lossless", "high")):
                     reports[v] = diffusion_fuse.Report()
-                if v != "eager":
+                if v != "eager" and WHOLE:
+                    whole[v], impls[v] = torch.compile(model, **compile_kwargs(v, reports.get(v))), None
+                elif v != "eager":
                     impls[v] = compile_blocks(model, compile_kwargs(v, reports.get(v)))
                 activate(blocks, impls[v])
                 t0 = time.perf_counter()
@@ -506,8 +519,10 @@ def markdown(runs: list[dict]) -> str:
         models = ", ".join(rec["label"] for rec in data["models"])
         lines.append(f"`{meta['command']}` ({meta['date']}; {models}): {meta['device']}, torch {meta['torch']}, "
                      f"triton {meta['triton']}, diffusers {meta['diffusers']}; {meta['reps']} timed forwards per "
-                     f"variant (ABBA-interleaved, {clock}, medians); random bf16 weights; compiled variants compile "
-                     "the repeated blocks only (diffusers `compile_repeated_blocks`, `dynamic=False`)."
+                     f"variant (ABBA-interleaved, {clock}, medians); random bf16 weights; "
+                     + ("compiled variants compile the whole transformer (`torch.compile(model)`, `dynamic=False`)."
+                        if meta.get("whole") else "compiled variants compile the repeated blocks only (diffusers "
+                        "`compile_repeated_blocks`, `dynamic=False`).")
                      + (f" Back-to-back: {meta['back_to_back']} forwards issued without a sync between them (as a "
                         "denoising loop issues its steps), time per forward, median of 3 ABBA rounds."
                         if meta.get("back_to_back") else "")
@@ -556,6 +571,8 @@ def main(argv: list[str] | None = None) -> None:
                          "steps), per forward; 3 ABBA rounds, median")
     ap.add_argument("--profile", default="", help="comma-separated variants to profile after timing (one forward "
                     "each): kernel table and GPU idle gaps to $OUT/profile_<model>_<variant>.txt")
+    ap.add_argument("--whole", action="store_true", help="compile the whole transformer (one graph per variant) "
+                    "instead of the repeated blocks")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_models.json"),
                     help="where to write; with --table, one or more comma-separated runs to read")
     ap.add_argument("--table", action="store_true", help="regenerate the BENCHMARKS.md table from --json and exit")
@@ -565,8 +582,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tiny", action="store_true", help="tiny models on the CPU (eager and lossless unless "
                                                         "--variants says otherwise): checks the code path")
     args = ap.parse_args(argv)
-    global CPROFILE, PROFILE, BACK_TO_BACK
+    global CPROFILE, PROFILE, BACK_TO_BACK, WHOLE
     CPROFILE = args.cprofile
+    WHOLE = args.whole
     BACK_TO_BACK = args.back_to_back
     PROFILE = [v for v in args.profile.split(",") if v]
     if args.table:
@@ -607,7 +625,7 @@ def main(argv: list[str] | None = None) -> None:
 
     data = {"meta": {"device": torch.cuda.get_device_name() if not args.tiny else "cpu", "torch": torch.__version__,
                      "triton": triton.__version__, "diffusers": diffusers.__version__, "reps": args.reps,
-                     "back_to_back": args.back_to_back,
+                     "back_to_back": args.back_to_back, "whole": args.whole,
                      "variants": variants, "tiny": args.tiny,
                      "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                      "command": " ".join(["python", "benchmarks/bench_models.py", *(argv or sys.argv[1:])])},

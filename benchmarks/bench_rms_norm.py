@@ -11,7 +11,8 @@ events, L2 flushed); "eager" is the op's reference impl (the ATen ops eager runs
 ``rms_norm_rope`` (RoPE in the norm's epilogue); its eager is the norm then the RoPE ops. The floor is the
 bytes that must move over the measured copy bandwidth.
 The host column is the wall time of 200 back-to-back calls without synchronizing, per call (what a
-CPU-bound step pays).
+CPU-bound step pays). A second table times the kernel's row groups per program (``kernels/rms_norm.py``
+``SMALL_D_ROW_GROUPS``, rows of D <= 512) at FLUX's shapes, steady state, each checked bitwise against the reference.
 
     python benchmarks/bench_rms_norm.py [--json PATH]
 """
@@ -65,6 +66,34 @@ def workloads():
                                                           sc, sh, None)
 
 
+def row_group_sweep(bw: float, groups=(1, 2, 4, 8)):
+    """Steady µs of the FLUX QK-norm kernels per ``SMALL_D_ROW_GROUPS`` value, each output checked bitwise."""
+    from diffusion_fuse.kernels import rms_norm as rk
+    from diffusion_fuse.lowering.rms_norm import _plan_rms_norm, _plan_rms_norm_rope
+
+    plans = {"rms_norm": _plan_rms_norm, "rms_norm_rope": _plan_rms_norm_rope}
+    default, rows, out = rk.SMALL_D_ROW_GROUPS, [], []
+    try:
+        for name, op_name, op_args in workloads():
+            if op_name not in plans or op_args[0].shape[-1] > 512:
+                continue
+            ref = REFERENCES[op_name](*op_args)
+            moved = sum(t.numel() * t.element_size() for t in (*op_args, ref) if isinstance(t, torch.Tensor))
+            sets = input_sets(op_args, moved)
+            floor = moved / bw * 1e6
+            for g in groups:
+                rk.SMALL_D_ROW_GROUPS = g
+                fn = plans[op_name](*op_args)  # a fresh plan: the kernel's constexprs read the setting
+                exact = bool(torch.equal(fn(*op_args).view(torch.int16), ref.view(torch.int16)))
+                us = steady_us([lambda a=a: fn(*a) for a in sets])  # noqa: B023
+                rows.append([name, g, f"{us:.1f}", f"{floor:.1f}", f"{us / floor:.2f}", exact])
+                out.append(dict(workload=name, op=op_name, groups=g, steady_us=us, floor_us=floor, bit_exact=exact,
+                                default=g == default))
+    finally:
+        rk.SMALL_D_ROW_GROUPS = default
+    return rows, out
+
+
 def host_us(fn, n=200) -> float:
     fn()
     torch.cuda.synchronize()
@@ -99,12 +128,15 @@ def main() -> None:
                      f"{h_op:.0f}"])
         out.append(dict(workload=name, op=op_name, eager_us=t_eager * 1e3, op_us=t_op * 1e3, floor_us=floor * 1e3,
                         eager_steady_us=s_eager, op_steady_us=s_op, host_eager_us=h_eager, host_op_us=h_op))
+    groups_rows, groups_out = row_group_sweep(bw)
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s ({torch.cuda.get_device_name()}, torch {torch.__version__})")
     print(tabulate(rows, headers=["workload", "op", "eager µs", "op µs", "eager steady µs", "op steady µs",
                                   "floor µs", "op steady/floor", "speedup", "host eager µs/call", "host op µs/call"]))
+    print("\nrow groups per program (rows of D <= 512; steady state, µs)")
+    print(tabulate(groups_rows, headers=["workload", "groups", "steady µs", "floor µs", "steady/floor", "bit-exact"]))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"copy_bandwidth": bw, "rows": out}, f, indent=1)
+            json.dump({"copy_bandwidth": bw, "rows": out, "row_groups": groups_out}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -84,9 +84,50 @@ def steady_copy_us(nbytes: int) -> float:
 
     Caveat (session 6): inside a CUDA graph ``copy_`` is a memcpy node; a 1 GiB one ran at 2.73 TB/s
     (results/h200-2026-11-30f/run3/probe_pointwise_block.json, floor_us) against ~4.2 TB/s for ``do_bench``'s
-    copy outside a graph, so this ceiling may be looser than an SM copy kernel's (not measured yet)."""
+    copy outside a graph, so this ceiling may be looser than an SM copy kernel's: ``steady_sm_copy_us``."""
     pairs = []
     for _ in range(max(1, math.ceil(L2_CLEAR_BYTES / max(nbytes, 1)))):
         a = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
         pairs.append((a, torch.empty_like(a)))
     return steady_us([lambda a=a, b=b: b.copy_(a) for a, b in pairs])
+
+
+def _sm_copy_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def sm_copy(src, dst, n, BLOCK: tl.constexpr):
+        # int32 words, 16-byte vectors per thread: a plain streaming copy run on the SMs (not a memcpy node)
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        tl.store(dst + offs, tl.load(src + offs, mask=m, eviction_policy="evict_first"), mask=m)
+
+    return sm_copy
+
+
+SM_COPY_CONFIGS = ((1024, 4), (2048, 4), (4096, 8), (8192, 8))  # (int32 words per program, warps)
+
+
+def steady_sm_copy_us(nbytes: int) -> dict[str, float]:
+    """µs per SM copy kernel moving ``nbytes`` (half read, half written), timed as ``steady_us`` times kernels,
+    for each of ``SM_COPY_CONFIGS``; ``best`` is the fastest (the ceiling a kernel of that size can reach)."""
+    import triton
+
+    kernel = _sm_copy_kernel()
+    words = nbytes // 2 // 4
+    pairs = []
+    for _ in range(max(1, math.ceil(L2_CLEAR_BYTES / max(nbytes, 1)))):
+        a = torch.empty(words, dtype=torch.int32, device="cuda")
+        pairs.append((a, torch.empty_like(a)))
+    out = {}
+    for block, warps in SM_COPY_CONFIGS:
+        grid = (triton.cdiv(words, block),)
+
+        def call(a, b, block=block, warps=warps, grid=grid):
+            kernel[grid](a, b, words, BLOCK=block, num_warps=warps)
+            return b
+
+        out[f"{block * 4 // 1024}KB/{warps}w"] = steady_us([lambda a=a, b=b: call(a, b) for a, b in pairs])
+    out["best"] = min(out.values())
+    return out

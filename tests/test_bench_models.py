@@ -69,3 +69,16 @@ def test_tiny_run_then_table(tmp_path):
 def test_bad_arguments_are_refused():
     r = _run("--models", "flux3", "--estimate")
     assert r.returncode != 0 and "unknown models ['flux3']" in r.stderr
+
+
+def test_tiny_whole_model_run(tmp_path):
+    # --whole: one graph per compiled variant (the one-line torch.compile(pipe.transformer)), exact, labelled
+    out = tmp_path / "bench_models.json"
+    r = _run("--tiny", "--whole", "--models", "flux1", "--reps", "2", "--json", str(out))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "the whole transformer (torch.compile(model, dynamic=False))" in r.stdout
+    data = json.loads(out.read_text())
+    (rec,) = data["models"]
+    assert data["meta"]["whole"] and rec["compile"] == "whole" and rec["label"] == "FLUX.1-dev (whole)"
+    lossless = rec["variants"]["lossless"]
+    assert lossless["bit_exact"] and lossless["graphs"] == 1 and lossless["kept"] == lossless["sites"] > 0

@@ -25,6 +25,7 @@ class PassContext:
     sites: list[Site] = dataclasses.field(default_factory=list)
     skipped: list[Site] = dataclasses.field(default_factory=list)  # matched but excluded
     near_misses: list[NearMiss] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)  # exact-by-construction rewrites, for the report
 
 
 class GraphPass:

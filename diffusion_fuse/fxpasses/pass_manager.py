@@ -1,6 +1,7 @@
 """The ordered pass pipeline per tier.
 
-lossless: fuse_patterns (lossless families) → pointwise (groups what the families left) →
+lossless: cat_of_slices (a cat that rebuilds the tensor its inputs were sliced from is that tensor;
+          exact by construction, noted in the report) → fuse_patterns (lossless families) → pointwise (groups what the families left) →
           cleanup; the result runs as ATen + our ops. What runs after verification is that graph
           with runtime rewrites that change no kernel, only what the host does to issue them
           (``PassManager.runtime``): recompose_linear (view → t → addmm → view back to one
@@ -21,6 +22,7 @@ import torch.fx as fx
 
 from ..config import Options
 from .base import GraphPass, PassContext
+from .cat_of_slices import CatOfSlicesPass
 from .cleanup import CleanupPass
 from .fuse_patterns import FusePatternsPass
 from .pointwise import PointwiseFusionPass
@@ -41,7 +43,7 @@ def copy_graph_module(ref: fx.GraphModule) -> fx.GraphModule:
 class PassManager:
     def __init__(self, options: Options) -> None:
         self.options = options
-        self.passes: list[GraphPass] = [FusePatternsPass(), PointwiseFusionPass(), CleanupPass()]
+        self.passes: list[GraphPass] = [CatOfSlicesPass(), FusePatternsPass(), PointwiseFusionPass(), CleanupPass()]
 
     def run(self, graph: fx.Graph, exclude: frozenset[str] = frozenset()) -> PassContext:
         ctx = PassContext(options=self.options, exclude=exclude)

@@ -90,6 +90,10 @@ else:
 
 
 MAX_ROWS_PER_PROGRAM = 16  # LPR >= 8 lanes: small rows of D <= 32 share a program 16 at a time
+# Row groups per program for rows of one trip (D <= 512): each thread holds a lane of every group, so its loads
+# of all groups are in flight before the first reduction. One group of FLUX's [*, 128] QK rows is 8 bytes per
+# thread, too little to cover DRAM latency (benchmarks/bench_rms_norm.py measures 1, 2, 4 and 8).
+SMALL_D_ROW_GROUPS = 4
 
 
 @triton.jit
@@ -132,7 +136,9 @@ def rms_row_sum_squares(
     W_LANES: tl.constexpr = LPR if LPR < 32 else 32  # lanes of a row inside one warp
     NWR: tl.constexpr = LPR // W_LANES  # warps per row
     L: tl.constexpr = ROWS * LPR
-    tl.static_assert(L == 4 * 32, "one program is 4 warps, one lane per thread")
+    # 4 warps: lane f is thread f % 128, in register f // 128 (row groups: each thread holds a lane of every group,
+    # all loaded before the first shuffle; tests/kernels/test_compile_sm90.py checks that layout)
+    tl.static_assert(L % (4 * 32) == 0, "one program is 4 warps, lane f in thread f % 128")
     tl.static_assert(VEC == 4, "the column split below is written for vec_size 4")
     lane = tl.arange(0, L) % LPR if ROWS > 1 else tl.arange(0, L)  # (no % when it is the identity: vector loads)
     col = tl.arange(0, VEC)
@@ -299,10 +305,20 @@ def lanes_per_row(D: int) -> int:
     return LANES if need >= LANES else max(LANES // MAX_ROWS_PER_PROGRAM, triton.next_power_of_2(need))
 
 
-def stats_constexprs(D: int, push_fma: bool = True) -> dict:
+def row_groups(D: int) -> int:
+    """Row groups per program: ``SMALL_D_ROW_GROUPS`` for rows of one trip (D <= 512), else 1."""
+    return SMALL_D_ROW_GROUPS if triton.cdiv(D, VEC) <= LANES else 1
+
+
+def stats_constexprs(D: int, push_fma: bool = True, groups: int | None = None) -> dict:
+    """``groups`` row groups of ``128 / LPR`` rows per program (default ``row_groups(D)``); the sums are the
+    same for any: each row keeps its lanes and tree."""
     lpr = lanes_per_row(D)
     n_iters = max(1, triton.cdiv(triton.cdiv(D, VEC), lpr))
-    return dict(N_ITERS=n_iters, ROWS=LANES // lpr, LPR=lpr, VEC=VEC, PUSH_FMA=push_fma,
+    groups = row_groups(D) if groups is None else groups
+    if groups < 1 or groups & (groups - 1):
+        raise ValueError(f"groups must be a power of two >= 1, got {groups}")
+    return dict(N_ITERS=n_iters, ROWS=groups * LANES // lpr, LPR=lpr, VEC=VEC, PUSH_FMA=push_fma,
                 UNIFORM=is_uniform(D, n_iters, lpr, VEC))
 
 
@@ -316,18 +332,20 @@ def _expanded_strides(t: torch.Tensor | None, shape) -> tuple[int, ...] | None:
 
 
 def plan_rms_norm(x, out_shape, out_strides, out_dtype, weight, bias, eps, scale, shift, tail: Tail,
-                  rows, push_fma: bool = True, store_rstd: bool = False, rope: bool = False):
+                  rows, push_fma: bool = True, store_rstd: bool = False, rope: bool = False,
+                  groups: int | None = None):
     """A launch for inputs of this layout (the guards in lowering/rms_norm.py accepted them).
 
     ``rows`` is ``(sizes[3], strides[3] of x, scale, shift, out)`` from ``lowering.rms_norm.row_layout``.
     ``rope``: scale and shift are RoPE's cos and sin (fp32), applied to the rounded output (``rms_norm_rope``).
+    ``groups``: row groups per program (``stats_constexprs``); the default picks by D.
     Returns ``launch(x, weight, bias, scale, shift, out=None) -> (out, rstd or None)``; ``out`` (optional) is
     written in place and must have ``out_shape`` and ``out_strides``.
     """
     D = x.shape[-1]
     M = x.numel() // D
     (L0, L1, L2), (xs, scs, shs, os_) = rows
-    const = dict(**stats_constexprs(D, push_fma), STORE_RSTD=store_rstd, ROW_DIMS=row_dims(L0, L1),
+    const = dict(**stats_constexprs(D, push_fma, groups), STORE_RSTD=store_rstd, ROW_DIMS=row_dims(L0, L1),
                  WIDE_ROWS=M >= 2**31 - 2**8, **tail_constexprs(tail), ROPE=rope)
     grid = (triton.cdiv(M, const["ROWS"]),)
     kernel = CachedLaunch(_rms_norm_kernel, grid, const, num_warps=LANES // WARP, enable_fp_fusion=False)
@@ -349,7 +367,7 @@ def plan_rms_norm(x, out_shape, out_strides, out_dtype, weight, bias, eps, scale
 
 
 def rms_norm_exact(x2d: torch.Tensor, weight: torch.Tensor | None = None, eps: float | None = 1e-6, *,
-                   push_fma: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                   push_fma: bool = True, groups: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton replica of ``torch.ops.aten._fused_rms_norm(x2d, [N], weight, eps)`` on CUDA: (y, rstd [M]).
 
     For tests and benchmarks; the op (lowering/rms_norm.py) caches plans per layout instead.
@@ -362,7 +380,7 @@ def rms_norm_exact(x2d: torch.Tensor, weight: torch.Tensor | None = None, eps: f
     tail = Tail(w=torch.float32 if weight is not None else None, c2=x2d.dtype)
     rows = ((1, 1, M), ((0, 0, x2d.stride(0)), (0, 0, 0), (0, 0, 0), (0, 0, D)))
     launch = plan_rms_norm(x2d, (M, D), (D, 1), x2d.dtype, weight, None, eps, None, None, tail, rows,
-                           push_fma=push_fma, store_rstd=True)
+                           push_fma=push_fma, store_rstd=True, groups=groups)
     return launch(x2d, weight, None, None, None)
 
 
@@ -407,5 +425,5 @@ def emulate_rms_sum_squares(x2d: torch.Tensor, push_fma: bool = False) -> np.nda
     return s[:, 0]
 
 
-__all__ = ["emulate_rms_sum_squares", "lanes_per_row", "plan_rms_norm", "rms_norm_exact",
+__all__ = ["emulate_rms_sum_squares", "lanes_per_row", "plan_rms_norm", "rms_norm_exact", "row_groups",
            "rms_row_sum_squares", "stats_constexprs", "tail_constexprs"]

@@ -226,6 +226,7 @@ class VerifiedGraph:
             rec.status = status
             rec.created = created.get(s.id, [])
             graph_report.sites[s.id] = rec
+        graph_report.notes.extend(ctx.notes)
         for m in ctx.near_misses:
             graph_report.near_misses.append(
                 NearMissRecord(m.pattern, m.anchor.name, source_location(m.anchor), m.reason,

@@ -21,6 +21,9 @@ Stages (module-scoped fixtures, each runs once; a table per stage; ``$OUT/rms_no
    4608 tokens and small shapes, amplitudes 1e-4/1/100, bf16/fp16/fp32, with and without weight.
 7. ``diffusion_fuse::rms_norm_cat_rope`` against the double block's eager: two ``torch.nn.RMSNorm`` (text, image),
    ``torch.cat`` along the sequence, ``apply_rotary_emb``, bitwise (FLUX 512 + 4096 tokens and small shapes).
+8. row groups per program (``kernels/rms_norm.py`` ``SMALL_D_ROW_GROUPS``): ``rms_norm_exact`` with 1, 2, 4 and 8
+   groups against ``_fused_rms_norm``, y and rstd bits, D in {24, 64, 128, 256, 512}, row counts that leave a
+   partial last program.
 
 Run: ``python -m pytest -q -s tests/gpu/test_rms_norm_gpu.py`` (about a minute on an H200).
 """
@@ -404,3 +407,34 @@ def test_rms_norm_cat_rope_is_bit_exact_with_norms_cat_then_apply_rotary_emb(cat
     bad = {k: v for k, v in cat_rope_results.items() if v["ndiff"] or v["kernel"] != 1 or not v["layout"]}
     assert not bad, bad
     assert len(cat_rope_results) >= 20
+
+
+# ----------------------------------------------------------------------------------------
+# stage 8: every row-group count per program gives eager's bits
+# ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def row_group_results():
+    res = {}
+    for d in (24, 64, 128, 256, 512):
+        w = make_weight(d, torch.bfloat16, seed=d)
+        for amp in (1.0, 100.0):
+            x_all = make_input(4608 * 3 + 5, d, amp, torch.bfloat16, seed=d + int(amp))
+            for rows in (1, 13, x_all.shape[0]):
+                x = x_all[:rows]
+                y_ref, r_ref = torch.ops.aten._fused_rms_norm(x, [d], w, 1e-6)
+                for groups in (1, 2, 4, 8):
+                    y, r = rms_norm_exact(x, w, 1e-6, groups=groups)
+                    res[f"D={d} amp={amp:g} rows={rows} groups={groups}"] = {
+                        "ndiff": _ndiff(y, y_ref) + _ndiff(r, r_ref.reshape(-1))}
+    bad = {k: v for k, v in res.items() if v["ndiff"]}
+    print(f"\n== stage 8: row groups per program vs aten._fused_rms_norm: {len(res) - len(bad)}/{len(res)} exact")
+    RESULTS["row_groups"] = res
+    return res
+
+
+def test_every_row_group_count_is_bit_exact(row_group_results):
+    bad = {k: v for k, v in row_group_results.items() if v["ndiff"]}
+    assert not bad, bad
+    assert len(row_group_results) == 5 * 2 * 3 * 4

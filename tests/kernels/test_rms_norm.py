@@ -59,6 +59,14 @@ def _order_results() -> dict:
                     "y_equal": bool(np.array_equal(y.numpy().view(np.int32), ye.view(np.int32))),
                     "sequential_differs": bool(not np.array_equal(seq.view(np.int32), s.view(np.int32))),
                 }
+    for D in (24, 128, 200, 520):  # every row-group count: the same lanes, trees and bits
+        x, w = _wide(17, D, seed=D)
+        s = emulate_rms_sum_squares(x)
+        for groups in (1, 2, 8):
+            _, rstd = rms_norm_exact(x, None, 1e-6, push_fma=False, groups=groups)
+            r = np.float32(1) / np.sqrt(s / np.float32(D) + np.float32(1e-6))
+            res[f"groups={groups} D={D}"] = {"rstd_equal": bool(np.array_equal(rstd.numpy().view(np.int32),
+                                                                                r.view(np.int32)))}
     return res
 
 
@@ -234,16 +242,25 @@ def results():
 
 @pytest.mark.parametrize("D", DIMS)
 def test_kernel_sums_in_eagers_order_bit_for_bit(results, D):
+    from diffusion_fuse.kernels.rms_norm import row_groups
+
+    assert row_groups(D) == (4 if D <= 512 else 1)  # the default: several row groups per program for short rows
     cases = {k: v for k, v in results["order"].items() if k.startswith(f"D={D} ")}
     assert len(cases) == 2 * len(ROWS)
     bad = {k: v for k, v in cases.items() if not (v["rstd_equal"] and v["y_equal"])}
     assert not bad, bad
 
 
+def test_every_row_group_count_sums_in_eagers_order(results):
+    cases = {k: v for k, v in results["order"].items() if k.startswith("groups=")}
+    assert len(cases) == 12 and all(v["rstd_equal"] for v in cases.values()), cases
+
+
 def test_the_order_check_can_fail(results):
     # The inputs are chosen so that summing in another order changes the bits: the check above
     # tells eager's tree from a sequential sum.
-    differs = [v["sequential_differs"] for k, v in results["order"].items() if not k.startswith(("D=16 ", "D=24 "))]
+    differs = [v["sequential_differs"] for k, v in results["order"].items()
+               if k.startswith("D=") and not k.startswith(("D=16 ", "D=24 "))]
     assert sum(differs) > len(differs) // 2
 
 
@@ -329,7 +346,7 @@ def test_live_kernel_that_is_not_eager_is_rejected_and_the_output_is_eager(resul
 # ----------------------------------------------------------------------------------------
 
 
-def _compile_sm90(D, x="bf16", push_fma=True, tail=None, out="bf16", row_dims=1, rope=False):
+def _compile_sm90(D, x="bf16", push_fma=True, tail=None, out="bf16", row_dims=1, rope=False, groups=None):
     """Compile ``_rms_norm_kernel`` for sm_90 as the launcher does for these operands."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
@@ -340,7 +357,7 @@ def _compile_sm90(D, x="bf16", push_fma=True, tail=None, out="bf16", row_dims=1,
 
     ptr = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
     k = rk._rms_norm_kernel
-    const = dict(**rk.stats_constexprs(D, push_fma), STORE_RSTD=False, ROW_DIMS=row_dims, WIDE_ROWS=False,
+    const = dict(**rk.stats_constexprs(D, push_fma, groups), STORE_RSTD=False, ROW_DIMS=row_dims, WIDE_ROWS=False,
                  **rk.tail_constexprs(tail or Tail()), ROPE=rope)
     # M, L1, L2 as Triton's JIT types them for values below 2**31
     sig = {**{p: ptr[x] for p in ("X", "W", "B", "SCALE", "SHIFT")}, "OUT": ptr[out], "RSTD": "*fp32",
@@ -361,25 +378,38 @@ def _compile_sm90(D, x="bf16", push_fma=True, tail=None, out="bf16", row_dims=1,
                                                                                "enable_fp_fusion": False})
 
 
-@pytest.mark.parametrize("D", [16, 64, 128, 3072, 5120])
-def test_rms_norm_compiles_for_sm90_with_only_the_push_fma(D):
+def lane_layouts(groups: int) -> set[str]:
+    """Layouts of a [groups * 128] state whose lane f is thread f % 128, register f // 128 (4 warps)."""
+    from test_compile_sm90 import IDENTITY_LAYOUTS
+
+    regs = ", ".join(f"[{128 << b}]" for b in range(groups.bit_length() - 1))
+    return {lay.replace("register = []", f"register = [{regs}]") for lay in IDENTITY_LAYOUTS}
+
+
+@pytest.mark.parametrize("D, groups", [(16, 1), (64, 1), (128, 1), (16, None), (64, None), (128, None), (128, 8),
+                                       (3072, None), (5120, None)])
+def test_rms_norm_compiles_for_sm90_with_only_the_push_fma(D, groups):
     import torch as _torch
-    from test_compile_sm90 import IDENTITY_LAYOUTS, shuffle_layouts
+    from test_compile_sm90 import shuffle_layouts_any
 
     from diffusion_fuse.lowering.rms_norm import Tail
 
     tail = Tail(w=_torch.float32, c2=_torch.bfloat16)  # _fused_rms_norm's w * (x * rstd), rounded to bf16
-    const, ck = _compile_sm90(D, tail=tail)
+    const, ck = _compile_sm90(D, tail=tail, groups=groups)
     ptx = ck.asm["ptx"]
-    assert ck.asm.get("cubin") and const["ROWS"] * const["LPR"] == 128
+    per_thread = const["ROWS"] * const["LPR"] // 128  # lanes (row groups) each thread holds
+    assert ck.asm.get("cubin") and per_thread == (groups or (4 if D <= 512 else 1))
     # one push per element a thread owns: no lane is computed twice (a replicated layout would be)
-    assert len(re.findall(r"\bfma\.rn\.f32", ptx)) == 4 * const["N_ITERS"]
+    assert len(re.findall(r"\bfma\.rn\.f32", ptx)) == 4 * const["N_ITERS"] * per_thread
     assert "div.rn.f32" in ptx and "rsqrt.approx" in ptx and ".approx" not in ptx.replace("rsqrt.approx", "")
     # x: 4 bf16 per load (one scalar load is the weight when a row is 128 elements, one per thread)
     assert "ld.global.v2.b32" in ptx and ptx.count("ld.global.b16") <= (D == 128)
-    layouts = shuffle_layouts(ck.asm["ttgir"])
-    assert layouts and layouts <= IDENTITY_LAYOUTS, layouts  # lane i of the sums is thread i
-    _, ck = _compile_sm90(D, push_fma=False, tail=tail)
+    # every x load comes before the first shuffle: all row groups' bytes are in flight at once
+    first_shfl = ptx.index("shfl.sync.down")
+    assert ptx[:first_shfl].count("ld.global.v2.b32") >= const["N_ITERS"] * per_thread
+    layouts = shuffle_layouts_any(ck.asm["ttgir"])
+    assert layouts and layouts <= lane_layouts(per_thread), layouts  # lane f of the sums is thread f % 128
+    _, ck = _compile_sm90(D, push_fma=False, tail=tail, groups=groups)
     assert "fma.rn.f32" not in ck.asm["ptx"]  # no contraction Triton chose on its own
 
 
@@ -417,7 +447,7 @@ def test_rms_norm_rope_epilogue_compiles_for_sm90_without_contraction_or_partner
     const, ck = _compile_sm90(D, tail=tail, rope=True, row_dims=2)
     ptx = ck.asm["ptx"]
     # the norm's pushes are the only FMAs: y * cos + rot * sin stays two rounded products and a rounded sum
-    assert len(re.findall(r"\bfma\.rn\.f32", ptx)) == 4 * const["N_ITERS"]
+    assert len(re.findall(r"\bfma\.rn\.f32", ptx)) == 4 * const["N_ITERS"] * const["ROWS"] * const["LPR"] // 128
     # the partner's negation is neg.f32 (-0 for +0, as eager's neg), not Triton's unary minus (0 - x: +0 for +0;
     # the interpreter negates exactly, so only this and the GPU test can tell)
     assert "neg.f32" in ptx and not re.search(r"\bsub\.(rn\.)?f32", ptx)
