@@ -12,7 +12,8 @@ events, L2 flushed); "eager" is the op's reference impl (the ATen ops eager runs
 bytes that must move over the measured copy bandwidth.
 The host column is the wall time of 200 back-to-back calls without synchronizing, per call (what a
 CPU-bound step pays). A second table times the kernel's row groups per program (``kernels/rms_norm.py``
-``SMALL_D_ROW_GROUPS``, rows of D <= 512) at FLUX's shapes, steady state, each checked bitwise against the reference.
+``SMALL_D_ROW_GROUPS``, rows of D <= 512; for RoPE also one cos/sin row per program, ``shared_trig_groups``) at
+FLUX's shapes, steady state, each checked bitwise against the reference.
 
     python benchmarks/bench_rms_norm.py [--json PATH]
 """
@@ -66,31 +67,44 @@ def workloads():
                                                           sc, sh, None)
 
 
-def row_group_sweep(bw: float, groups=(1, 2, 4, 8)):
-    """Steady µs of the FLUX QK-norm kernels per ``SMALL_D_ROW_GROUPS`` value, each output checked bitwise."""
+def row_group_sweep(bw: float, variants=((1, False), (2, False), (4, False), (8, False), (1, True), (2, True))):
+    """Steady µs of the FLUX QK-norm kernels per (row groups, one cos/sin row per program) launch, each output
+    checked bitwise against the reference (the shared row only for RoPE, where a program's rows divide the heads)."""
     from diffusion_fuse.kernels import rms_norm as rk
-    from diffusion_fuse.lowering.rms_norm import _plan_rms_norm, _plan_rms_norm_rope
+    from diffusion_fuse.lowering.rms_norm import _contiguous, _rows, rms_norm_tail
 
-    plans = {"rms_norm": _plan_rms_norm, "rms_norm_rope": _plan_rms_norm_rope}
-    default, rows, out = rk.SMALL_D_ROW_GROUPS, [], []
-    try:
-        for name, op_name, op_args in workloads():
-            if op_name not in plans or op_args[0].shape[-1] > 512:
+    rows, out = [], []
+    for name, op_name, op_args in workloads():
+        if op_name not in ("rms_norm", "rms_norm_rope") or op_args[0].shape[-1] > 512:
+            continue
+        x, w, eps = op_args[:3]
+        cos, sin = op_args[3:5] if op_name == "rms_norm_rope" else (None, None)
+        ref = REFERENCES[op_name](*op_args)
+        moved = sum(t.numel() * t.element_size() for t in (*op_args, ref) if isinstance(t, torch.Tensor))
+        sets = input_sets(op_args, moved)
+        floor = moved / bw * 1e6
+        tail, final = rms_norm_tail(x.dtype, w, None, None, None)
+        strides = _contiguous(x.shape)
+        for g, share in variants:
+            if share and cos is None:
                 continue
-            ref = REFERENCES[op_name](*op_args)
-            moved = sum(t.numel() * t.element_size() for t in (*op_args, ref) if isinstance(t, torch.Tensor))
-            sets = input_sets(op_args, moved)
-            floor = moved / bw * 1e6
-            for g in groups:
-                rk.SMALL_D_ROW_GROUPS = g
-                fn = plans[op_name](*op_args)  # a fresh plan: the kernel's constexprs read the setting
-                exact = bool(torch.equal(fn(*op_args).view(torch.int16), ref.view(torch.int16)))
-                us = steady_us([lambda a=a: fn(*a) for a in sets])  # noqa: B023
-                rows.append([name, g, f"{us:.1f}", f"{floor:.1f}", f"{us / floor:.2f}", exact])
-                out.append(dict(workload=name, op=op_name, groups=g, steady_us=us, floor_us=floor, bit_exact=exact,
-                                default=g == default))
-    finally:
-        rk.SMALL_D_ROW_GROUPS = default
+            launch = rk.plan_rms_norm(x, x.shape, strides, final, w, None, eps, cos, sin, tail,
+                                      _rows(x, strides, cos, sin), rope=cos is not None, groups=g, share_trig=share)
+            shared = bool(share and rk.shared_trig_groups(x.shape[-1], _rows(x, strides, cos, sin)))
+            if share and not shared:
+                continue
+
+            def fn(x, w, eps, *trig, launch=launch):  # trig: (cos, sin) for RoPE, (None, None, None) for the norm
+                return launch(x, w, None, *trig[:2])[0]
+
+            exact = bool(torch.equal(fn(*op_args).view(torch.int16), ref.view(torch.int16)))
+            us = steady_us([lambda a=a: fn(*a) for a in sets])  # noqa: B023
+            default = g == (rk.shared_trig_groups(x.shape[-1], _rows(x, strides, cos, sin)) if cos is not None
+                            else rk.row_groups(x.shape[-1])) and share == (cos is not None)
+            rows.append([name, g, "yes" if share else "no", f"{us:.1f}", f"{floor:.1f}", f"{us / floor:.2f}", exact,
+                         "*" if default else ""])
+            out.append(dict(workload=name, op=op_name, groups=g, shared_trig=share, steady_us=us, floor_us=floor,
+                            bit_exact=exact, default=default))
     return rows, out
 
 
@@ -133,7 +147,8 @@ def main() -> None:
     print(tabulate(rows, headers=["workload", "op", "eager µs", "op µs", "eager steady µs", "op steady µs",
                                   "floor µs", "op steady/floor", "speedup", "host eager µs/call", "host op µs/call"]))
     print("\nrow groups per program (rows of D <= 512; steady state, µs)")
-    print(tabulate(groups_rows, headers=["workload", "groups", "steady µs", "floor µs", "steady/floor", "bit-exact"]))
+    print(tabulate(groups_rows, headers=["workload", "groups", "one cos/sin row", "steady µs", "floor µs",
+                                         "steady/floor", "bit-exact", "default"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"copy_bandwidth": bw, "rows": out, "row_groups": groups_out}, f, indent=1)

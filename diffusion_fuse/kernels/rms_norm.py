@@ -225,7 +225,7 @@ def _rms_norm_kernel(
     ROW_DIMS: tl.constexpr, WIDE_ROWS: tl.constexpr,
     C1_DT: tl.constexpr, HAS_W: tl.constexpr, W_DT: tl.constexpr, HAS_B: tl.constexpr, B_DT: tl.constexpr,
     C2_DT: tl.constexpr, HAS_SCALE: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr,
-    HAS_SHIFT: tl.constexpr, V_DT: tl.constexpr, ROPE: tl.constexpr = False,
+    HAS_SHIFT: tl.constexpr, V_DT: tl.constexpr, ROPE: tl.constexpr = False, SHARED_TRIG: tl.constexpr = False,
 ):
     if WIDE_ROWS:  # M >= 2**31 - 2**8: row indices in int64
         first = tl.program_id(0).to(tl.int64) * ROWS
@@ -245,9 +245,16 @@ def _rms_norm_kernel(
     sc_off = _row_offsets(r, L1, L2, sc_s0, sc_s1, sc_s2, ROW_DIMS)[:, None]
     sh_off = _row_offsets(r, L1, L2, sh_s0, sh_s1, sh_s2, ROW_DIMS)[:, None]
     if ROPE and N_ITERS == 1:  # cos/sin do not depend on the sums: their loads overlap x's and the reduction
-        pre_mask = row_ok[:, None] & (cols < N)[None, :]
-        cos_pre = tl.load(SCALE + sc_off + cols[None, :], mask=pre_mask, other=0.0)
-        sin_pre = tl.load(SHIFT + sh_off + cols[None, :], mask=pre_mask, other=0.0)
+        if SHARED_TRIG:  # the program's rows are heads of one token: one cos/sin row, read once, broadcast
+            one = (cols < N)[None, :]
+            cos_pre = tl.load(SCALE + _row_offsets(first, L1, L2, sc_s0, sc_s1, sc_s2, ROW_DIMS) + cols[None, :],
+                              mask=one, other=0.0)
+            sin_pre = tl.load(SHIFT + _row_offsets(first, L1, L2, sh_s0, sh_s1, sh_s2, ROW_DIMS) + cols[None, :],
+                              mask=one, other=0.0)
+        else:
+            pre_mask = row_ok[:, None] & (cols < N)[None, :]
+            cos_pre = tl.load(SCALE + sc_off + cols[None, :], mask=pre_mask, other=0.0)
+            sin_pre = tl.load(SHIFT + sh_off + cols[None, :], mask=pre_mask, other=0.0)
     sumsq = rms_row_sum_squares(x_lanes, lane_ok, N, x_sd, N_ITERS, ROWS, LPR, VEC, PUSH_FMA, UNIFORM)
     var = tl.math.div_rn(sumsq, tl.cast(N, tl.float32))
     rstd = tl.math.rsqrt(var + eps)
@@ -310,6 +317,20 @@ def row_groups(D: int) -> int:
     return SMALL_D_ROW_GROUPS if triton.cdiv(D, VEC) <= LANES else 1
 
 
+def shared_trig_groups(D: int, rows) -> int | None:
+    """Row groups per program with which every program's rows share one cos/sin row (RoPE over heads: the
+    tables broadcast along the last row dim, whose length the program's rows divide), or None. The most groups
+    up to ``SMALL_D_ROW_GROUPS`` that allow it; rows of one trip only (D <= 512)."""
+    (_, _, L2), (_, scs, shs, _) = rows
+    lpr = lanes_per_row(D)
+    if triton.cdiv(D, VEC) > LANES or scs[2] != 0 or shs[2] != 0:
+        return None
+    g = SMALL_D_ROW_GROUPS
+    while g >= 1 and L2 % (g * LANES // lpr):
+        g //= 2
+    return g if g >= 1 else None
+
+
 def stats_constexprs(D: int, push_fma: bool = True, groups: int | None = None) -> dict:
     """``groups`` row groups of ``128 / LPR`` rows per program (default ``row_groups(D)``); the sums are the
     same for any: each row keeps its lanes and tree."""
@@ -333,20 +354,27 @@ def _expanded_strides(t: torch.Tensor | None, shape) -> tuple[int, ...] | None:
 
 def plan_rms_norm(x, out_shape, out_strides, out_dtype, weight, bias, eps, scale, shift, tail: Tail,
                   rows, push_fma: bool = True, store_rstd: bool = False, rope: bool = False,
-                  groups: int | None = None):
+                  groups: int | None = None, share_trig: bool = True):
     """A launch for inputs of this layout (the guards in lowering/rms_norm.py accepted them).
 
     ``rows`` is ``(sizes[3], strides[3] of x, scale, shift, out)`` from ``lowering.rms_norm.row_layout``.
     ``rope``: scale and shift are RoPE's cos and sin (fp32), applied to the rounded output (``rms_norm_rope``).
-    ``groups``: row groups per program (``stats_constexprs``); the default picks by D.
+    ``groups``: row groups per program (``stats_constexprs``); the default picks by D, and for ``rope`` the
+    most groups with which each program's rows share one cos/sin row (``shared_trig_groups``) when there are.
+    ``share_trig=False`` keeps a cos/sin row per row (the benchmark's comparison).
     Returns ``launch(x, weight, bias, scale, shift, out=None) -> (out, rstd or None)``; ``out`` (optional) is
     written in place and must have ``out_shape`` and ``out_strides``.
     """
     D = x.shape[-1]
     M = x.numel() // D
     (L0, L1, L2), (xs, scs, shs, os_) = rows
+    shared = shared_trig_groups(D, rows) if rope and share_trig else None
+    if groups is None and shared is not None:
+        groups = shared
     const = dict(**stats_constexprs(D, push_fma, groups), STORE_RSTD=store_rstd, ROW_DIMS=row_dims(L0, L1),
                  WIDE_ROWS=M >= 2**31 - 2**8, **tail_constexprs(tail), ROPE=rope)
+    # every program's rows lie in one run of L2 rows (L2 % ROWS == 0, so M % ROWS == 0: no partial program)
+    const["SHARED_TRIG"] = shared is not None and const["N_ITERS"] == 1 and L2 % const["ROWS"] == 0
     grid = (triton.cdiv(M, const["ROWS"]),)
     kernel = CachedLaunch(_rms_norm_kernel, grid, const, num_warps=LANES // WARP, enable_fp_fusion=False)
     device = x.device
@@ -426,4 +454,5 @@ def emulate_rms_sum_squares(x2d: torch.Tensor, push_fma: bool = False) -> np.nda
 
 
 __all__ = ["emulate_rms_sum_squares", "lanes_per_row", "plan_rms_norm", "rms_norm_exact", "row_groups",
+           "shared_trig_groups",
            "rms_row_sum_squares", "stats_constexprs", "tail_constexprs"]

@@ -166,6 +166,11 @@ def _rope_cases():
         "cos_fp16": (rn(2, S, 3, D), rn(D), 1e-6, cs[0].half(), cs[1]),
         "cos_strided_along_D": (rn(2, S, 3, D), rn(D), 1e-6, rn(S, 2 * D, dtype=torch.float32)[:, ::2][None, :, None],
                                 cs[1]),
+        # heads that a program's rows divide: one cos/sin row per program (SHARED_TRIG)
+        "heads_share_trig_fp32": (with_zero_rows(rn(2, S, 8, D, dtype=torch.float32)), rn(D, dtype=torch.float32), 1e-6,
+                                  *cs),
+        "flux_heads_share_trig_bf16": (rn(1, 3, 24, 128), rn(128), 1e-6, rn(1, 3, 1, 128, dtype=torch.float32),
+                                       rn(1, 3, 1, 128, dtype=torch.float32)),
     }
 
 
@@ -211,6 +216,7 @@ def _cat_rope_results() -> dict:
                                     .contiguous()),
         "cat_over_D": (x_a[:, :4], None, 1e-6, x_a[:, :4], None, 1e-6, 3, rn(1, 4, 1, 2 * D), rn(1, 4, 1, 2 * D)),
         "halves_of_two_dtypes": (x_a, None, 1e-6, x_b.bfloat16(), None, 1e-6, 1, cos, sin),
+        "heads_share_trig": (rn(2, Sa, 8, D), rn(D), 1e-6, rn(2, Sb, 8, D), rn(D), 1e-5, 1, cos, sin),
     }
     res = {}
     for key, args in cases.items():
@@ -249,6 +255,17 @@ def test_kernel_sums_in_eagers_order_bit_for_bit(results, D):
     assert len(cases) == 2 * len(ROWS)
     bad = {k: v for k, v in cases.items() if not (v["rstd_equal"] and v["y_equal"])}
     assert not bad, bad
+
+
+@pytest.mark.parametrize("shape, want", [((1, 4608, 24, 128), 2), ((2, 9, 8, 64), 1), ((2, 9, 3, 64), None),
+                                         ((1, 9, 1, 8), None), ((1, 4096, 16, 128), 4), ((1, 77, 24, 1000), None)])
+def test_rope_programs_share_a_cos_sin_row_when_their_rows_divide_the_heads(shape, want):
+    from diffusion_fuse.kernels.rms_norm import shared_trig_groups
+    from diffusion_fuse.lowering.rms_norm import _contiguous, _rows
+
+    x = torch.empty(shape)
+    cos = torch.empty(1, shape[1], 1, shape[3]).expand(*shape)
+    assert shared_trig_groups(shape[3], _rows(x, _contiguous(x.shape), cos, cos)) == want
 
 
 def test_every_row_group_count_sums_in_eagers_order(results):
@@ -295,7 +312,7 @@ def test_rms_norm_chain_kernel_is_within_tolerance_with_the_reference_layout(res
 
 
 @pytest.mark.parametrize("key", ["single_block_bf16", "single_block_fp32", "no_weight_fp32_rows_over_3_dims",
-                                 "one_row_pair_block"])
+                                 "one_row_pair_block", "heads_share_trig_fp32", "flux_heads_share_trig_bf16"])
 def test_rms_norm_rope_kernel_runs_and_its_epilogue_is_ropes_ops(results, key):
     r = results["rope"][key]
     assert r["counters"]["kernel"] == {"rms_norm_rope": 1} and r["counters"]["fallback"] == {}, r
@@ -306,7 +323,8 @@ def test_rms_norm_rope_kernel_runs_and_its_epilogue_is_ropes_ops(results, key):
 
 
 
-@pytest.mark.parametrize("key", ["double_block_fp32", "double_block_bf16", "cos_broadcast_along_cat"])
+@pytest.mark.parametrize("key", ["double_block_fp32", "double_block_bf16", "cos_broadcast_along_cat",
+                                 "heads_share_trig"])
 def test_rms_norm_cat_rope_writes_both_halves_with_their_rope(results, key):
     r = results["cat_rope"][key]
     assert r["counters"]["kernel"] == {"rms_norm_cat_rope": 1} and r["counters"]["fallback"] == {}, r
@@ -346,7 +364,8 @@ def test_live_kernel_that_is_not_eager_is_rejected_and_the_output_is_eager(resul
 # ----------------------------------------------------------------------------------------
 
 
-def _compile_sm90(D, x="bf16", push_fma=True, tail=None, out="bf16", row_dims=1, rope=False, groups=None):
+def _compile_sm90(D, x="bf16", push_fma=True, tail=None, out="bf16", row_dims=1, rope=False, groups=None,
+                  shared_trig=False):
     """Compile ``_rms_norm_kernel`` for sm_90 as the launcher does for these operands."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
@@ -358,7 +377,7 @@ def _compile_sm90(D, x="bf16", push_fma=True, tail=None, out="bf16", row_dims=1,
     ptr = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
     k = rk._rms_norm_kernel
     const = dict(**rk.stats_constexprs(D, push_fma, groups), STORE_RSTD=False, ROW_DIMS=row_dims, WIDE_ROWS=False,
-                 **rk.tail_constexprs(tail or Tail()), ROPE=rope)
+                 **rk.tail_constexprs(tail or Tail()), ROPE=rope, SHARED_TRIG=shared_trig)
     # M, L1, L2 as Triton's JIT types them for values below 2**31
     sig = {**{p: ptr[x] for p in ("X", "W", "B", "SCALE", "SHIFT")}, "OUT": ptr[out], "RSTD": "*fp32",
            **({"SCALE": "*fp32", "SHIFT": "*fp32"} if rope else {}),
@@ -437,14 +456,14 @@ def test_contiguous_rows_are_one_dim(shape, row_dims):
     assert dims(L0, L1) == row_dims
 
 
-@pytest.mark.parametrize("D", [128, 3072])
-def test_rms_norm_rope_epilogue_compiles_for_sm90_without_contraction_or_partner_loads(D):
+@pytest.mark.parametrize("D, groups, shared", [(128, None, False), (128, 2, True), (3072, None, False)])
+def test_rms_norm_rope_epilogue_compiles_for_sm90_without_contraction_or_partner_loads(D, groups, shared):
     import torch as _torch
 
     from diffusion_fuse.lowering.rms_norm import Tail
 
     tail = Tail(w=_torch.float32, c2=_torch.bfloat16)
-    const, ck = _compile_sm90(D, tail=tail, rope=True, row_dims=2)
+    const, ck = _compile_sm90(D, tail=tail, rope=True, row_dims=2, groups=groups, shared_trig=shared)
     ptx = ck.asm["ptx"]
     # the norm's pushes are the only FMAs: y * cos + rot * sin stays two rounded products and a rounded sum
     assert len(re.findall(r"\bfma\.rn\.f32", ptx)) == 4 * const["N_ITERS"] * const["ROWS"] * const["LPR"] // 128
