@@ -354,14 +354,16 @@ def _expanded_strides(t: torch.Tensor | None, shape) -> tuple[int, ...] | None:
 
 def plan_rms_norm(x, out_shape, out_strides, out_dtype, weight, bias, eps, scale, shift, tail: Tail,
                   rows, push_fma: bool = True, store_rstd: bool = False, rope: bool = False,
-                  groups: int | None = None, share_trig: bool = True):
+                  groups: int | None = None, share_trig: bool = False):
     """A launch for inputs of this layout (the guards in lowering/rms_norm.py accepted them).
 
     ``rows`` is ``(sizes[3], strides[3] of x, scale, shift, out)`` from ``lowering.rms_norm.row_layout``.
     ``rope``: scale and shift are RoPE's cos and sin (fp32), applied to the rounded output (``rms_norm_rope``).
-    ``groups``: row groups per program (``stats_constexprs``); the default picks by D, and for ``rope`` the
-    most groups with which each program's rows share one cos/sin row (``shared_trig_groups``) when there are.
-    ``share_trig=False`` keeps a cos/sin row per row (the benchmark's comparison).
+    ``groups``: row groups per program (``stats_constexprs``); the default picks by D.
+    ``share_trig`` (``rope``): the most groups with which each program's rows share one cos/sin row
+    (``shared_trig_groups``), read once per program. Off by default: measured slower on the H200 (FLUX
+    [1,4608,24,128], steady: 28.0 µs with 2 groups and one row against 24.3 µs with 4 groups and a row per row,
+    results/h200-2026-11-30g/run2/bench_rms_norm.json); ``benchmarks/bench_rms_norm.py`` times both.
     Returns ``launch(x, weight, bias, scale, shift, out=None) -> (out, rstd or None)``; ``out`` (optional) is
     written in place and must have ``out_shape`` and ``out_strides``.
     """

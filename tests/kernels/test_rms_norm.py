@@ -166,7 +166,7 @@ def _rope_cases():
         "cos_fp16": (rn(2, S, 3, D), rn(D), 1e-6, cs[0].half(), cs[1]),
         "cos_strided_along_D": (rn(2, S, 3, D), rn(D), 1e-6, rn(S, 2 * D, dtype=torch.float32)[:, ::2][None, :, None],
                                 cs[1]),
-        # heads that a program's rows divide: one cos/sin row per program (SHARED_TRIG)
+        # heads that a program's rows divide (SHARED_TRIG when share_trig is on; the default's layout otherwise)
         "heads_share_trig_fp32": (with_zero_rows(rn(2, S, 8, D, dtype=torch.float32)), rn(D, dtype=torch.float32), 1e-6,
                                   *cs),
         "flux_heads_share_trig_bf16": (rn(1, 3, 24, 128), rn(128), 1e-6, rn(1, 3, 1, 128, dtype=torch.float32),
@@ -193,6 +193,16 @@ def _rope_results() -> dict:
                                                        epilogue.view(torch.int16) if out.dtype == torch.bfloat16
                                                        else epilogue)),
                     "same_layout": (out.dtype, out.shape, out.stride()) == (ref.dtype, ref.shape, ref.stride())}
+    # the opt-in shared cos/sin row (share_trig): the same bits as a row per row, in the interpreter
+    from diffusion_fuse.kernels.rms_norm import plan_rms_norm
+    from diffusion_fuse.lowering.rms_norm import _contiguous, _rows, rms_norm_tail
+
+    x, w, eps, cos, sin = _rope_cases()["heads_share_trig_fp32"]
+    tail, final = rms_norm_tail(x.dtype, w, None, None, None)
+    st = _contiguous(x.shape)
+    outs = [plan_rms_norm(x, x.shape, st, final, w, None, eps, cos, sin, tail, _rows(x, st, cos, sin), rope=True,
+                          share_trig=share)(x, w, None, cos, sin)[0] for share in (False, True)]
+    res["share_trig_equal"] = bool(torch.equal(outs[0], outs[1]))
     return res
 
 
@@ -266,6 +276,10 @@ def test_rope_programs_share_a_cos_sin_row_when_their_rows_divide_the_heads(shap
     x = torch.empty(shape)
     cos = torch.empty(1, shape[1], 1, shape[3]).expand(*shape)
     assert shared_trig_groups(shape[3], _rows(x, _contiguous(x.shape), cos, cos)) == want
+
+
+def test_the_shared_cos_sin_row_gives_the_same_bits(results):
+    assert results["rope"]["share_trig_equal"]
 
 
 def test_every_row_group_count_sums_in_eagers_order(results):
