@@ -88,9 +88,10 @@ class CatOfSlicesPass(GraphPass):
                 continue
             n.replace_all_uses_with(base)
             done.append((n.name, base.name))
-        for name, base in done:
-            ctx.notes.append(f"cat_of_slices: {name} rebuilt {base} from adjacent slices; uses {base} (no copy)")
         if done:
+            shown = ", ".join(f"{name} -> {base}" for name, base in done[:3]) + (", ..." if len(done) > 3 else "")
+            ctx.notes.append(f"cat_of_slices: {len(done)} cat(s) that rebuild the tensor their inputs were sliced "
+                             f"from use it instead (no copy): {shown}")
             _log.info("cat_of_slices: %d cat(s) of adjacent slices replaced by their base", len(done))
 
 
