@@ -49,6 +49,8 @@ CASES = {
     "step 2": lambda x: (lambda h: torch.cat([h[:, 0::2], h[:, 1::2]], 1) + 1)(x * 2),
     "graph input": lambda x: torch.cat([x[:, :3], x[:, 3:]], 1) + 1,
     "cat is the output": lambda x: (lambda h: torch.cat([h[:, :3], h[:, 3:]], 1))(x * 2),
+    "a view of the cat is the output": lambda x: (lambda h: torch.cat([h[:, :3], h[:, 3:]], 1).view(2, 64))(x * 2),
+    "base is a view of the input": lambda x: (lambda h: torch.cat([h[:, :3], h[:, 3:]], 1) + 1)(x.view(2, 8, 8)),
     "non-contiguous base": lambda x: (lambda h: torch.cat([h[:, :3], h[:, 3:]], 1) + 1)((x * 2).transpose(1, 2)),
 }
 

@@ -15,6 +15,10 @@ are step 1, in order, without gaps, and cover ``x`` along ``d`` (``a0 == 0``, th
 observed as one): when ``x`` is a graph input, or the ``cat``'s value is a graph output. An
 inference graph from AOTAutograd is functional, so nothing writes into ``x`` between the two.
 Exact by construction: the values are the same elements; only the copy is gone.
+
+Only a fresh tensor qualifies as ``x`` (an ATen op whose result aliases none of its inputs): a view could
+alias a graph input, which the graph may write into at its end. And no output may reach the ``cat`` through
+views: AOTAutograd decided at trace time which outputs alias one another, and this would add an alias.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ def covered_base(cat: fx.Node) -> fx.Node | None:
         return None
     base = parts[0][0]
     val, out = base.meta.get("val"), cat.meta.get("val")
-    if base.op == "placeholder" or not isinstance(out, torch.Tensor) or not isinstance(dim, int):
+    if not _fresh(base) or not isinstance(out, torch.Tensor) or not isinstance(dim, int):
         return None
     dim = dim % out.dim()
     pos = 0
@@ -76,15 +80,34 @@ def covered_base(cat: fx.Node) -> fx.Node | None:
     return base
 
 
+def _fresh(n: fx.Node) -> bool:
+    """Whether ``n`` is an ATen op whose (first) result is a new tensor, not a view or in-place result."""
+    schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
+    return schema is not None and len(schema.returns) >= 1 and schema.returns[0].alias_info is None
+
+
+def _reaches_output(n: fx.Node) -> bool:
+    """Whether ``n`` is a graph output or a view chain from it ends in one."""
+    todo, seen = [n], set()
+    while todo:
+        m = todo.pop()
+        for u in m.users:
+            if u.op == "output":
+                return True
+            if u not in seen and not _fresh(u) and u.op == "call_function":
+                seen.add(u)
+                todo.append(u)  # a view (or an op of unknown aliasing): follow it
+    return False
+
+
 class CatOfSlicesPass(GraphPass):
     name = "cat_of_slices"
 
     def __call__(self, graph: fx.Graph, ctx: PassContext) -> None:
-        outputs = {a for n in graph.nodes if n.op == "output" for a in _flat_nodes(n.args)}
         done = []
         for n in list(graph.nodes):
             base = covered_base(n)
-            if base is None or n in outputs:
+            if base is None or _reaches_output(n):
                 continue
             n.replace_all_uses_with(base)
             done.append((n.name, base.name))
@@ -94,8 +117,3 @@ class CatOfSlicesPass(GraphPass):
                              f"from use it instead (no copy): {shown}")
             _log.info("cat_of_slices: %d cat(s) of adjacent slices replaced by their base", len(done))
 
-
-def _flat_nodes(args) -> list[fx.Node]:
-    out: list[fx.Node] = []
-    fx.node.map_arg(args, out.append)
-    return out
