@@ -59,9 +59,11 @@ differs from eager by a few ulps of the normalized value; the verifier checks it
 Layout: x is addressed as rows over up to three leading dims, each with its own stride, and a
 stride along D (lowering/rms_norm.py merges the leading dims); scale/shift broadcast to x with
 unit stride along D. Small rows: eager's rows of D <= 512 occupy the first ``D/4`` lanes only and
-the lanes past them add +0.0 at every tree level, so a program packs ``128 / LPR`` rows
+the lanes past them add +0.0 at every tree level, so a group of 128 lanes packs ``128 / LPR`` rows
 (``LPR = next_pow2(D/4)`` lanes each) and runs the tree levels below LPR: the same sums, bit
-for bit, with all 128 threads busy.
+for bit, with all 128 threads busy. Rows of D <= 512 run ``SMALL_D_ROW_GROUPS`` such groups per
+program, each thread a lane of every group, all their loads issued before the first shuffle
+(FLUX's QK norm: 21.3 -> 16.8 µs steady on the H200, benchmarks/bench_rms_norm.py).
 """
 
 from __future__ import annotations
@@ -137,7 +139,7 @@ def rms_row_sum_squares(
     NWR: tl.constexpr = LPR // W_LANES  # warps per row
     L: tl.constexpr = ROWS * LPR
     # 4 warps: lane f is thread f % 128, in register f // 128 (row groups: each thread holds a lane of every group,
-    # all loaded before the first shuffle; tests/kernels/test_compile_sm90.py checks that layout)
+    # all loaded before the first shuffle; tests/kernels/test_rms_norm.py checks that layout in the sm_90 build)
     tl.static_assert(L % (4 * 32) == 0, "one program is 4 warps, lane f in thread f % 128")
     tl.static_assert(VEC == 4, "the column split below is written for vec_size 4")
     lane = tl.arange(0, L) % LPR if ROWS > 1 else tl.arange(0, L)  # (no % when it is the identity: vector loads)
