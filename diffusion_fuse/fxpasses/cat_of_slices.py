@@ -11,14 +11,14 @@ adjacent, and the ``gated_residual_ln`` family fuses them.
 Rewrites ``aten.cat([slice(x, d, a0, a1), slice(x, d, a1, a2), ...], d)`` to ``x`` when the slices
 are step 1, in order, without gaps, and cover ``x`` along ``d`` (``a0 == 0``, the last end
 ``>= x.size(d)``), ``x`` is contiguous (the ``cat`` output is: same sizes and strides), and
-``x`` has the ``cat``'s dtype. Kept as it is (no alias where eager made a fresh tensor that might be
-observed as one): when ``x`` is a graph input, or the ``cat``'s value is a graph output. An
-inference graph from AOTAutograd is functional, so nothing writes into ``x`` between the two.
-Exact by construction: the values are the same elements; only the copy is gone.
+``x`` has the ``cat``'s dtype. Exact by construction: the values are the same elements; only the
+copy is gone. An inference graph from AOTAutograd is functional, so nothing writes into ``x``
+between the two.
 
-Only a fresh tensor qualifies as ``x`` (an ATen op whose result aliases none of its inputs): a view could
-alias a graph input, which the graph may write into at its end. And no output may reach the ``cat`` through
-views: AOTAutograd decided at trace time which outputs alias one another, and this would add an alias.
+No alias where eager made a fresh tensor that might be observed as one: ``x`` must be a fresh tensor
+(an ATen op whose result aliases none of its inputs; a view could alias a graph input, which the graph
+may write into at its end), and no graph output may be the ``cat`` or reach it through views
+(AOTAutograd decided at trace time which outputs alias one another).
 """
 
 from __future__ import annotations
@@ -74,8 +74,7 @@ def covered_base(cat: fx.Node) -> fx.Node | None:
         pos = end
     if pos != val.shape[dim]:
         return None
-    if (val.dtype != out.dtype or tuple(val.shape) != tuple(out.shape) or tuple(val.stride()) != tuple(out.stride())
-            or val.storage_offset() != 0):
+    if val.dtype != out.dtype or tuple(val.shape) != tuple(out.shape) or tuple(val.stride()) != tuple(out.stride()):
         return None
     return base
 
