@@ -7,7 +7,8 @@
 #   MODELS=qwen_image,flux2,wan21_14b for the rest; BENCH_MODELS_ARGS adds options (e.g. --max-autotune)
 #   TESTS="tests/gpu/test_a.py tests/gpu/test_b.py" picks test files; BENCHES="bench_e2e bench_pointwise" picks
 #   benchmark steps; BENCH_E2E_ARGS adds options to bench_e2e.py (e.g. "--models flux_stack --profile"),
-#   E2E_LIMIT its time limit in seconds (400), NORM_LIMIT bench_norm.py's (200)
+#   E2E_LIMIT its time limit in seconds (400), NORM_LIMIT bench_norm.py's (200), BENCH_NORM_ARGS its options
+#   (e.g. "--variants persistent8_s2,group2")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL="${OUT:-$PWD/out}"; mkdir -p "$FINAL"
@@ -55,7 +56,9 @@ fi
 if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = nosass ]; then
   want() { [ -z "${BENCHES:-}" ] || [[ " $BENCHES " == *" $1 "* ]]; }
   want profile && step profile 120 python3 benchmarks/profile_ln_modulate.py
-  want bench_norm && step bench_norm "${NORM_LIMIT:-200}" python3 benchmarks/bench_norm.py --json "$OUT/bench_norm.json"
+  # shellcheck disable=SC2086
+  want bench_norm && step bench_norm "${NORM_LIMIT:-200}" python3 benchmarks/bench_norm.py --json "$OUT/bench_norm.json" \
+    ${BENCH_NORM_ARGS:-}
   want bench_rms_norm && step bench_rms_norm 120 python3 benchmarks/bench_rms_norm.py --json "$OUT/bench_rms_norm.json"
   want bench_pointwise && step bench_pointwise 200 python3 benchmarks/bench_pointwise.py --json "$OUT/bench_pointwise.json"
   # shellcheck disable=SC2086
