@@ -182,7 +182,7 @@ DEFAULT_MODELS = list(MODELS)  # FLUX.1-dev, SANA and Wan2.2-5B first: the cheap
 VARIANTS = ("eager", "inductor", "inductor-max-autotune", "lossless", "high",
             # diagnostics (host overhead): torch's aot_eager (the ATen graph run as-is, what our executor
             # starts from), lossless with no family at all, lossless without the pointwise family
-            "aot-eager", "lossless-nofuse", "lossless-nopw", "lossless-side", "lossless-nomerge",
+            "aot-eager", "lossless-nofuse", "lossless-nopw", "lossless-side",
             # CUDA graphs (torch's cudagraph trees) for host-bound models: mode="reduce-overhead" for Inductor,
             # options={"cudagraphs": True} (the same mode) for lossless
             "inductor-cudagraphs", "lossless-cudagraphs")
@@ -216,8 +216,6 @@ def compile_kwargs(variant: str, report) -> dict:
         opts["side_stream"] = True
     elif variant == "lossless-nopw":
         opts["patterns"] = {"pointwise": False}
-    elif variant == "lossless-nomerge":  # what the stacked-weight GEMMs (patterns/merged_linear.py) are worth
-        opts["patterns"] = {"merged_linear": False}
     elif variant == "lossless-cudagraphs":
         opts["cudagraphs"] = True
     return dict(backend=diffusion_fuse.DiffusionFuseBackend(opts, report), dynamic=False)
@@ -226,12 +224,10 @@ def compile_kwargs(variant: str, report) -> dict:
 # Rough per-block-class compile seconds and extra forward-equivalents on the first call (verification), for the
 # time estimate only.
 COMPILE_S = {"eager": 0, "inductor": 30, "inductor-max-autotune": 240, "lossless": 8, "high": 40, "aot-eager": 8,
-             "lossless-nofuse": 8, "lossless-nopw": 8, "lossless-side": 8, "lossless-nomerge": 8,
-             "inductor-cudagraphs": 30,
+             "lossless-nofuse": 8, "lossless-nopw": 8, "lossless-side": 8, "inductor-cudagraphs": 30,
              "lossless-cudagraphs": 8}
 FIRST_CALL_FORWARDS = {"eager": 1, "inductor": 1, "inductor-max-autotune": 1, "lossless": 3, "high": 3,
                        "aot-eager": 1, "lossless-nofuse": 1, "lossless-nopw": 3, "lossless-side": 3,
-                       "lossless-nomerge": 3,
                        "inductor-cudagraphs": 3, "lossless-cudagraphs": 4}
 BUILD_S = 10
 
