@@ -99,7 +99,9 @@ def row_group_sweep(bw: float, variants=((1, False), (2, False), (4, False), (8,
 
             exact = bool(torch.equal(fn(*op_args).view(torch.int16), ref.view(torch.int16)))
             us = steady_us([lambda a=a: fn(*a) for a in sets])  # noqa: B023
-            default = g == rk.row_groups(x.shape[-1]) and not share  # what the ops launch (share_trig is opt-in)
+            # what the ops launch: the shared cos/sin row where the heads allow it (plan_rms_norm's default)
+            picked = rk.shared_trig_groups(x.shape[-1], _rows(x, strides, cos, sin)) if cos is not None else None
+            default = share == bool(picked) and g == (picked or rk.row_groups(x.shape[-1]))
             rows.append([name, g, "yes" if share else "no", f"{us:.1f}", f"{floor:.1f}", f"{us / floor:.2f}", exact,
                          "*" if default else ""])
             out.append(dict(workload=name, op=op_name, groups=g, shared_trig=share, steady_us=us, floor_us=floor,

@@ -228,17 +228,25 @@ def _rms_norm_kernel(
     C1_DT: tl.constexpr, HAS_W: tl.constexpr, W_DT: tl.constexpr, HAS_B: tl.constexpr, B_DT: tl.constexpr,
     C2_DT: tl.constexpr, HAS_SCALE: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr,
     HAS_SHIFT: tl.constexpr, V_DT: tl.constexpr, ROPE: tl.constexpr = False, SHARED_TRIG: tl.constexpr = False,
+    L2_CONST: tl.constexpr = 0, N_POW2: tl.constexpr = 0, X_FLAT: tl.constexpr = False,
+    O_FLAT: tl.constexpr = False,
 ):
+    if L2_CONST > 0:  # rows over several dims: the innermost (heads) is a constant, its divisions a multiply
+        L2 = L2_CONST
+    # X_FLAT / O_FLAT: x's / out's rows are evenly strided (row r at r * s2) even where scale/shift or cos/sin
+    # need the rows' dims (RoPE tables broadcast over heads)
+    XD: tl.constexpr = 1 if X_FLAT else ROW_DIMS
+    OD: tl.constexpr = 1 if O_FLAT else ROW_DIMS
     if WIDE_ROWS:  # M >= 2**31 - 2**8: row indices in int64
         first = tl.program_id(0).to(tl.int64) * ROWS
     else:
         first = tl.program_id(0) * ROWS
     if ROWS == 1:
-        x_lanes = X + _row_offsets(first, L1, L2, x_s0, x_s1, x_s2, ROW_DIMS)  # one row: a scalar pointer
+        x_lanes = X + _row_offsets(first, L1, L2, x_s0, x_s1, x_s2, XD)  # one row: a scalar pointer
         lane_ok = first < M
     else:
         lane_row = first + tl.arange(0, ROWS * LPR) // LPR
-        x_lanes = X + _row_offsets(lane_row, L1, L2, x_s0, x_s1, x_s2, ROW_DIMS)
+        x_lanes = X + _row_offsets(lane_row, L1, L2, x_s0, x_s1, x_s2, XD)
         lane_ok = lane_row < M
     r = first + tl.arange(0, ROWS)
     row_ok = r < M
@@ -258,12 +266,15 @@ def _rms_norm_kernel(
             cos_pre = tl.load(SCALE + sc_off + cols[None, :], mask=pre_mask, other=0.0)
             sin_pre = tl.load(SHIFT + sh_off + cols[None, :], mask=pre_mask, other=0.0)
     sumsq = rms_row_sum_squares(x_lanes, lane_ok, N, x_sd, N_ITERS, ROWS, LPR, VEC, PUSH_FMA, UNIFORM)
-    var = tl.math.div_rn(sumsq, tl.cast(N, tl.float32))
+    if N_POW2 > 0:  # x / 2**k and x * 2**-k are the same real number, rounded once: the same bits
+        var = sumsq * (1.0 / N_POW2)
+    else:
+        var = tl.math.div_rn(sumsq, tl.cast(N, tl.float32))
     rstd = tl.math.rsqrt(var + eps)
     if STORE_RSTD:
         tl.store(RSTD + r, rstd, mask=row_ok)
-    x_rows = X + _row_offsets(r, L1, L2, x_s0, x_s1, x_s2, ROW_DIMS)
-    o_off = _row_offsets(r, L1, L2, o_s0, o_s1, o_s2, ROW_DIMS)[:, None]
+    x_rows = X + _row_offsets(r, L1, L2, x_s0, x_s1, x_s2, XD)
+    o_off = _row_offsets(r, L1, L2, o_s0, o_s1, o_s2, OD)[:, None]
     for it in range(N_ITERS):
         c = it * BLOCK + cols
         mask = row_ok[:, None] & (c < N)[None, :]
@@ -345,6 +356,13 @@ def stats_constexprs(D: int, push_fma: bool = True, groups: int | None = None) -
                 UNIFORM=is_uniform(D, n_iters, lpr, VEC))
 
 
+def evenly_strided(sizes, strides) -> bool:
+    """Whether row r of rows [L0, L1, L2] with these strides lies at r * strides[2], as ``_row_offsets``
+    addresses it with one dim (for rows over one dim it does already)."""
+    (L0, L1, L2), (s0, s1, s2) = sizes, strides
+    return (L1 == 1 or s1 == L2 * s2) and (L0 == 1 or s0 == L1 * L2 * s2)
+
+
 def row_dims(L0: int, L1: int) -> int:
     """How many of the row dims [L0, L1, L2] ``_row_offsets`` must divide out (row_layout pads in front)."""
     return 3 - (L0 == 1) - (L0 == L1 == 1)
@@ -356,16 +374,18 @@ def _expanded_strides(t: torch.Tensor | None, shape) -> tuple[int, ...] | None:
 
 def plan_rms_norm(x, out_shape, out_strides, out_dtype, weight, bias, eps, scale, shift, tail: Tail,
                   rows, push_fma: bool = True, store_rstd: bool = False, rope: bool = False,
-                  groups: int | None = None, share_trig: bool = False):
+                  groups: int | None = None, share_trig: bool = True):
     """A launch for inputs of this layout (the guards in lowering/rms_norm.py accepted them).
 
     ``rows`` is ``(sizes[3], strides[3] of x, scale, shift, out)`` from ``lowering.rms_norm.row_layout``.
     ``rope``: scale and shift are RoPE's cos and sin (fp32), applied to the rounded output (``rms_norm_rope``).
     ``groups``: row groups per program (``stats_constexprs``); the default picks by D.
     ``share_trig`` (``rope``): the most groups with which each program's rows share one cos/sin row
-    (``shared_trig_groups``), read once per program. Off by default: measured slower on the H200 (FLUX
-    [1,4608,24,128], steady: 28.0 µs with 2 groups and one row against 24.3 µs with 4 groups and a row per row,
-    results/h200-2026-11-30g/run2/bench_rms_norm.json); ``benchmarks/bench_rms_norm.py`` times both.
+    (``shared_trig_groups``), read once per program, where the heads allow it. On by default since the
+    kernel's row addressing lost its divisions (FLUX [1,4608,24,128], steady: 22.5 µs with 2 groups and one
+    row against 25.4 µs with 4 groups and a row per row, results/h200-2026-11-30h/run4/bench_rms_norm.json;
+    before that change the shared row was the slower one, 28.0 against 24.3, .../2026-11-30g/run2);
+    ``benchmarks/bench_rms_norm.py`` times both.
     Returns ``launch(x, weight, bias, scale, shift, out=None) -> (out, rstd or None)``; ``out`` (optional) is
     written in place and must have ``out_shape`` and ``out_strides``.
     """
@@ -377,6 +397,13 @@ def plan_rms_norm(x, out_shape, out_strides, out_dtype, weight, bias, eps, scale
         groups = shared
     const = dict(**stats_constexprs(D, push_fma, groups), STORE_RSTD=store_rstd, ROW_DIMS=row_dims(L0, L1),
                  WIDE_ROWS=M >= 2**31 - 2**8, **tail_constexprs(tail), ROPE=rope)
+    # With rows over two or three dims the innermost is the heads (FLUX's 24; fixed per model, one compile):
+    # as a constant, each row's division by it is a multiply-high instead of an int32 division routine per
+    # lane (six per thread in the RoPE kernel). One dim of rows is the row count, which changes with the
+    # resolution: it stays an argument.
+    const["L2_CONST"] = L2 if const["ROW_DIMS"] >= 2 else 0
+    const["N_POW2"] = D if D & (D - 1) == 0 else 0  # var = sum * 2**-k, no division routine
+    const["X_FLAT"], const["O_FLAT"] = (const["ROW_DIMS"] > 1 and evenly_strided((L0, L1, L2), t) for t in (xs, os_))
     # every program's rows lie in one run of L2 rows (L2 % ROWS == 0, so M % ROWS == 0: no partial program)
     const["SHARED_TRIG"] = shared is not None and const["N_ITERS"] == 1 and L2 % const["ROWS"] == 0
     grid = (triton.cdiv(M, const["ROWS"]),)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 import sys
 from pathlib import Path
 
@@ -379,8 +380,10 @@ def test_live_kernel_that_is_not_eager_is_rejected_and_the_output_is_eager(resul
 
 
 def _compile_sm90(D, x="bf16", push_fma=True, tail=None, out="bf16", row_dims=1, rope=False, groups=None,
-                  shared_trig=False):
-    """Compile ``_rms_norm_kernel`` for sm_90 as the launcher does for these operands."""
+                  shared_trig=False, l2_const=None, flat=False):
+    """Compile ``_rms_norm_kernel`` for sm_90 as the launcher does for these operands (``l2_const``: the heads
+    constant of rows over several dims, 24 by default there; ``flat``: x's and out's rows evenly strided)."""
+    l2_const = (24 if row_dims >= 2 else 0) if l2_const is None else l2_const
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -391,7 +394,8 @@ def _compile_sm90(D, x="bf16", push_fma=True, tail=None, out="bf16", row_dims=1,
     ptr = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
     k = rk._rms_norm_kernel
     const = dict(**rk.stats_constexprs(D, push_fma, groups), STORE_RSTD=False, ROW_DIMS=row_dims, WIDE_ROWS=False,
-                 **rk.tail_constexprs(tail or Tail()), ROPE=rope, SHARED_TRIG=shared_trig)
+                 **rk.tail_constexprs(tail or Tail()), ROPE=rope, SHARED_TRIG=shared_trig, L2_CONST=l2_const,
+                 N_POW2=D if D & (D - 1) == 0 else 0, X_FLAT=flat, O_FLAT=flat)
     # M, L1, L2 as Triton's JIT types them for values below 2**31
     sig = {**{p: ptr[x] for p in ("X", "W", "B", "SCALE", "SHIFT")}, "OUT": ptr[out], "RSTD": "*fp32",
            **({"SCALE": "*fp32", "SHIFT": "*fp32"} if rope else {}),
@@ -434,7 +438,13 @@ def test_rms_norm_compiles_for_sm90_with_only_the_push_fma(D, groups):
     assert ck.asm.get("cubin") and per_thread == (groups or (4 if D <= 512 else 1))
     # one push per element a thread owns: no lane is computed twice (a replicated layout would be)
     assert len(re.findall(r"\bfma\.rn\.f32", ptx)) == 4 * const["N_ITERS"] * per_thread
-    assert "div.rn.f32" in ptx and "rsqrt.approx" in ptx and ".approx" not in ptx.replace("rsqrt.approx", "")
+    assert "rsqrt.approx" in ptx and ".approx" not in ptx.replace("rsqrt.approx", "")
+    # var = sum / N: an IEEE division, or for N = 2**k the multiply by 2**-k (the same real number, rounded once)
+    pow2 = D & (D - 1) == 0
+    assert ("div.rn.f32" in ptx) != pow2
+    if pow2:
+        inv = "0f%08X" % struct.unpack("<I", struct.pack("<f", 1.0 / D))[0]
+        assert re.search(r"mul\.rn\.f32\s+%r\d+, %r\d+, " + inv + ";", ptx)
     # x: 4 bf16 per load (one scalar load is the weight when a row is 128 elements, one per thread)
     assert "ld.global.v2.b32" in ptx and ptx.count("ld.global.b16") <= (D == 128)
     # every x load comes before the first shuffle: all row groups' bytes are in flight at once
@@ -453,8 +463,12 @@ def test_row_addressing_takes_no_64_bit_division(D):
     _, flat = _compile_sm90(D, row_dims=1)
     assert not re.search(r"\b(div|rem)\.[su](32|64)\b", flat.asm["ptx"])
     for row_dims in (2, 3):
-        ptx = _compile_sm90(D, row_dims=row_dims)[1].asm["ptx"]
+        ptx = _compile_sm90(D, row_dims=row_dims, l2_const=0)[1].asm["ptx"]
         assert re.search(r"\b(div|rem)\.[su]32\b", ptx) and not re.search(r"\b(div|rem)\.[su]64\b", ptx)
+    # the heads as a constant (what the launcher compiles): rows over two dims divide by a multiply-high
+    for flat_rows in (False, True):
+        ptx = _compile_sm90(D, row_dims=2, l2_const=24, flat=flat_rows)[1].asm["ptx"]
+        assert not re.search(r"\b(div|rem)\.[su](32|64)\b", ptx)
 
 
 @pytest.mark.parametrize("shape, row_dims", [((1, 4608, 24, 128), 1), ((2, 7, 64), 1), ((3, 64), 1),
