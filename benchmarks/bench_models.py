@@ -29,6 +29,7 @@ it finished.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import datetime
 import gc
@@ -532,7 +533,10 @@ def markdown(runs: list[dict]) -> str:
                         if meta.get("tiny") else ""))
         lines.append("")
     lines += ["| " + " | ".join(TABLE_HEADERS) + " |", "|" + "---|" * len(TABLE_HEADERS)]
-    data = {"models": [rec for run in runs for rec in run["models"]]}
+    # a model measured in more than one run: its rows and notes name the run by its start time
+    seen = collections.Counter(rec["label"] for run in runs for rec in run["models"])
+    data = {"models": [dict(rec, label=f"{rec['label']} [{run['meta']['date'].split(' ', 1)[-1]}]")
+                       if seen[rec["label"]] > 1 else rec for run in runs for rec in run["models"]]}
     notes = []
     for rec in data["models"]:
         for row in table_rows(rec):
