@@ -36,7 +36,6 @@ import gc
 import json
 import math
 import os
-import re
 import statistics
 import sys
 import time
