@@ -153,7 +153,8 @@ def _plan(inputs, key):
     from ..kernels.pointwise_codegen import load_kernel
 
     src = _prepared.pop(layout_key(inputs, key), None) or generate_source(inputs, key)
-    kernel = CachedLaunch(load_kernel(src), src.grid, src.constexprs, num_warps=NUM_WARPS, enable_fp_fusion=False)
+    kernel = CachedLaunch(load_kernel(src), src.grid, src.constexprs, num_warps=NUM_WARPS, enable_fp_fusion=False,
+                          enable_reflect_ftz=DEFAULT_VARIANTS.reflect_ftz)
     outs, numel = src.outputs, src.numel
     device = inputs[0].device
 
@@ -172,7 +173,7 @@ def launch_once(key: str, inputs, variants: Variants = DEFAULT_VARIANTS) -> list
     src = generate_source(inputs, key, variants)
     outs = [torch.empty_strided(o.shape, o.stride, dtype=o.dtype, device=inputs[0].device) for o in src.outputs]
     load_kernel(src)[src.grid](*inputs, *outs, src.numel, **src.constexprs, num_warps=NUM_WARPS,
-                               enable_fp_fusion=variants.fp_fusion)
+                               enable_fp_fusion=variants.fp_fusion, enable_reflect_ftz=variants.reflect_ftz)
     return outs
 
 
