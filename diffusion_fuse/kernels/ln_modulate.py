@@ -282,47 +282,6 @@ def _ln_modulate_row_group_kernel(
                      HAS_SCALE_TEMB, HAS_SHIFT_TEMB, ROWS, ONE_EXCHANGE)
 
 
-@triton.jit(do_not_specialize=["S", "M", "q_plane", "q_lo", "q_hi"])
-def _ln_modulate_persistent_kernel(
-    X, W, B, SCALE, SHIFT, OUT,
-    N, S, M, eps,
-    x_sb, x_ss, x_sd, sc_sb, sc_ss, sh_sb, sh_ss,
-    Q, q_plane, S0, S1, S2, S3, q_lo, q_hi,
-    SCALE_T, SHIFT_T, sct_sb, sct_ss, sht_sb, sht_ss,
-    N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_SHIFT: tl.constexpr,
-    LN_DT: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr, V_DT: tl.constexpr,
-    PUSH_MEAN_FMA: tl.constexpr, PUSH_M2_FMA: tl.constexpr, COMB_MEAN: tl.constexpr,
-    COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr, UNIFORM: tl.constexpr, STAGES: tl.constexpr,
-    TRIPS: tl.constexpr,
-    N_Q: tl.constexpr, STORE_OUT: tl.constexpr, OUT_DT: tl.constexpr, Q_MODE: tl.constexpr, NAN_SIGN: tl.constexpr,
-    HAS_SCALE_TEMB: tl.constexpr, HAS_SHIFT_TEMB: tl.constexpr, ONE_EXCHANGE: tl.constexpr,
-):
-    # UNIFORM rows only. A fixed number of programs P (a few per SM) each take TRIPS rows p, p + P, ...;
-    # Triton's software pipeliner turns the row loads of this loop into cp.async copies to shared
-    # memory STAGES - 1 rows ahead, so the next rows' DRAM reads are in flight while this row reduces,
-    # without the registers a second tile costs (_ln_modulate_rows_kernel). Each row runs the one-row
-    # arithmetic: the same bits. Rows past the end are clamped to the last row (P * TRIPS - M < TRIPS
-    # programs recompute it and store the same bits again). The trip count is a constexpr (one compile
-    # per count): Triton's interpreter ranges over Python ints only.
-    tl.static_assert(UNIFORM, "whole rows are held in registers")
-    s0, s1, s2, s3 = load_scales(S0, S1, S2, S3, N_Q)
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    for trip in tl.range(0, TRIPS, num_stages=STAGES):
-        row = tl.minimum(pid + trip * nprog, M - 1)
-        bi = (row // S).to(tl.int64)  # int32 division, int64 offsets (program_row says why)
-        si = (row % S).to(tl.int64)
-        row64 = row.to(tl.int64)
-        tile = load_row_tile(X + bi * x_sb + si * x_ss, x_sd, N_ITERS, LANES, VEC)
-        ln_modulate_tile(tile, W, B, SCALE + bi * sc_sb + si * sc_ss, SHIFT + bi * sh_sb + si * sh_ss, OUT + row64 * N,
-                         N, eps, N_ITERS, LANES, VEC, HAS_W, HAS_B, HAS_SHIFT, LN_DT, T_DT, U_DT, V_DT,
-                         PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA,
-                         Q + row64 * N, q_plane, s0, s1, s2, s3, q_lo, q_hi, N_Q, STORE_OUT, OUT_DT, Q_MODE,
-                         NAN_SIGN, SCALE_T + bi * sct_sb + si * sct_ss, SHIFT_T + bi * sht_sb + si * sht_ss, True,
-                         HAS_SCALE_TEMB, HAS_SHIFT_TEMB, ONE_EXCHANGE=ONE_EXCHANGE)
-
-
 ROWS_PER_PROGRAM = 1  # >1: programs that prefetch the next row; measured slower on H200 (NOTES.md)
 
 
@@ -337,41 +296,24 @@ class LaunchVariant:
         and m2 packed in one int64 (one barrier; separately they take three).
     max_registers: a register cap per thread (Triton's ``maxnreg``) for more programs per SM; a cap
         below the kernel's need spills to local memory (tests/kernels/test_compile_sm90.py reports).
-    stages: > 0 for a persistent launch (``_ln_modulate_persistent_kernel``): ``programs_per_sm`` programs
-        per SM walk the rows, their loads pipelined ``stages - 1`` rows ahead through shared memory.
-    row_group, one_exchange and stages apply where D % 512 == 0 (rows held in registers); other D run
-    the one-row kernel (with max_registers).
+    row_group and one_exchange apply where D % 512 == 0 (rows held in registers); other D run the
+    one-row kernel (with max_registers).
     """
 
     row_group: int = 1
     one_exchange: bool = False
     max_registers: int | None = None
-    stages: int = 0
-    programs_per_sm: int = 8
 
     def __post_init__(self):
         if self.row_group not in (1, 2, 4):  # 4 rows: 16 warps, 512 threads
             raise ValueError(f"row_group={self.row_group}: 1, 2 or 4")
-        if self.stages and (self.row_group > 1 or self.stages not in (2, 3, 4)):
-            raise ValueError(f"stages={self.stages}: 0, or 2 to 4 with row_group=1")
-        if not 1 <= self.programs_per_sm <= 16:
-            raise ValueError(f"programs_per_sm={self.programs_per_sm}: 1 to 16")
 
     @property
     def label(self) -> str:
         parts = [f"{self.row_group} rows/{4 * self.row_group} warps" if self.row_group > 1 else "1 row/4 warps"]
-        parts += [f"persistent {self.programs_per_sm}/SM, {self.stages} stages"] if self.stages else []
         parts += ["1 exchange"] if self.one_exchange else []
         parts += [f"maxnreg {self.max_registers}"] if self.max_registers else []
         return ", ".join(parts)
-
-    def persistent_grid(self, rows: int, device: torch.device) -> tuple[int, int]:
-        """(programs, rows per program) of a persistent launch: about ``programs_per_sm`` programs per SM,
-        trimmed so that programs * trips exceeds ``rows`` by less than ``trips`` (on the CPU, Triton's
-        interpreter, 4 SMs: several rows per program, as on the GPU)."""
-        sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-        trips = triton.cdiv(rows, max(1, min(rows, sms * self.programs_per_sm)))
-        return triton.cdiv(rows, trips), trips
 
     def options(self) -> dict:
         """Triton launch options beyond num_warps and enable_fp_fusion (none for the default)."""
@@ -389,12 +331,6 @@ LAUNCH_CANDIDATES = {
     "exchange1_maxreg40": LaunchVariant(one_exchange=True, max_registers=40),
     "group2_exchange1_maxreg40": LaunchVariant(row_group=2, one_exchange=True, max_registers=40),
     "exchange1_maxreg56": LaunchVariant(one_exchange=True, max_registers=56),
-    # persistent: programs per SM that stay resident at FLUX's D = 3072 bf16 (sm_90 compile: 56 registers;
-    # 20 / 41 KB of shared memory at 2 / 3 stages, tests/kernels/test_compile_sm90.py -s). Measured 1.8x
-    # (FLUX) to 3.5x (Wan2.1) slower than the default, exact (NOTES.md, session 8); kept as the measured
-    # alternative, like the row groups.
-    "persistent9_s2": LaunchVariant(stages=2, programs_per_sm=9),
-    "persistent5_s3": LaunchVariant(stages=3, programs_per_sm=5),
 }
 
 
@@ -456,12 +392,7 @@ def plan_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, sc
     if lv.row_group > 1 and per_program > 1:
         raise ValueError("a row group and rows_per_program > 1 do not combine")
     options = dict(enable_fp_fusion=False, **lv.options())
-    if lv.stages and const["UNIFORM"] and rows > 0:
-        programs, trips = lv.persistent_grid(rows, device)
-        kernel = CachedLaunch(_ln_modulate_persistent_kernel, (programs,),
-                              dict(const, STAGES=lv.stages, TRIPS=trips), num_warps=LANES // 32, **options)
-        sizes = (D, S, rows)
-    elif lv.row_group > 1 and const["UNIFORM"] and rows > 0:
+    if lv.row_group > 1 and const["UNIFORM"] and rows > 0:
         kernel = CachedLaunch(_ln_modulate_row_group_kernel, (triton.cdiv(rows, lv.row_group),),
                               dict(const, ROWS=lv.row_group), num_warps=lv.row_group * LANES // 32, **options)
         sizes = (D, S, rows)

@@ -37,17 +37,15 @@ def compile_for_sm90(kernel, types: dict, const: dict):
 
 
 def compile_ln_modulate(D, x="bf16", mod="bf16", out="bf16", ln="bf16", affine=False, shift=True, n_q=0,
-                        keep_out=True, rows=0, temb=None, group=1, one_exchange=False, max_registers=None,
-                        stages=0, trips=5):
+                        keep_out=True, rows=0, temb=None, group=1, one_exchange=False, max_registers=None):
     """Compile as the launcher does for contiguous, 16-byte aligned operands: x's unit stride along D
     is a constant, pointers and row strides carry Triton's divisibility-by-16 specialization.
     ``rows`` > 0: the several-rows-per-program kernel (UNIFORM D only). ``temb``: the dtype of
     scale's and shift's second addends (Wan's timestep table), or None. ``group`` > 1: the row-group
-    kernel (``group`` rows side by side, 4 * group warps; UNIFORM D only). ``stages`` > 0: the persistent kernel
-    (``trips`` rows per program, loads pipelined ``stages - 1`` rows ahead; UNIFORM D only)."""
+    kernel (``group`` rows side by side, 4 * group warps; UNIFORM D only)."""
     assert not (rows and group > 1)
-    k = lm._ln_modulate_persistent_kernel if stages else lm._ln_modulate_rows_kernel if rows else \
-        lm._ln_modulate_row_group_kernel if group > 1 else lm._ln_modulate_kernel
+    k = lm._ln_modulate_rows_kernel if rows else lm._ln_modulate_row_group_kernel if group > 1 else \
+        lm._ln_modulate_kernel
     rows = rows or (group if group > 1 else 0)  # both take ROWS and M
     n_iters = lns.n_iters_for(D)
     const = dict(N_ITERS=n_iters, LANES=lns.LANES, VEC=lns.VEC, HAS_W=affine, HAS_B=affine, HAS_SHIFT=shift,
@@ -55,7 +53,7 @@ def compile_ln_modulate(D, x="bf16", mod="bf16", out="bf16", ln="bf16", affine=F
                  **lns.DEFAULT_VARIANT.constexprs(), UNIFORM=lns.is_uniform(D, n_iters),
                  **quant_constexprs(n_q, keep_out, out), **({"ROWS": rows} if rows else {}),
                  HAS_SCALE_TEMB=temb is not None, HAS_SHIFT_TEMB=temb is not None and shift,
-                 ONE_EXCHANGE=one_exchange, **({"STAGES": stages, "TRIPS": trips} if stages else {}))
+                 ONE_EXCHANGE=one_exchange)
     names = k.arg_names
     sig = {"X": PTR[x], "W": PTR[ln], "B": PTR[ln], "SCALE": PTR[mod], "SHIFT": PTR[mod], "OUT": PTR[out],
            "SCALE_T": PTR[temb or mod], "SHIFT_T": PTR[temb or mod],
@@ -185,24 +183,6 @@ def test_register_capped_candidates_compile_for_sm90(form, name):
     # a row group at 40 spills a few bytes (measured as is: the GPU decides)
     if lv.row_group == 1 and (lv.max_registers, D) in ((40, 3072), (56, 5120)):
         assert stack == 0
-
-
-@pytest.mark.parametrize("name", [n for n, lv in lm.LAUNCH_CANDIDATES.items() if lv.stages])
-@pytest.mark.parametrize("form", list(LAUNCH_FORMS))
-def test_persistent_candidates_pipeline_row_loads_through_shared_memory(form, name):
-    # what the persistent launch is for: Triton's pipeliner turns the loop's row loads into cp.async
-    # copies (no ld.global of x left), STAGES - 1 rows of shared memory ahead, and the row still needs no
-    # more registers per thread than the one-row kernel's row in flight
-    lv = lm.LAUNCH_CANDIDATES[name]
-    D, kw = LAUNCH_FORMS[form]
-    ck = compile_ln_modulate(D, stages=lv.stages, **kw)
-    ptx, regs = ck.asm["ptx"], cubin_registers(ck)
-    print(f"{form} {name}: {regs} registers, {ck.metadata.shared} B shared, {ptx.count('cp.async.')} cp.async, "
-          f"{cubin_stack_bytes(ck)} B stack")
-    assert "cp.async.cg.shared.global" in ptx or "cp.async.ca.shared.global" in ptx
-    assert ck.metadata.shared >= (lv.stages - 1) * D * (2 if kw.get("x", "bf16") == "bf16" else 4)
-    assert shuffle_layouts(ck.asm["ttgir"]) <= IDENTITY_LAYOUTS
-    assert cubin_stack_bytes(ck) == 0
 
 
 def test_aligned_rows_load_and_store_4_elements_per_instruction():

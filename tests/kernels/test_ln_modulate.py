@@ -45,8 +45,6 @@ VARIANT_CASES = [
     ("rows_2d_fp32_odd", (7, 2048), torch.float32, None, None, "row", True, False),
 ]
 VARIANT_NAMES = [f"group{g}" + ("_exchange1" if ex else "") for g in (1, 2, 4) for ex in (False, True)]
-# persistent launches with one program per (interpreter) SM: 4 programs, so most cases give a program several rows
-PERSISTENT_NAMES = ["persistent_s2", "persistent_s3"]
 
 
 def _case_inputs(shape, dtype, ln_dtype, layout, shift, affine, seed=0):
@@ -90,7 +88,6 @@ def worker() -> dict:
     # max_registers is a compiler option the interpreter does not see: the other fields are what differ here
     variants = {name: LaunchVariant(row_group=int(name[5]), one_exchange=name.endswith("_exchange1"))
                 for name in VARIANT_NAMES}
-    variants.update({name: LaunchVariant(stages=int(name[-1]), programs_per_sm=1) for name in PERSISTENT_NAMES})
     res["variants"] = {}
     for name, shape, dtype, ln_dtype, out_dtype, layout, shift, affine in VARIANT_CASES:
         x, w, b, sc, sh = _case_inputs(shape, dtype, ln_dtype, layout, shift, affine, seed=1)
@@ -155,7 +152,7 @@ def test_rows_per_program_kernel_equals_one_program_per_row(results, case):
     assert results["kernel"][case]["rows_per_program_equals_one"]
 
 
-@pytest.mark.parametrize("variant", VARIANT_NAMES + PERSISTENT_NAMES)
+@pytest.mark.parametrize("variant", VARIANT_NAMES)
 @pytest.mark.parametrize("case", [c[0] for c in VARIANT_CASES])
 def test_launch_variant_equals_default_bitwise(results, case, variant):
     assert results["variants"][f"{case}-{variant}"]
