@@ -8,7 +8,7 @@
 #   TESTS="tests/gpu/test_a.py tests/gpu/test_b.py" picks test files; BENCHES="bench_e2e bench_pointwise" picks
 #   benchmark steps; BENCH_E2E_ARGS adds options to bench_e2e.py (e.g. "--models flux_stack --profile"),
 #   E2E_LIMIT its time limit in seconds (400), NORM_LIMIT bench_norm.py's (200), BENCH_NORM_ARGS its options
-#   (e.g. "--variants persistent8_s2,group2")
+#   (e.g. "--variants group2,exchange1")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL="${OUT:-$PWD/out}"; mkdir -p "$FINAL"

@@ -363,6 +363,22 @@ def evenly_strided(sizes, strides) -> bool:
     return (L1 == 1 or s1 == L2 * s2) and (L0 == 1 or s0 == L1 * L2 * s2)
 
 
+def addressing_constexprs(x_dim: int, D: int, rows) -> dict:
+    """How the kernel addresses rows without divisions it can avoid (``rows`` as ``plan_rms_norm`` takes it)."""
+    (L0, L1, L2), (xs, _, _, os_) = rows
+    dims = row_dims(L0, L1)
+    return dict(
+        # Rows of a [..., heads, D] input over two or three dims: the innermost is the heads (FLUX's 24; fixed
+        # per model, one compile). As a constant, each row's division by it is a multiply-high instead of an
+        # int32 division routine per lane (six per thread in the RoPE kernel). Other row dims (tokens, batch;
+        # for a [B, S, D] input the innermost is the tokens) change with the resolution: they stay arguments.
+        L2_CONST=L2 if dims >= 2 and x_dim >= 4 else 0,
+        N_POW2=D if D & (D - 1) == 0 else 0,  # var = sum * 2**-k, no division routine
+        X_FLAT=dims > 1 and evenly_strided((L0, L1, L2), xs),
+        O_FLAT=dims > 1 and evenly_strided((L0, L1, L2), os_),
+    )
+
+
 def row_dims(L0: int, L1: int) -> int:
     """How many of the row dims [L0, L1, L2] ``_row_offsets`` must divide out (row_layout pads in front)."""
     return 3 - (L0 == 1) - (L0 == L1 == 1)
@@ -397,13 +413,7 @@ def plan_rms_norm(x, out_shape, out_strides, out_dtype, weight, bias, eps, scale
         groups = shared
     const = dict(**stats_constexprs(D, push_fma, groups), STORE_RSTD=store_rstd, ROW_DIMS=row_dims(L0, L1),
                  WIDE_ROWS=M >= 2**31 - 2**8, **tail_constexprs(tail), ROPE=rope)
-    # With rows over two or three dims the innermost is the heads (FLUX's 24; fixed per model, one compile):
-    # as a constant, each row's division by it is a multiply-high instead of an int32 division routine per
-    # lane (six per thread in the RoPE kernel). One dim of rows is the row count, which changes with the
-    # resolution: it stays an argument.
-    const["L2_CONST"] = L2 if const["ROW_DIMS"] >= 2 else 0
-    const["N_POW2"] = D if D & (D - 1) == 0 else 0  # var = sum * 2**-k, no division routine
-    const["X_FLAT"], const["O_FLAT"] = (const["ROW_DIMS"] > 1 and evenly_strided((L0, L1, L2), t) for t in (xs, os_))
+    const.update(addressing_constexprs(x.dim(), D, rows))
     # every program's rows lie in one run of L2 rows (L2 % ROWS == 0, so M % ROWS == 0: no partial program)
     const["SHARED_TRIG"] = shared is not None and const["N_ITERS"] == 1 and L2 % const["ROWS"] == 0
     grid = (triton.cdiv(M, const["ROWS"]),)

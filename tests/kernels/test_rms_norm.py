@@ -516,3 +516,31 @@ def test_rms_norm_chain_tail_with_modulate_compiles_for_sm90():
 
 if __name__ == "__main__":
     worker_main(worker)
+
+
+@pytest.mark.parametrize("shape, mod_shape, heads_const, flat", [
+    ((1, 4608, 24, 128), (1, 4608, 1, 128), 24, True),  # FLUX QK norm + RoPE: cos/sin broadcast over heads
+    ((2, 300, 8, 64), (2, 300, 1, 64), 8, True),
+    ((2, 300, 2048), (2, 1, 2048), 0, True),  # [B, S, D], per-batch modulate: the innermost row dim is the tokens
+    ((1, 4608, 24, 128), None, 0, False),  # contiguous, no modulate: one dim of rows
+])
+def test_only_the_heads_become_a_compile_time_constant(shape, mod_shape, heads_const, flat):
+    # kernels/rms_norm.py addressing_constexprs: a dim that changes with the resolution must stay an argument
+    # (one compile for every resolution); x's and out's evenly strided rows take one multiply
+    import torch as _torch
+
+    from diffusion_fuse.kernels.rms_norm import addressing_constexprs
+    from diffusion_fuse.lowering.rms_norm import _contiguous, _rows
+
+    x = _torch.empty(shape)
+    mod = None if mod_shape is None else _torch.empty(mod_shape)
+    rows = _rows(x, _contiguous(x.shape), mod, mod)
+    const = addressing_constexprs(x.dim(), shape[-1], rows)
+    assert const["L2_CONST"] == heads_const
+    assert const["X_FLAT"] == const["O_FLAT"] == flat
+    assert const["N_POW2"] == (shape[-1] if shape[-1] & (shape[-1] - 1) == 0 else 0)
+    if mod_shape is not None:  # a second resolution: the same constants, so the same compiled kernel
+        other = _torch.empty(shape[0], 2 * shape[1], *shape[2:])
+        other_mod = _torch.empty(mod_shape[0], 2 * mod_shape[1] if mod_shape[1] > 1 else 1, *mod_shape[2:])
+        assert addressing_constexprs(other.dim(), shape[-1],
+                                     _rows(other, _contiguous(other.shape), other_mod, other_mod)) == const
