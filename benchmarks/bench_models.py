@@ -534,7 +534,7 @@ def markdown(runs: list[dict]) -> str:
     lines += ["| " + " | ".join(TABLE_HEADERS) + " |", "|" + "---|" * len(TABLE_HEADERS)]
     # a model measured in more than one run: its rows and notes name the run by its start time
     seen = collections.Counter(rec["label"] for run in runs for rec in run["models"])
-    data = {"models": [dict(rec, label=f"{rec['label']} [{run['meta']['date'].split(' ', 1)[-1]}]")
+    data = {"models": [dict(rec, label=f"{rec['label']} [{run['meta']['date']}]")
                        if seen[rec["label"]] > 1 else rec for run in runs for rec in run["models"]]}
     notes = []
     for rec in data["models"]:

@@ -65,12 +65,13 @@ def test_tiny_run_then_table(tmp_path):
     _run("--table", "--json", str(out), "--md", str(md))
     assert md.read_text() == text  # idempotent
     # the same models in two runs: each row names its run by the run's start time
-    data["meta"]["date"] = "2026-11-30 23:59 UTC"
+    data["meta"]["date"] = "2026-12-31 23:59 UTC"
     (tmp_path / "second.json").write_text(json.dumps(data))
     r = _run("--table", "--json", f"{out},{tmp_path / 'second.json'}", "--md", str(md))
     assert r.returncode == 0, r.stderr[-3000:]
     text = md.read_text()
-    assert "| FLUX.1-dev [23:59 UTC] | lossless |" in text and "| FLUX.1-dev | lossless |" not in text
+    assert "| FLUX.1-dev [2026-12-31 23:59 UTC] | lossless |" in text and "| FLUX.1-dev | lossless |" not in text
+    assert f"| FLUX.1-dev [{json.loads(out.read_text())['meta']['date']}] | lossless |" in text
 
 
 def test_bad_arguments_are_refused():

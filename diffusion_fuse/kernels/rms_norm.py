@@ -363,16 +363,17 @@ def evenly_strided(sizes, strides) -> bool:
     return (L1 == 1 or s1 == L2 * s2) and (L0 == 1 or s0 == L1 * L2 * s2)
 
 
-def addressing_constexprs(x_dim: int, D: int, rows) -> dict:
+def addressing_constexprs(D: int, rows, rope: bool) -> dict:
     """How the kernel addresses rows without divisions it can avoid (``rows`` as ``plan_rms_norm`` takes it)."""
-    (L0, L1, L2), (xs, _, _, os_) = rows
+    (L0, L1, L2), (xs, scs, shs, os_) = rows
     dims = row_dims(L0, L1)
     return dict(
-        # Rows of a [..., heads, D] input over two or three dims: the innermost is the heads (FLUX's 24; fixed
-        # per model, one compile). As a constant, each row's division by it is a multiply-high instead of an
-        # int32 division routine per lane (six per thread in the RoPE kernel). Other row dims (tokens, batch;
-        # for a [B, S, D] input the innermost is the tokens) change with the resolution: they stay arguments.
-        L2_CONST=L2 if dims >= 2 and x_dim >= 4 else 0,
+        # RoPE over [..., tokens, heads, D]: the innermost row dim is one the cos/sin tables do not vary along,
+        # the heads (FLUX's 24; fixed per model, one compile). As a constant, each row's division by it is a
+        # multiply-high instead of an int32 division routine per lane (six per thread). Any other innermost
+        # dim may be the tokens ([B, S, D] rows, [B, H, S, D] with tables along S), which change with the
+        # resolution: it stays an argument.
+        L2_CONST=L2 if dims >= 2 and rope and scs[2] == 0 and shs[2] == 0 else 0,
         N_POW2=D if D & (D - 1) == 0 else 0,  # var = sum * 2**-k, no division routine
         X_FLAT=dims > 1 and evenly_strided((L0, L1, L2), xs),
         O_FLAT=dims > 1 and evenly_strided((L0, L1, L2), os_),
@@ -413,7 +414,7 @@ def plan_rms_norm(x, out_shape, out_strides, out_dtype, weight, bias, eps, scale
         groups = shared
     const = dict(**stats_constexprs(D, push_fma, groups), STORE_RSTD=store_rstd, ROW_DIMS=row_dims(L0, L1),
                  WIDE_ROWS=M >= 2**31 - 2**8, **tail_constexprs(tail), ROPE=rope)
-    const.update(addressing_constexprs(x.dim(), D, rows))
+    const.update(addressing_constexprs(D, rows, rope))
     # every program's rows lie in one run of L2 rows (L2 % ROWS == 0, so M % ROWS == 0: no partial program)
     const["SHARED_TRIG"] = shared is not None and const["N_ITERS"] == 1 and L2 % const["ROWS"] == 0
     grid = (triton.cdiv(M, const["ROWS"]),)

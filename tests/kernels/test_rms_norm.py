@@ -518,13 +518,14 @@ if __name__ == "__main__":
     worker_main(worker)
 
 
-@pytest.mark.parametrize("shape, mod_shape, heads_const, flat", [
-    ((1, 4608, 24, 128), (1, 4608, 1, 128), 24, True),  # FLUX QK norm + RoPE: cos/sin broadcast over heads
-    ((2, 300, 8, 64), (2, 300, 1, 64), 8, True),
-    ((2, 300, 2048), (2, 1, 2048), 0, True),  # [B, S, D], per-batch modulate: the innermost row dim is the tokens
-    ((1, 4608, 24, 128), None, 0, False),  # contiguous, no modulate: one dim of rows
+@pytest.mark.parametrize("shape, mod_shape, rope, heads_const, flat", [
+    ((1, 4608, 24, 128), (1, 4608, 1, 128), True, 24, True),  # FLUX QK norm + RoPE: cos/sin broadcast over heads
+    ((2, 300, 8, 64), (2, 300, 1, 64), True, 8, True),
+    ((1, 24, 300, 128), (1, 1, 300, 128), True, 0, True),  # [B, H, S, D]: the tables vary along the innermost (S)
+    ((2, 300, 2048), (2, 1, 2048), False, 0, True),  # [B, S, D], per-batch modulate: the innermost is the tokens
+    ((1, 4608, 24, 128), None, False, 0, False),  # contiguous, no modulate: one dim of rows
 ])
-def test_only_the_heads_become_a_compile_time_constant(shape, mod_shape, heads_const, flat):
+def test_only_the_heads_become_a_compile_time_constant(shape, mod_shape, rope, heads_const, flat):
     # kernels/rms_norm.py addressing_constexprs: a dim that changes with the resolution must stay an argument
     # (one compile for every resolution); x's and out's evenly strided rows take one multiply
     import torch as _torch
@@ -535,12 +536,13 @@ def test_only_the_heads_become_a_compile_time_constant(shape, mod_shape, heads_c
     x = _torch.empty(shape)
     mod = None if mod_shape is None else _torch.empty(mod_shape)
     rows = _rows(x, _contiguous(x.shape), mod, mod)
-    const = addressing_constexprs(x.dim(), shape[-1], rows)
+    const = addressing_constexprs(shape[-1], rows, rope)
     assert const["L2_CONST"] == heads_const
     assert const["X_FLAT"] == const["O_FLAT"] == flat
     assert const["N_POW2"] == (shape[-1] if shape[-1] & (shape[-1] - 1) == 0 else 0)
-    if mod_shape is not None:  # a second resolution: the same constants, so the same compiled kernel
-        other = _torch.empty(shape[0], 2 * shape[1], *shape[2:])
-        other_mod = _torch.empty(mod_shape[0], 2 * mod_shape[1] if mod_shape[1] > 1 else 1, *mod_shape[2:])
-        assert addressing_constexprs(other.dim(), shape[-1],
-                                     _rows(other, _contiguous(other.shape), other_mod, other_mod)) == const
+    if mod_shape is not None:  # a second resolution (twice the tokens): the same constants, the same kernel
+        tok = 1 if heads_const or len(shape) == 3 else 2  # the tokens' dim: [B, S, ...] or [B, H, S, D]
+        grow = lambda s: tuple(2 * n if i == tok and n > 1 else n for i, n in enumerate(s))  # noqa: E731
+        other, other_mod = _torch.empty(grow(shape)), _torch.empty(grow(mod_shape))
+        assert addressing_constexprs(shape[-1], _rows(other, _contiguous(other.shape), other_mod, other_mod),
+                                     rope) == const
