@@ -9,6 +9,9 @@
    CHAINS: RoPE with and without the txt/img cat, gated residual, gelu + cat, residual + split
    + cat, gelu + clone, SwiGLU, Wan's fp32 residual): through the registered op (kernel hits
    counted), repeated calls, CUDA-graph replay.
+3. Exhaustively: ``tanh`` on all 2**32 fp32 patterns (subnormal inputs: the known FTZ gap, a strict xfail),
+   gelu-tanh on every bf16/fp16 value, every libdevice op on every fp32 subnormal input with libdevice's
+   flush-to-zero reflect on and off (``Variants.reflect_ftz``).
 
 Prints a table; writes ``$OUT/pointwise_gpu.json`` when OUT is set. About a minute on an H200
 (most of it compiling ~60 small kernels).
