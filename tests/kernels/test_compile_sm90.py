@@ -405,3 +405,43 @@ def test_pointwise_kernels_compile_for_sm90(name):
         assert src.tile is not None, src
         assert "ld.global.v4" in ptx and "st.global.v4" in ptx, name
         assert ck.asm["ttgir"].count("ttg.convert_layout") == 1 and ck.metadata.shared > 0
+
+
+def _sass_opcodes(ck) -> list[str]:
+    import os
+    import subprocess
+    import tempfile
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(ck.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    return re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9_]+)", sass, re.M)
+
+
+@pytest.mark.parametrize("mode", ["branchless", "libdevice"])
+def test_gelu_tanh_kernel_takes_both_tanh_paths_without_a_branch(mode):
+    import torch
+    import torch.nn.functional as F
+
+    from diffusion_fuse.kernels import pointwise_ops as po
+    from diffusion_fuse.kernels.pointwise_codegen import load_kernel
+    from diffusion_fuse.lowering.pointwise import generate_source
+    from diffusion_fuse.testing.pointwise import program_of
+
+    attn, mlp = torch.empty(1, 4608, 3072, dtype=torch.bfloat16), torch.empty(1, 4608, 12288, dtype=torch.bfloat16)
+    key = program_of(lambda m, a: torch.cat([a, F.gelu(m, approximate="tanh")], dim=2), mlp, attn)
+    src = generate_source([mlp, attn], key, po.Variants(tanh=mode))
+    k = load_kernel(src)
+    names = k.arg_names
+    sig = {n: ("constexpr" if n in src.constexprs else "*bf16" if n.startswith(("in", "out")) else "i32")
+           for n in names}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names if not n.startswith("BLOCK")}
+    ck = triton.compile(ASTSource(fn=k, signature=sig, constexprs={(names.index(n),): v for n, v in
+                                                                   src.constexprs.items()}, attrs=attrs),
+                        target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": False})
+    ops = _sass_opcodes(ck)
+    print(f"tanh={mode}: {len(ops)} SASS instructions, {ops.count('BSSY')} divergent-branch regions")
+    assert ops.count("MUFU") == 16
+    assert ops.count("BSSY") == (0 if mode == "branchless" else 7)
