@@ -98,38 +98,9 @@ class Variants:
     # test_pointwise_gpu.py). Off is what nvcc builds eager's kernels with (no -ftz); the candidate fix,
     # to be decided on the GPU by test_subnormal_inputs_per_variant.
     reflect_ftz: bool = True
-    # tanhf: "branchless" is TANH_PTX (libdevice's instructions, both paths computed, one selected);
-    # "libdevice" calls __nv_tanhf, which branches per element on |x| < 0.6
-    tanh: str = "branchless"
 
 
 DEFAULT_VARIANTS = Variants()
-
-# __nv_tanhf as Triton 3.6 builds it (FTZ reflect on), instruction for instruction as the sm_90 PTX of
-# ``libdevice.tanh`` has them, with its branch on |x| < 0.6 (or NaN) made a select.
-TANH_PTX = " ".join("""
-{ .reg .pred small, sat; .reg .b32 ax, x2, p, c, e, r, sg;
-abs.ftz.f32 ax, $1;
-setp.ltu.f32 small, ax, 0f3F19999A;
-mul.rn.f32 x2, $1, $1;
-mov.b32 c, 0f3C80F082;
-fma.rn.ftz.f32 p, c, x2, 0fBD563CAE;
-fma.rn.ftz.f32 p, p, x2, 0f3E085941;
-fma.rn.ftz.f32 p, p, x2, 0fBEAAA9ED;
-fma.rn.ftz.f32 p, p, x2, 0f00000000;
-fma.rn.ftz.f32 p, p, $1, $1;
-mul.rn.f32 e, ax, 0f4038AA3B;
-ex2.approx.ftz.f32 e, e;
-add.rn.f32 e, e, 0f3F800000;
-rcp.approx.ftz.f32 e, e;
-mov.b32 c, 0fC0000000;
-fma.rn.ftz.f32 r, e, c, 0f3F800000;
-setp.ge.f32 sat, ax, 0f41102CB4;
-selp.f32 r, 0f3F800000, r, sat;
-and.b32 sg, $1, -2147483648;
-or.b32 r, sg, r;
-selp.f32 $0, p, r, small; }
-""".split())
 
 
 def f32(x: float) -> float:
@@ -276,20 +247,13 @@ def _gelu(em: Emit, n: fx.Node, a: list[str], var: Variants) -> str:
             s = em.tmp(f"tl.fma({kappa}, {cube}, {x})")
         else:
             s = em.tmp(f"{x} + {em.tmp(f'{kappa} * {cube}')}")
-        t = em.tmp(tanh_code(em.tmp(f"{beta} * {s}"), var))
+        t = em.tmp(f"libdevice.tanh({em.tmp(f'{beta} * {s}')})")
         half = em.tmp(f"0.5 * {x}")
         return f"{half} * {em.tmp(f'1.0 + {t}')}"
     scaled = em.tmp(f"{x} * {lit(GELU_ERF_ALPHA)}")
     e = em.tmp(f"libdevice.erf({scaled})")
     half = em.tmp(f"{x} * 0.5")
     return f"{half} * {em.tmp(f'1.0 + {e}')}"
-
-
-def tanh_code(x: str, var: Variants) -> str:
-    """``tanhf(x)`` on fp32 (the interpreter, which runs no PTX, takes its stand-in)."""
-    if var.tanh == "libdevice" or triton_interpret():
-        return f"libdevice.tanh({x})"
-    return f'tl.inline_asm_elementwise("{TANH_PTX}", "=r,r", [{x}], dtype=tl.float32, is_pure=True, pack=1)'
 
 
 def neg_code(x: str, var: Variants) -> str:
@@ -384,7 +348,7 @@ RECIPES: dict[object, Recipe] = {
     aten.exp.default: Recipe("exp", (0,), _unary("libdevice.exp({x})")),
     aten.sin.default: Recipe("sin", (0,), _unary("libdevice.sin({x})")),
     aten.cos.default: Recipe("cos", (0,), _unary("libdevice.cos({x})")),
-    aten.tanh.default: Recipe("tanh", (0,), lambda em, n, a, var: tanh_code(a[0], var)),
+    aten.tanh.default: Recipe("tanh", (0,), _unary("libdevice.tanh({x})")),
     aten.rsqrt.default: Recipe("rsqrt", (0,), _unary("libdevice.rsqrt({x})")),
     aten.sqrt.default: Recipe("sqrt", (0,), _unary("tl.math.sqrt_rn({x})")),
     aten.reciprocal.default: Recipe("reciprocal", (0,), _unary("tl.math.div_rn(1.0, {x})")),
