@@ -45,7 +45,7 @@ def build(fn, args, block, warps, branch=True):
         src = generate_source(list(args), pw.program_of(fn, *args))
     finally:
         pc.BLOCK, pc.Generator._uniform_cat = saved_block, saved_uniform
-    kernel = CachedLaunch(pc.load_kernel(src), src.grid, src.constexprs, num_warps=warps, enable_fp_fusion=False)
+    kernel = CachedLaunch(pc.load_kernel(src), src.grid, src.constexprs, num_warps=warps)
 
     def call(*ins):
         outs = [torch.empty_strided(o.shape, o.stride, dtype=o.dtype, device="cuda") for o in src.outputs]

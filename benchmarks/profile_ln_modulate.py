@@ -20,6 +20,7 @@ from triton.testing import do_bench
 
 import diffusion_fuse  # noqa: F401  (registers the op)
 from diffusion_fuse.kernels.layer_norm_stats import LANES, VEC, is_uniform, n_iters_for, welford_row_stats
+from diffusion_fuse.kernels.launch import EAGER_NUMERICS
 from diffusion_fuse.kernels.ln_modulate import plan_ln_modulate
 from diffusion_fuse.lowering.norm_modulate import ln_modulate_reference
 
@@ -92,11 +93,11 @@ def main() -> None:
     def stats(shuffle: bool) -> float:
         return do_bench(lambda: _stats_only[(M,)](x, mean, rstd, D, 1e-6, N_ITERS=it, LANES=LANES, VEC=VEC,
                                                   UNIFORM=is_uniform(D, it), SHUFFLE=shuffle, num_warps=4,
-                                                  enable_fp_fusion=False), return_mode="median") * 1e3
+                                                  **EAGER_NUMERICS), return_mode="median") * 1e3
 
     t_stats, t_stats_smem = stats(True), stats(False)
     t_apply = do_bench(lambda: _apply_only[(M,)](x, mean, rstd, sc, sh, out, D, N_ITERS=it, LANES=LANES, VEC=VEC,
-                                                 num_warps=4, enable_fp_fusion=False), return_mode="median") * 1e3
+                                                 num_warps=4, **EAGER_NUMERICS), return_mode="median") * 1e3
     floor_read = x.numel() * 2 / 4.2e12 * 1e6
     rows += [["device", "full kernel [1,4608,3072]", f"{t_full:.1f} us"],
              *[["device", f"full kernel, {r} row(s) per program", f"{t:.1f} us"] for r, t in per_program.items()],

@@ -87,6 +87,7 @@ PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" $PY - "$DEST" "$CUOBJDUMP" <<'EOF'
 import os, subprocess, sys
 import torch
 from diffusion_fuse.kernels import layer_norm_stats as lns
+from diffusion_fuse.kernels.launch import EAGER_NUMERICS
 
 dest, cuobjdump = sys.argv[1], sys.argv[2]
 for dtype, tag in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):
@@ -97,7 +98,7 @@ for dtype, tag in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):
         k = lns._layer_norm_exact_kernel[(2,)](
             x, w, w, y, mean, rstd, 3072, 1e-6, N_ITERS=lns.n_iters_for(3072), LANES=lns.LANES, VEC=lns.VEC,
             HAS_W=affine, HAS_B=affine, AFFINE_FMA=True, **lns.DEFAULT_VARIANT.constexprs(),
-            UNIFORM=lns.is_uniform(3072, lns.n_iters_for(3072)), num_warps=4, enable_fp_fusion=False,
+            UNIFORM=lns.is_uniform(3072, lns.n_iters_for(3072)), num_warps=4, **EAGER_NUMERICS,
         )
         name = f"triton_{tag}{'_affine' if affine else ''}"
         with open(os.path.join(dest, name + ".ptx"), "w") as f:

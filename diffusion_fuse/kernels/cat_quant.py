@@ -52,7 +52,7 @@ def plan_cat_quant(a, b, scale, q_mode, lo, hi, keep_cat, nan_sign: bool | None 
     nan_sign = eager_nan_keeps_sign(device) if nan_sign is None else nan_sign
     kernel = CachedLaunch(_cat_quant_kernel, (rows, triton.cdiv(W, BLOCK)),
                           dict(BLOCK=BLOCK, KEEP_CAT=keep_cat, Q_MODE=q_mode, NAN_SIGN=nan_sign),
-                          num_warps=NUM_WARPS, enable_fp_fusion=False)
+                          num_warps=NUM_WARPS)
 
     def launch(a, b, scale, q_mode, lo, hi, keep_cat):
         q = torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)

@@ -99,8 +99,7 @@ def plan_static_quant(x, scale, mode, lo, hi, nan_sign: bool | None = None):
     S, sb, ss = row_strides(x)
     nan_sign = eager_nan_keeps_sign(device) if nan_sign is None else nan_sign
     kernel = CachedLaunch(_static_quant_kernel, (rows, triton.cdiv(D, BLOCK)),
-                          dict(BLOCK=BLOCK, Q_MODE=mode, NAN_SIGN=nan_sign), num_warps=NUM_WARPS,
-                          enable_fp_fusion=False)
+                          dict(BLOCK=BLOCK, Q_MODE=mode, NAN_SIGN=nan_sign), num_warps=NUM_WARPS)
 
     def launch(x, scale, mode, lo, hi):
         q = torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)

@@ -126,8 +126,7 @@ def plan_gated_residual_ln_modulate(residual, x, gate, weight, bias, eps, scale,
                  **modulate_constexprs(D, weight, bias, shift, ln_dt, t_dt, u_dt, v_dt, variant, affine_fma),
                  **epi.constexprs, HAS_GATE_TEMB=gate_temb is not None, HAS_SCALE=scale is not None,
                  HAS_SCALE_TEMB=scale_temb is not None, HAS_SHIFT_TEMB=shift_temb is not None)
-    kernel = CachedLaunch(_gated_residual_ln_modulate_kernel, (x.numel() // D,), const, num_warps=LANES // 32,
-                          enable_fp_fusion=False)
+    kernel = CachedLaunch(_gated_residual_ln_modulate_kernel, (x.numel() // D,), const, num_warps=LANES // 32)
 
     def launch(residual, x, gate, weight, bias, eps, scale, shift, out_dtype, *rest):
         quant_args, temb = split_trailing(rest, quant, 3)  # then r_dtype, ln_dtype: in the plan
@@ -159,8 +158,7 @@ def plan_gated_residual(residual, x, gate, gate_temb=None, r_dtype=None):
     strides = [s for t in (residual, x, gate, gate_temb) for s in _row_strides(t, x)]
     const = dict(M_DT=_DT_CODE[m_dt], N_ITERS=n_iters_for(D), LANES=LANES, VEC=VEC,
                  HAS_GATE_TEMB=gate_temb is not None)
-    kernel = CachedLaunch(_gated_residual_kernel, (x.numel() // D,), const, num_warps=LANES // 32,
-                          enable_fp_fusion=False)
+    kernel = CachedLaunch(_gated_residual_kernel, (x.numel() // D,), const, num_warps=LANES // 32)
 
     def launch(residual, x, gate, gate_temb=None, r_dtype=None):
         r = torch.empty(shape, dtype=r_dt, device=device)

@@ -18,6 +18,13 @@ from typing import Any
 
 import torch
 
+# The numerics every kernel is built with: nvcc's defaults, which eager's CUDA kernels are built with.
+# No FMA contraction (a kernel's only FMAs are the explicit ones that reproduce eager's contracted
+# expressions), and libdevice without its flush-to-zero reflect. Triton turns the reflect on by default:
+# then ``__nv_rsqrtf`` is ``rsqrt.approx.ftz.f32`` and ``__nv_tanhf``/``__nv_sinf`` flush a subnormal input
+# to zero, where eager's keep it (tests/gpu/test_pointwise_gpu.py: every fp32 subnormal input).
+EAGER_NUMERICS: dict[str, Any] = {"enable_fp_fusion": False, "enable_reflect_ftz": False}
+
 
 class CachedLaunch:
     def __init__(self, kernel, grid: tuple[int, ...], constexprs: dict[str, Any], **options: Any) -> None:
@@ -25,7 +32,8 @@ class CachedLaunch:
         n_runtime = len(names) - len(constexprs)
         if set(names[n_runtime:]) != set(constexprs):
             raise ValueError(f"{kernel.__name__}: constexpr parameters must come last ({names[n_runtime:]})")
-        self.kernel, self.grid, self.constexprs, self.options = kernel, grid, constexprs, options
+        self.kernel, self.grid, self.constexprs = kernel, grid, constexprs
+        self.options = {**EAGER_NUMERICS, **options}
         self.const_args = [constexprs[n] for n in names[n_runtime:]]
         self.grid3 = tuple(grid) + (1,) * (3 - len(grid))
         self.compiled = None

@@ -82,10 +82,11 @@ flags so the GPU test can find the one that matches eager (and SASS can confirm 
   AFFINE_FMA    (default True)   gamma&beta: fma(gamma, n, beta); beta only: fma(rstd, x-mean, beta)
 
 Everything else is uncontracted: kernels using these helpers must be launched with
-``enable_fp_fusion=False`` so Triton emits ``mul.rn``/``add.rn`` and only our explicit
-``tl.fma`` become FFMA. Divisions use ``tl.math.div_rn`` (IEEE, as nvcc's ``1.f/x`` and
-``x/float(N)`` are), and ``tl.math.rsqrt`` lowers to the same MUFU.RSQ as ``rsqrtf``
-(identical for normal inputs; ``var + eps`` is normal whenever ``eps >= 2**-126``).
+``enable_fp_fusion=False`` (``launch.EAGER_NUMERICS``) so Triton emits ``mul.rn``/``add.rn`` and only
+our explicit ``tl.fma`` become FFMA. Divisions use ``tl.math.div_rn`` (IEEE, as nvcc's ``1.f/x`` and
+``x/float(N)`` are), and ``tl.math.rsqrt`` lowers to ``rsqrt.approx.f32``, what ``rsqrtf`` is, because
+``EAGER_NUMERICS`` builds libdevice without its FTZ reflect (with it, Triton's default, it is
+``rsqrt.approx.ftz.f32``: a subnormal ``var + eps``, possible with ``eps = 0``, would give inf).
 
 Contract of this module
 =======================
@@ -117,6 +118,8 @@ import os
 import torch
 import triton
 import triton.language as tl
+
+from .launch import EAGER_NUMERICS
 
 LANES = 128  # blockDim.x * blockDim.y = 32 * 4 on CUDA
 VEC = 4  # vec_size, independent of dtype
@@ -759,7 +762,7 @@ def layer_norm_exact(
         **variant.constexprs(),
         UNIFORM=is_uniform(n, n_iters),
         num_warps=LANES // WARP,
-        enable_fp_fusion=False,
+        **EAGER_NUMERICS,
     )
     return y, mean, rstd
 

@@ -3,7 +3,7 @@
 Numerics contract (lossless tier): per row, mean/rstd are eager's
 ``vectorized_layer_norm_kernel`` values (kernels/layer_norm_stats.py); then every op of the
 replaced ATen chain is computed in fp32 and rounded to its eager result dtype, in eager's
-order, with no FMA contraction (launched with ``enable_fp_fusion=False``)::
+order, with no FMA contraction (launched with ``launch.EAGER_NUMERICS``)::
 
     y = round_ln(LN(x))          # bf16 model: bf16;  Wan FP32LayerNorm: fp32
     t = round_t(scale + 1)       # scale's dtype
@@ -316,7 +316,7 @@ class LaunchVariant:
         return ", ".join(parts)
 
     def options(self) -> dict:
-        """Triton launch options beyond num_warps and enable_fp_fusion (none for the default)."""
+        """Triton launch options beyond num_warps and launch.EAGER_NUMERICS (none for the default)."""
         return {} if self.max_registers is None else {"maxnreg": self.max_registers}
 
 
@@ -391,7 +391,7 @@ def plan_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, sc
     per_program = ROWS_PER_PROGRAM if rows_per_program is None else rows_per_program
     if lv.row_group > 1 and per_program > 1:
         raise ValueError("a row group and rows_per_program > 1 do not combine")
-    options = dict(enable_fp_fusion=False, **lv.options())
+    options = lv.options()
     if lv.row_group > 1 and const["UNIFORM"] and rows > 0:
         kernel = CachedLaunch(_ln_modulate_row_group_kernel, (triton.cdiv(rows, lv.row_group),),
                               dict(const, ROWS=lv.row_group), num_warps=lv.row_group * LANES // 32, **options)

@@ -17,7 +17,7 @@ eager launches one CUDA kernel (TensorIterator, ``gpu_kernel``) that, per elemen
 The kernels reproduce that: every value lives in fp32 holding exactly a value of its node's
 dtype; operands are rounded to the common dtype where (1) says; each recipe's expression is
 emitted as separate fp32 operations (launched with ``enable_fp_fusion=False``, so only the
-explicit ``tl.fma`` are FMAs, and ``/`` is ``div_rn``); the result is rounded to the node's
+explicit ``tl.fma`` are FMAs, and ``/`` is ``div_rn``; libdevice without its FTZ reflect, ``Variants.reflect_ftz``); the result is rounded to the node's
 dtype. Recipes, per op (``x``, ``a``, ``b`` fp32 operands; ``s`` a scalar as fp32):
 
 =========================== =================================================================
@@ -94,10 +94,11 @@ class Variants:
     # mul + add pairs to the code generator (erff: see ERF_NOT_REPRODUCED)
     fp_fusion: bool = False
     # libdevice built with its flush-to-zero reflect on (Triton's default, ``enable_reflect_ftz``): then
-    # __nv_tanhf flushes a subnormal input (all 2**23 - 1 of each sign differ from eager: tests/gpu/
-    # test_pointwise_gpu.py). Off is what nvcc builds eager's kernels with (no -ftz); the candidate fix,
-    # to be decided on the GPU by test_subnormal_inputs_per_variant.
-    reflect_ftz: bool = True
+    # __nv_tanhf and __nv_sinf flush a subnormal input and __nv_rsqrtf is rsqrt.approx.ftz (all 2**23 - 1
+    # subnormals of each sign differ from eager on the H200: tests/gpu/test_pointwise_gpu.py
+    # ::test_subnormal_inputs_per_variant). Off (the default, as in launch.EAGER_NUMERICS) is what nvcc
+    # builds eager's kernels with (no -ftz): every subnormal input of every libdevice op is eager's.
+    reflect_ftz: bool = False
 
 
 DEFAULT_VARIANTS = Variants()

@@ -43,7 +43,8 @@ above, then each op of the replaced chain in fp32, rounded to its eager result d
     rot = (-y[..., 1::2], y[..., 0::2]) interleaved      # neg (a sign flip: -0 for +0) and stack: exact
     out = round_T(rn(rn(y * cos) + rn(rot * sin)))        # fp32 cos/sin broadcast over rows, unit stride along D
 
-Launched with ``enable_fp_fusion=False``; the only FMA is the PUSH_FMA push. Verified on the H200
+Launched with ``launch.EAGER_NUMERICS`` (no FMA contraction, libdevice without its FTZ reflect: ``rsqrt`` is
+``rsqrt.approx.f32``, as eager's ``rsqrtf``); the only FMA is the PUSH_FMA push. Verified on the H200
 by tests/gpu/test_rms_norm_gpu.py (until it has run, the default variant is the hypothesis).
 
 ``rms_norm_chain`` (tier high, not exact): the same sum of squares, ``h = x * rstd`` in fp32,
@@ -418,7 +419,7 @@ def plan_rms_norm(x, out_shape, out_strides, out_dtype, weight, bias, eps, scale
     # every program's rows lie in one run of L2 rows (L2 % ROWS == 0, so M % ROWS == 0: no partial program)
     const["SHARED_TRIG"] = shared is not None and const["N_ITERS"] == 1 and L2 % const["ROWS"] == 0
     grid = (triton.cdiv(M, const["ROWS"]),)
-    kernel = CachedLaunch(_rms_norm_kernel, grid, const, num_warps=LANES // WARP, enable_fp_fusion=False)
+    kernel = CachedLaunch(_rms_norm_kernel, grid, const, num_warps=LANES // WARP)
     device = x.device
     eps32 = _as_f32(eps)
     args = (M, D, L1, L2, eps32, *xs, x.stride(-1), *scs, *shs, *os_, out_strides[-1])

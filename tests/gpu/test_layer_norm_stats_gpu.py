@@ -35,6 +35,7 @@ try:
 except ImportError:  # running from a checkout without an install
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from diffusion_fuse.kernels import layer_norm_stats as lns
+from diffusion_fuse.kernels.launch import EAGER_NUMERICS  # noqa: E402
 
 DIMS = (64, 1000, 1536, 2240, 3072, 5120, 6144)
 ROWS = 4096
@@ -254,7 +255,7 @@ def _dump_ptx(v) -> None:
         x, None, None, y, mean, rstd, 3072, 1e-6,
         N_ITERS=lns.n_iters_for(3072), LANES=lns.LANES, VEC=lns.VEC, HAS_W=False, HAS_B=False,
         AFFINE_FMA=True, **v.constexprs(), UNIFORM=lns.is_uniform(3072, lns.n_iters_for(3072)),
-        num_warps=4, enable_fp_fusion=False,
+        num_warps=4, **EAGER_NUMERICS,
     )  # fmt: skip
     asm = getattr(k, "asm", None)  # the launch returns the CompiledKernel
     if asm:

@@ -94,6 +94,13 @@ def test_bit_exact_matrix(form, D):
     assert not bad, f"{form} D={D}: (B, S, amp, eps, special, ndiff) {bad[:6]}"
 
 
+@pytest.mark.parametrize("form", ["flux_bf16", "fp32", "wan_fp32_ln"])
+def test_zero_eps_with_a_subnormal_variance(form):
+    # var + eps subnormal (values ~1e-20, eps 0): eager's rsqrtf (nvcc, no -ftz) gives a finite rstd, where
+    # rsqrt.approx.ftz (libdevice with Triton's default FTZ reflect; launch.EAGER_NUMERICS turns it off) gives inf
+    assert check(form, 1, 64, 3072, 1e-20, 0.0, seed=5) == 0
+
+
 VARIANT_LAUNCHES = [k for k in LAUNCH_CANDIDATES if k != "default"]
 
 

@@ -181,6 +181,8 @@ def _op_cases():
         "modulate_cast_fp32": (rn(2, 4096, 3072), None, 1e-6, rn(2, 1, 3072), rn(2, 1, 3072), torch.float32),
         "modulate_per_token": (rn(2, 4096, 3072), rn(3072), 1e-6, table[:, :, 1], table[:, :, 0], None),
         "misaligned": (rn(4096 * 128 + 1)[1:].view(32, 128, 128), rn(128), 1e-6, None, None, None),
+        # mean of squares subnormal with eps 0: eager's rsqrtf keeps it (finite rstd), rsqrt.approx.ftz would not
+        "zero_eps_subnormal_ms": (rn(64, 24, 128) * 1e-20, rn(128), 0.0, None, None, None),
     }
 
 
@@ -202,7 +204,7 @@ def op_results():
 
 
 @pytest.mark.parametrize("name", ["flux_qk_norm", "wan_across_heads", "sd35_transposed", "eps_none_fp32",
-                                  "modulate_cast_fp32", "modulate_per_token"])
+                                  "modulate_cast_fp32", "modulate_per_token", "zero_eps_subnormal_ms"])
 def test_op_kernel_is_bit_exact(op_results, name):
     r = op_results[name]
     assert r["kernel"] == 1 and r["diffs"] == 0 and r["layout"], r

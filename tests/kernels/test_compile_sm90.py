@@ -16,6 +16,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from diffusion_fuse.kernels import layer_norm_stats as lns  # noqa: E402
 from diffusion_fuse.kernels import ln_modulate as lm  # noqa: E402
+from diffusion_fuse.kernels.launch import EAGER_NUMERICS  # noqa: E402
 
 PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 CODE = {"fp32": 0, "bf16": 1, "fp16": 2}
@@ -33,7 +34,7 @@ def compile_for_sm90(kernel, types: dict, const: dict):
     """Compile ``kernel`` for sm_90: ``types`` maps runtime argument names to Triton types (others i64)."""
     sig = {n: ("constexpr" if n in const else types.get(n, "i64")) for n in kernel.arg_names}
     src = ASTSource(fn=kernel, signature=sig, constexprs={(kernel.arg_names.index(n),): v for n, v in const.items()})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": False})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, **EAGER_NUMERICS})
 
 
 def compile_ln_modulate(D, x="bf16", mod="bf16", out="bf16", ln="bf16", affine=False, shift=True, n_q=0,
@@ -66,7 +67,7 @@ def compile_ln_modulate(D, x="bf16", mod="bf16", out="bf16", ln="bf16", affine=F
     aligned += ["N"] if D % 16 == 0 else []
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     src = ASTSource(fn=k, signature=sig, constexprs=constexprs, attrs=attrs)
-    options = {"num_warps": 4 * group, "enable_fp_fusion": False}
+    options = {"num_warps": 4 * group, **EAGER_NUMERICS}
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options=options if max_registers is None else {**options, "maxnreg": max_registers})
 
@@ -165,8 +166,10 @@ def test_launch_variants_compile_for_sm90(form, group, one_exchange):
     # the cross-warp levels: one exchange (one barrier), or one per quantity (mean, m2: three barriers)
     assert ptx.count("bar.sync") == (1 if one_exchange else 3)
     assert ".approx" not in ptx.replace("rsqrt.approx", "").replace("ex2.approx", "")
-    if group == 2:  # a second row per program costs no registers per thread (what idea 1 relies on)
-        assert regs <= cubin_registers(compile_ln_modulate(D, **kw))
+    assert ".ftz" not in ptx  # launch.EAGER_NUMERICS: libdevice without its FTZ reflect (rsqrt.approx.f32)
+    if group == 2:  # a second row per program costs (almost) no registers per thread (what idea 1 relies on):
+        # ptxas' allocation moves by a register or two (Wan2.1 with one exchange: 72 against the one-row 70)
+        assert regs <= cubin_registers(compile_ln_modulate(D, **kw)) + 2
 
 
 @pytest.mark.parametrize("name", [n for n, lv in lm.LAUNCH_CANDIDATES.items() if lv.max_registers])
@@ -203,6 +206,7 @@ def test_ln_modulate_compiles_for_sm90(D, form):
     # Only our explicit tl.fma become FMAs: every other multiply/add is rounded on its own.
     assert "mul.rn.f32" in ptx and "fma.rn.f32" in ptx
     assert ".approx" not in ptx.replace("rsqrt.approx", "").replace("ex2.approx", "")
+    assert ".ftz" not in ptx  # launch.EAGER_NUMERICS: libdevice without its FTZ reflect (rsqrt.approx.f32)
     if lns.is_uniform(D, lns.n_iters_for(D)):
         assert "div.rn.f32" in ptx  # only var = m2 / N remains a division
 
@@ -248,6 +252,7 @@ def test_gated_residual_ln_modulate_compiles_for_sm90(D, dtype, n_q):
     assert ck.asm.get("cubin") and "bar.sync" in ck.asm["ptx"]
     assert (E4M3_CVT in ck.asm["ptx"]) == (n_q > 0)
     assert ".approx" not in ck.asm["ptx"].replace("rsqrt.approx", "").replace("ex2.approx", "")
+    assert ".ftz" not in ck.asm["ptx"]
 
 
 @pytest.mark.parametrize("temb", [None, "bf16"])
@@ -269,7 +274,7 @@ def compile_gated_residual(temb=None):
     aligned = [n for n in k.arg_names if n not in const and n != "S"]  # 16-byte aligned rows, D = 3072
     src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(n),): v for n, v in const.items()},
                     attrs={(k.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": False})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, **EAGER_NUMERICS})
 
 
 @pytest.mark.parametrize("D, n_q, keep_out, rows", [(1000, 1, False, 0), (3072, 3, True, 0), (3072, 4, False, 0),
@@ -278,6 +283,7 @@ def test_ln_modulate_with_quant_epilogue_compiles_for_sm90(D, n_q, keep_out, row
     ptx = compile_ln_modulate(D, n_q=n_q, keep_out=keep_out, rows=rows).asm["ptx"]
     assert ptx.count(E4M3_CVT) >= n_q  # one conversion per quantizer (per vector pair)
     assert ".approx" not in ptx.replace("rsqrt.approx", "").replace("ex2.approx", "")
+    assert ".ftz" not in ptx  # launch.EAGER_NUMERICS: libdevice without its FTZ reflect (rsqrt.approx.f32)
     stores = ptx.count("st.global")
     assert stores >= n_q and (keep_out or "st.global.v2.b32" not in ptx)  # no bf16 row store without keep_out
 
@@ -352,7 +358,7 @@ def compile_pointwise(fn, *args):
     ast = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(c),): v for c, v in src.constexprs.items()},
                     attrs=attrs)
     return src, triton.compile(ast, target=GPUTarget("cuda", 90, 32),
-                               options={"num_warps": NUM_WARPS, "enable_fp_fusion": False})
+                               options={"num_warps": NUM_WARPS, **EAGER_NUMERICS})
 
 
 def _pointwise_case(name):

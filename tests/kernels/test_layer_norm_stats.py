@@ -35,8 +35,8 @@ import torch
 
 pytest.importorskip("triton")
 
-_MOD_PATH = Path(__file__).resolve().parents[2] / "diffusion_fuse" / "kernels" / "layer_norm_stats.py"
 
+_ROOT = Path(__file__).resolve().parents[2]
 DIMS = (32, 64, 520, 1000, 1536, 3072)  # 32/64: fewer vectors than lanes; 520/1000: not multiples of 512
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 UNFUSED = (False, False, 2, False)  # WelfordVariant fields; 2 = COMB_MEAN_NO_FMA
@@ -44,11 +44,11 @@ DEFAULT = (True, True, 0, True)
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, _MOD_PATH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    """The kernel module through the package (``name`` says which process wants it: the worker imports it with
+    TRITON_INTERPRET=1 set, so its kernels are Triton's interpreted functions)."""
+    if str(_ROOT) not in sys.path:  # a checkout without an install
+        sys.path.insert(0, str(_ROOT))
+    return importlib.import_module("diffusion_fuse.kernels.layer_norm_stats")
 
 
 lns = _load("_layer_norm_stats_cpu")

@@ -389,6 +389,7 @@ def _compile_sm90(D, x="bf16", push_fma=True, tail=None, out="bf16", row_dims=1,
     from triton.compiler import ASTSource
 
     from diffusion_fuse.kernels import rms_norm as rk
+    from diffusion_fuse.kernels.launch import EAGER_NUMERICS
     from diffusion_fuse.lowering.rms_norm import Tail
 
     ptr = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
@@ -412,7 +413,7 @@ def _compile_sm90(D, x="bf16", push_fma=True, tail=None, out="bf16", row_dims=1,
     src = ASTSource(fn=k, signature=sig, constexprs={(names.index(n),): v for n, v in {**const, **unit}.items()},
                     attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
     return const, triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4,
-                                                                               "enable_fp_fusion": False})
+                                                                               **EAGER_NUMERICS})
 
 
 def lane_layouts(groups: int) -> set[str]:
@@ -439,6 +440,7 @@ def test_rms_norm_compiles_for_sm90_with_only_the_push_fma(D, groups):
     # one push per element a thread owns: no lane is computed twice (a replicated layout would be)
     assert len(re.findall(r"\bfma\.rn\.f32", ptx)) == 4 * const["N_ITERS"] * per_thread
     assert "rsqrt.approx" in ptx and ".approx" not in ptx.replace("rsqrt.approx", "")
+    assert "rsqrt.approx.f32" in ptx and ".ftz" not in ptx  # eager's rsqrtf keeps a subnormal input
     # var = sum / N: an IEEE division, or for N = 2**k the multiply by 2**-k (the same real number, rounded once)
     pow2 = D & (D - 1) == 0
     assert ("div.rn.f32" in ptx) != pow2
