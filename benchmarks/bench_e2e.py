@@ -110,6 +110,20 @@ MODELS = {"sana": sana, "flux_stack": flux_stack, "flux_fp8_stack": flux_fp8_sta
           "wan22_block": wan22_block}
 
 
+class phase:
+    """Records when a timing phase ran (wall clock, as nvidia-smi's log stamps its samples) in ``rec["phases"]``:
+    ``benchmarks/clocks_summary.py --phases`` gives each phase's GPU clocks and power from run_gpu.sh's log."""
+
+    def __init__(self, rec: dict, name: str) -> None:
+        self.rec, self.name = rec, name
+
+    def __enter__(self) -> None:
+        self.t0 = time.time()
+
+    def __exit__(self, *exc) -> None:
+        self.rec.setdefault("phases", []).append([self.name, self.t0, time.time()])
+
+
 HOST_MS: dict[int, list[float]] = {}  # id(fn) -> host ms of each timed call (until it returned, before the sync)
 
 
@@ -321,25 +335,29 @@ def main() -> None:
                 fn(**kw)  # warm-up
                 torch.cuda.reset_peak_memory_stats()
                 calls[k] = call = lambda fn=fn: fn(**kw)  # noqa: E731
-                rec[f"{k}_ms"], rec[f"{k}_times"] = timed(call, args.reps)
+                with phase(rec, f"{k} synced"):
+                    rec[f"{k}_ms"], rec[f"{k}_times"] = timed(call, args.reps)
                 rec[f"{k}_host_ms"] = statistics.median(HOST_MS[id(call)])
                 rec[f"{k}_peak_GiB"] = torch.cuda.max_memory_allocated() / 2**30
             for r in range(1, args.rounds):  # ABBA: later rounds alternate the order
                 for k in (reversed(list(calls)) if r % 2 else list(calls)):
-                    rec[f"{k}_times"] += timed(calls[k], args.reps)[1]
+                    with phase(rec, f"{k} synced"):
+                        rec[f"{k}_times"] += timed(calls[k], args.reps)[1]
                     rec[f"{k}_ms"] = statistics.median(rec[f"{k}_times"])
                     rec[f"{k}_host_ms"] = statistics.median(HOST_MS[id(calls[k])])
             rec["rounds"] = args.rounds
             if args.host_hidden:
                 for r in range(max(args.rounds, 1)):
                     for k in (reversed(list(calls)) if r % 2 else list(calls)):
-                        _, times, exposed = timed_host_hidden(calls[k], args.reps, rec[f"{k}_host_ms"])
+                        with phase(rec, f"{k} host hidden"):
+                            _, times, exposed = timed_host_hidden(calls[k], args.reps, rec[f"{k}_host_ms"])
                         rec.setdefault(f"{k}_gpu_times", []).extend(times)
                         rec[f"{k}_gpu_exposed"] = rec.get(f"{k}_gpu_exposed", 0) + exposed
                         rec[f"{k}_gpu_ms"] = statistics.median(rec[f"{k}_gpu_times"])
             if args.back_to_back:
                 for k, fn in variants.items():
-                    rec[f"{k}_b2b_ms"] = timed_back_to_back(lambda: fn(**kw), args.back_to_back, 5)  # noqa: B023
+                    with phase(rec, f"{k} back to back"):
+                        rec[f"{k}_b2b_ms"] = timed_back_to_back(lambda: fn(**kw), args.back_to_back, 5)  # noqa: B023
             # a second round of eager and ours, interleaved, to show the spread
             rec["eager_ms_2"], _ = timed(lambda: model(**kw), args.reps)
             rec["lossless_ms_2"], _ = timed(lambda: variants["lossless"](**kw), args.reps)

@@ -1,10 +1,12 @@
 """Per benchmark step: the GPU's SM clock, power, temperature and throttle reasons while it ran.
 
-    python benchmarks/clocks_summary.py gpu_clocks.csv summary.txt
+    python benchmarks/clocks_summary.py gpu_clocks.csv summary.txt             # per run_gpu.sh step
+    python benchmarks/clocks_summary.py gpu_clocks.csv --phases bench_e2e.json  # per timing phase of bench_e2e.py
 
 ``gpu_clocks.csv`` is ``nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,
-clocks_throttle_reasons.active --format=csv -lms 200`` (benchmarks/run_gpu.sh starts it); ``summary.txt`` has a
-line per step ending ``(<seconds> s, HH:MM:SS-HH:MM:SS)``. Lines that do not parse (the header, a driver that
+clocks_throttle_reasons.active --format=csv -lms 100`` (benchmarks/run_gpu.sh starts it); ``summary.txt`` has a
+line per step ending ``(<seconds> s, HH:MM:SS-HH:MM:SS)``; bench_e2e.py's JSON has ``phases`` per model: [name,
+start, end] in seconds since the epoch (the machine's local time, as nvidia-smi stamps its samples). Lines that do not parse (the header, a driver that
 does not know a field) are skipped. Read-only: nothing here sets a clock.
 """
 
@@ -45,7 +47,8 @@ def parse_samples(lines) -> list[dict]:
 
 
 def parse_steps(lines) -> list[tuple[str, float, float]]:
-    """(step, start, end) in seconds of the day, from summary.txt's step lines."""
+    """(step, start, end) in seconds of the day, from summary.txt's step lines (whole seconds: ``summarize``
+    pads each end by one)."""
     def secs(hms: str) -> float:
         h, m, s = (int(v) for v in hms.split(":"))
         return h * 3600 + m * 60 + s
@@ -59,10 +62,23 @@ def parse_steps(lines) -> list[tuple[str, float, float]]:
     return steps
 
 
-def summarize(samples: list[dict], steps) -> list[list]:
-    rows = []
+def parse_phases(records: list[dict]) -> list[tuple[str, float, float]]:
+    """(model: phase, start, end) in seconds of the day, from bench_e2e.py's records."""
+    def day(t: float) -> float:
+        d = datetime.fromtimestamp(t)
+        return d.hour * 3600 + d.minute * 60 + d.second + d.microsecond / 1e6
+
+    return [(f"{rec['model']}: {name}", day(t0), day(t1)) for rec in records for name, t0, t1 in rec.get("phases", [])]
+
+
+def summarize(samples: list[dict], steps, pad: float = 1.0) -> list[list]:
+    """One row per step name (its intervals pooled, in first-seen order); ``pad`` seconds added to each end."""
+    spans: dict[str, list[tuple[float, float]]] = {}
     for name, start, end in steps:
-        sel = [s for s in samples if start <= s["t"] <= end + 1]
+        spans.setdefault(name, []).append((start, end))
+    rows = []
+    for name, ivs in spans.items():
+        sel = [s for s in samples if any(a <= s["t"] <= b + pad for a, b in ivs)]
         if not sel:
             continue
         busy = [s for s in sel if not s["reasons"] & 0x1] or sel  # idle samples say nothing about load clocks
@@ -78,16 +94,22 @@ def summarize(samples: list[dict], steps) -> list[list]:
     return rows
 
 
-def main(csv_path: str, summary_path: str) -> None:
-    with open(csv_path) as f:
+def main(argv: list[str]) -> None:
+    with open(argv[0]) as f:
         samples = parse_samples(f)
-    with open(summary_path) as f:
-        steps = parse_steps(f)
-    rows = summarize(samples, steps)
-    print(f"GPU clocks per step ({len(samples)} samples every 200 ms; medians and extremes over the non-idle ones)")
+    if argv[1] == "--phases":
+        import json
+
+        with open(argv[2]) as f:
+            steps, pad, what = parse_phases(json.load(f)["records"]), 0.0, "timing phase"
+    else:
+        with open(argv[1]) as f:
+            steps, pad, what = parse_steps(f), 1.0, "step"
+    rows = summarize(samples, steps, pad)
+    print(f"GPU clocks per {what} ({len(samples)} samples; medians and extremes over the non-idle ones)")
     print(tabulate(rows, headers=["step", "samples", "SM MHz median", "SM MHz min", "W median", "W max", "°C max",
                                   "throttle reasons (share of samples)"]))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(sys.argv[1:])

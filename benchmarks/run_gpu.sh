@@ -24,13 +24,13 @@ export PYTHONUNBUFFERED=1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" | tee "$OUT/env.txt"
 status=0
 : >"$OUT/summary.txt"
-# The GPU's clocks, power and throttle reasons every 200 ms while this runs (read only, nothing is set), to
+# The GPU's clocks, power and throttle reasons every 100 ms while this runs (read only, nothing is set), to
 # see whether the clocks differ between steps and runs (e.g. at the power limit under sustained GEMM load).
 # Each step's start and end times are in summary.txt; benchmarks/clocks_summary.py lines the two up.
 CLOCKS_PID=""
 if command -v nvidia-smi >/dev/null 2>&1; then
   nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
-    --format=csv -lms 200 >"$OUT/gpu_clocks.csv" 2>/dev/null &
+    --format=csv -lms 100 >"$OUT/gpu_clocks.csv" 2>/dev/null &
   CLOCKS_PID=$!
 fi
 step() {
@@ -77,7 +77,11 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = nosass ]; then
 fi
 [ "$what" = all ] && step sass 240 bash benchmarks/sass_layer_norm.sh
 [ -n "$CLOCKS_PID" ] && kill "$CLOCKS_PID" 2>/dev/null
-[ -f "$OUT/gpu_clocks.csv" ] && python3 benchmarks/clocks_summary.py "$OUT/gpu_clocks.csv" "$OUT/summary.txt" >>"$OUT/summary.txt" 2>&1
+if [ -f "$OUT/gpu_clocks.csv" ]; then
+  python3 benchmarks/clocks_summary.py "$OUT/gpu_clocks.csv" "$OUT/summary.txt" >>"$OUT/summary.txt" 2>&1
+  [ -f "$OUT/bench_e2e.json" ] && python3 benchmarks/clocks_summary.py "$OUT/gpu_clocks.csv" --phases \
+    "$OUT/bench_e2e.json" >>"$OUT/summary.txt" 2>&1
+fi
 tar -czf "$FINAL/results.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
 cp "$OUT/summary.txt" "$FINAL/"  # JSON and logs travel in results.tgz: the device tool brings back few files
 echo "== summary"

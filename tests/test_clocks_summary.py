@@ -35,3 +35,21 @@ def test_steps_get_their_own_samples_and_throttle_reasons():
 def test_a_step_past_midnight_has_its_duration():
     steps = cs.parse_steps(["x rc=0 (4 s, 23:59:58-00:00:02)"])
     assert steps[0][2] - steps[0][1] == 4
+
+
+def test_bench_e2e_phases_pool_their_intervals():
+    from datetime import datetime
+
+    def epoch(hms: str) -> float:
+        h, m, sec = hms.split(":")
+        return datetime(2026, 11, 30, int(h), int(m)).timestamp() + float(sec)
+
+    records = [{"model": "flux_stack", "phases": [["lossless back to back", epoch("19:00:01"), epoch("19:00:01.5")],
+                                                   ["eager synced", epoch("19:00:02"), epoch("19:00:02.2")],
+                                                   ["lossless back to back", epoch("19:00:05"), epoch("19:00:05.2")]]}]
+    phases = cs.parse_phases(records)
+    assert phases[0][0] == "flux_stack: lossless back to back" and phases[0][1] == 19 * 3600 + 1
+    rows = {r[0]: r for r in cs.summarize(cs.parse_samples(CSV.splitlines()), phases, pad=0.0)}
+    # the two back-to-back intervals hold the 19:00:01.1 and 19:00:05.1 samples; the synced one the 02.1 sample
+    assert rows["flux_stack: lossless back to back"][1] == 2 and rows["flux_stack: eager synced"][1] == 1
+    assert rows["flux_stack: eager synced"][7] == "SW power cap 100%"
