@@ -142,6 +142,9 @@ def timed(fn, reps: int) -> tuple[float, list[float]]:
     return statistics.median(times), times
 
 
+B2B_ROUNDS = 6  # back-to-back rounds per variant, interleaved ABBA across the variants
+
+
 def timed_back_to_back(fn, calls: int, rounds: int) -> float:
     """ms per forward when ``calls`` forwards are issued back to back (no sync between them, as a denoising loop
     issues its steps): the host's work for a forward overlaps the GPU's work on the previous one, so a forward's
@@ -293,7 +296,8 @@ def main() -> None:
     ap.add_argument("--host-hidden", action="store_true",
                     help="also time each forward with its host work hidden behind a GPU sleep (GPU ms per forward)")
     ap.add_argument("--back-to-back", type=int, default=0, metavar="N",
-                    help="also time N forwards issued back to back, per forward (median of 5 rounds)")
+                    help=f"also time N forwards issued back to back, per forward (median of {B2B_ROUNDS} rounds, "
+                         "interleaved ABBA across the variants)")
     args = ap.parse_args()
     rows, records = [], []
     for name in args.models.split(","):
@@ -354,10 +358,14 @@ def main() -> None:
                         rec.setdefault(f"{k}_gpu_times", []).extend(times)
                         rec[f"{k}_gpu_exposed"] = rec.get(f"{k}_gpu_exposed", 0) + exposed
                         rec[f"{k}_gpu_ms"] = statistics.median(rec[f"{k}_gpu_times"])
-            if args.back_to_back:
-                for k, fn in variants.items():
-                    with phase(rec, f"{k} back to back"):
-                        rec[f"{k}_b2b_ms"] = timed_back_to_back(lambda: fn(**kw), args.back_to_back, 5)  # noqa: B023
+            if args.back_to_back:  # ABBA rounds across the variants: each sees the same clocks (power state) on average
+                for r in range(B2B_ROUNDS):
+                    for k in (reversed(list(calls)) if r % 2 else list(calls)):
+                        with phase(rec, f"{k} back to back"):
+                            rec.setdefault(f"{k}_b2b_times", []).append(
+                                timed_back_to_back(calls[k], args.back_to_back, 1))
+                for k in calls:
+                    rec[f"{k}_b2b_ms"] = statistics.median(rec[f"{k}_b2b_times"])
             # a second round of eager and ours, interleaved, to show the spread
             rec["eager_ms_2"], _ = timed(lambda: model(**kw), args.reps)
             rec["lossless_ms_2"], _ = timed(lambda: variants["lossless"](**kw), args.reps)
