@@ -302,6 +302,7 @@ def main() -> None:
     rows, records = [], []
     for name in args.models.split(","):
         torch._dynamo.reset()
+        HOST_MS.clear()  # keyed by id() of this model's call lambdas, which a later model's may reuse
         model, kw = MODELS[name]()
         variants = {"eager": model}
         report = diffusion_fuse.Report()
@@ -358,7 +359,9 @@ def main() -> None:
                         rec.setdefault(f"{k}_gpu_times", []).extend(times)
                         rec[f"{k}_gpu_exposed"] = rec.get(f"{k}_gpu_exposed", 0) + exposed
                         rec[f"{k}_gpu_ms"] = statistics.median(rec[f"{k}_gpu_times"])
-            if args.back_to_back:  # ABBA rounds across the variants: each sees the same clocks (power state) on average
+            # ABBA rounds across the variants: the GPU's power state drifts with time, and interleaving spreads the
+            # drift over every variant (each variant's own load still sets its clock at the power cap)
+            if args.back_to_back:
                 for r in range(B2B_ROUNDS):
                     for k in (reversed(list(calls)) if r % 2 else list(calls)):
                         with phase(rec, f"{k} back to back"):

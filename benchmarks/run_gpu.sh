@@ -29,18 +29,22 @@ status=0
 # Each step's start and end times are in summary.txt; benchmarks/clocks_summary.py lines the two up.
 CLOCKS_PID=""
 if command -v nvidia-smi >/dev/null 2>&1; then
-  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
-    --format=csv -lms 100 >"$OUT/gpu_clocks.csv" 2>/dev/null &
+  GPU_ID="${CUDA_VISIBLE_DEVICES:-0}"; GPU_ID="${GPU_ID%%,*}"  # the GPU this run uses (first visible)
+  POWER=power.draw.instant  # an older driver has only power.draw (averaged over about a second)
+  [[ "$(nvidia-smi -i "$GPU_ID" --query-gpu=$POWER --format=csv,noheader,nounits 2>/dev/null)" =~ ^[0-9] ]] \
+    || POWER=power.draw
+  nvidia-smi -i "$GPU_ID" --query-gpu=timestamp,utilization.gpu,clocks.sm,clocks.mem,$POWER,temperature.gpu,\
+clocks_throttle_reasons.active --format=csv -lms 100 >"$OUT/gpu_clocks.csv" 2>/dev/null &
   CLOCKS_PID=$!
 fi
 step() {
   local name=$1 limit=$2; shift 2
   echo "== $name"
-  local t0=$SECONDS start
-  start=$(date +%H:%M:%S)
+  local t0=$SECONDS start epoch0
+  start=$(date +%H:%M:%S); epoch0=$(date +%s)
   timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
-  echo "$name rc=$rc ($((SECONDS - t0)) s, $start-$(date +%H:%M:%S))" >>"$OUT/summary.txt"
+  echo "$name rc=$rc ($((SECONDS - t0)) s, $start-$(date +%H:%M:%S), $epoch0-$(date +%s))" >>"$OUT/summary.txt"
   [ $rc -eq 0 ] || status=1
   tail -n 30 "$OUT/$name.log"
 }

@@ -32,6 +32,9 @@ class CachedLaunch:
         n_runtime = len(names) - len(constexprs)
         if set(names[n_runtime:]) != set(constexprs):
             raise ValueError(f"{kernel.__name__}: constexpr parameters must come last ({names[n_runtime:]})")
+        overridden = {k: v for k, v in options.items() if k in EAGER_NUMERICS and v != EAGER_NUMERICS[k]}
+        if overridden:  # a shipped kernel is built as eager's are: no silent way back to Triton's defaults
+            raise ValueError(f"{kernel.__name__}: {overridden} contradicts launch.EAGER_NUMERICS {EAGER_NUMERICS}")
         self.kernel, self.grid, self.constexprs = kernel, grid, constexprs
         self.options = {**EAGER_NUMERICS, **options}
         self.const_args = [constexprs[n] for n in names[n_runtime:]]

@@ -618,7 +618,8 @@ def welford_row_stats(
 ):
     """fp32 (mean, rstd) of one contiguous row, bit-identical to vectorized_layer_norm_kernel.
 
-    Launch the calling kernel with enable_fp_fusion=False. eps must be fp32 (a Python float
+    Launch the calling kernel with ``launch.EAGER_NUMERICS`` (no FMA contraction; libdevice without its FTZ
+    reflect, so ``rsqrt`` is eager's ``rsqrt.approx.f32``). eps must be fp32 (a Python float
     kernel argument is).
     """
     mean, m2 = welford_row_moments(
@@ -724,7 +725,7 @@ def layer_norm_exact(
     """Triton replica of ``torch.native_layer_norm(x2d, [N], weight, bias, eps)`` on CUDA.
 
     Returns (y [M, N] in x2d.dtype, mean [M] fp32, rstd [M] fp32). One program of 4 warps per
-    row, launched with enable_fp_fusion=False. ``n_iters`` overrides N_ITERS (any value >=
+    row, launched with ``launch.EAGER_NUMERICS``. ``n_iters`` overrides N_ITERS (any value >=
     ``n_iters_for(N)`` gives the same bits; tests use one value for many N to share a compile).
     """
     if x2d.dim() != 2 or not x2d.is_contiguous():

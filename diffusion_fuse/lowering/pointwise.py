@@ -153,8 +153,7 @@ def _plan(inputs, key):
     from ..kernels.pointwise_codegen import load_kernel
 
     src = _prepared.pop(layout_key(inputs, key), None) or generate_source(inputs, key)
-    kernel = CachedLaunch(load_kernel(src), src.grid, src.constexprs, num_warps=NUM_WARPS,
-                          enable_reflect_ftz=DEFAULT_VARIANTS.reflect_ftz)
+    kernel = CachedLaunch(load_kernel(src), src.grid, src.constexprs, num_warps=NUM_WARPS)
     outs, numel = src.outputs, src.numel
     device = inputs[0].device
 

@@ -397,6 +397,10 @@ def test_pointwise_kernels_compile_for_sm90(name):
         assert "fma" not in ptx  # enable_fp_fusion=False: no contraction of our mul + add
     if "tl.fma" in src.source:
         assert "fma.rn.f32" in ptx
+    # libdevice without its FTZ reflect (launch.EAGER_NUMERICS): the only .ftz left are the approximations
+    # __nv_expf/__nv_tanhf use whatever the reflect (with it on: abs/fma/cvt .ftz too, which flush subnormals)
+    ftz_ops = set(re.findall(r"\b([a-z0-9]+(?:\.[a-z0-9]+)*\.ftz(?:\.[a-z0-9]+)*)", ptx))
+    assert ftz_ops <= {"ex2.approx.ftz.f32", "rcp.approx.ftz.f32"}, ftz_ops
     if name in ("gated_residual", "wan_residual", "gelu_cat"):
         # contiguous operands: the index simplifies to the flat offset, loads and stores are 16-byte vectors
         assert "ld.global.v4" in ptx and "st.global.v4" in ptx, name
