@@ -56,12 +56,14 @@ elif [ "$what" != bench ]; then
   # One pytest per GPU test file, all at once: most of their time is Triton compiling on the CPU
   # (16 cores), and none of them times anything.
   t0=$SECONDS
+  test_pids=()
   for f in ${TESTS:-tests/gpu/test_*.py}; do
     name=$(basename "$f" .py)
     ( timeout 480 python3 -m pytest -q -s -p no:cacheprovider "$f" >"$OUT/$name.log" 2>&1
       echo "$name rc=$? " >>"$OUT/summary.txt" ) &
+    test_pids+=($!)
   done
-  wait
+  wait "${test_pids[@]}"  # these only: a bare wait would also wait for the clock logger, which never ends
   echo "gpu tests (parallel): $((SECONDS - t0)) s" >>"$OUT/summary.txt"
   grep -q "rc=[1-9]" "$OUT/summary.txt" && status=1
   for f in "$OUT"/test_*.log; do echo "== $(basename "$f")"; tail -n 12 "$f"; done
