@@ -356,7 +356,7 @@ def run_model(spec: ModelSpec, variants: list[str], reps: int, tiny: bool) -> di
         notes.append(f"compiled variants: regional compilation (diffusers compile_repeated_blocks, dynamic=False) of "
                      f"{len(blocks)} {'/'.join(block_classes)} blocks; the rest of the model runs eagerly in every "
                      "variant")
-    rec: dict[str, Any] = {"model": spec.name, "label": spec.label + (" (whole)" if WHOLE else ""),
+    rec: dict[str, Any] = {"model": spec.name, "label": spec.label + (" (whole)" if WHOLE else ""), "phases": [],
                            "compile": "whole" if WHOLE else "regional",
                            "shape": f"tiny_models.{spec.tiny} on the CPU" if tiny else spec.shape,
                            "config_source": "diffusion_fuse.testing.tiny_models" if tiny else spec.source,
@@ -402,7 +402,9 @@ def run_model(spec: ModelSpec, variants: list[str], reps: int, tiny: bool) -> di
         live = [v for v in variants if "error" not in rec["variants"][v]]
         for r, v in abba(live, reps):
             activate(blocks, impls[v])
+            t0 = time.time()  # wall clock, as run_gpu.sh's GPU clock log stamps its samples (clocks_summary.py)
             out, ms, peak = timed_call(lambda: fwd(v), cuda)
+            rec["phases"].append([f"{v} one forward", t0, time.time()])
             vr = rec["variants"][v]
             if cuda:  # host-bound when the host time is close to the GPU time
                 vr.setdefault("host_times_ms", []).append(HOST_MS[-1])
@@ -417,11 +419,13 @@ def run_model(spec: ModelSpec, variants: list[str], reps: int, tiny: bool) -> di
                 fwd(v)
                 torch.cuda.synchronize()
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                t0 = time.time()
                 a.record()
                 for _ in range(BACK_TO_BACK):
                     fwd(v)
                 b.record()
                 b.synchronize()
+                rec["phases"].append([f"{v} back to back", t0, time.time()])
                 rec["variants"][v].setdefault("b2b_times_ms", []).append(a.elapsed_time(b) / BACK_TO_BACK)
         if CPROFILE and CPROFILE in live:  # where the host time of one variant goes (--cprofile)
             import cProfile

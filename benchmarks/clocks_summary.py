@@ -2,12 +2,14 @@
 
     python benchmarks/clocks_summary.py gpu_clocks.csv summary.txt             # per run_gpu.sh step
     python benchmarks/clocks_summary.py gpu_clocks.csv --phases bench_e2e.json  # per timing phase of bench_e2e.py
+    python benchmarks/clocks_summary.py gpu_clocks.csv --phases bench_models.json  # per variant and timing kind
 
 ``gpu_clocks.csv`` is nvidia-smi's ``--query-gpu=timestamp,utilization.gpu,clocks.sm,clocks.mem,power.draw.instant,
 temperature.gpu,clocks_throttle_reasons.active --format=csv -lms 100`` for one GPU (benchmarks/run_gpu.sh starts it;
 ``power.draw`` where the driver has no instant reading, which averages over about a second). Columns are found by
 the header's names. ``summary.txt`` has a line per step ending ``(<s> s, HH:MM:SS-HH:MM:SS, <epoch>-<epoch>)``;
-bench_e2e.py's JSON has ``phases`` per model: [name, start, end] in seconds since the epoch. Only samples with the GPU
+bench_e2e.py's JSON (``records``) and bench_models.py's (``models``) have ``phases`` per model: [name, start, end] in
+seconds since the epoch. Only samples with the GPU
 busy (utilization >= 50%) count towards the clocks and power: a step's compile time would otherwise dominate.
 Lines that do not parse are skipped. Read-only: nothing here sets a clock.
 """
@@ -87,7 +89,7 @@ def parse_steps(lines, first_sample: float | None = None) -> list[tuple[str, flo
 
 
 def parse_phases(records: list[dict]) -> list[tuple[str, float, float]]:
-    """(model: phase, start, end) in seconds since the epoch, from bench_e2e.py's records."""
+    """(model: phase, start, end) in seconds since the epoch, from bench_e2e.py's or bench_models.py's records."""
     return [(f"{rec['model']}: {name}", t0, t1) for rec in records for name, t0, t1 in rec.get("phases", [])]
 
 
@@ -127,7 +129,8 @@ def main(argv: list[str]) -> None:
         import json
 
         with open(argv[2]) as f:
-            steps, what = parse_phases(json.load(f)["records"]), "timing phase"
+            data = json.load(f)
+            steps, what = parse_phases(data.get("records") or data.get("models") or []), "timing phase"
     else:
         with open(argv[1]) as f:
             steps, what = parse_steps(f, samples[0]["t"] if samples else None), "step"

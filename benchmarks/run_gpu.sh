@@ -85,8 +85,10 @@ fi
 [ -n "$CLOCKS_PID" ] && kill "$CLOCKS_PID" 2>/dev/null
 if [ -f "$OUT/gpu_clocks.csv" ]; then
   python3 benchmarks/clocks_summary.py "$OUT/gpu_clocks.csv" "$OUT/summary.txt" >>"$OUT/summary.txt" 2>&1
-  [ -f "$OUT/bench_e2e.json" ] && python3 benchmarks/clocks_summary.py "$OUT/gpu_clocks.csv" --phases \
-    "$OUT/bench_e2e.json" >>"$OUT/summary.txt" 2>&1
+  for j in bench_e2e bench_models; do
+    [ -f "$OUT/$j.json" ] && python3 benchmarks/clocks_summary.py "$OUT/gpu_clocks.csv" --phases "$OUT/$j.json" \
+      >>"$OUT/summary.txt" 2>&1
+  done
 fi
 tar -czf "$FINAL/results.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
 cp "$OUT/summary.txt" "$FINAL/"  # JSON and logs travel in results.tgz: the device tool brings back few files

@@ -51,6 +51,9 @@ def test_tiny_run_then_table(tmp_path):
         assert len(eager["times_ms"]) == len(lossless["times_ms"]) == 2
         assert eager["bit_exact"] and lossless["bit_exact"]
         assert lossless["kept"] == lossless["sites"] > 0 and lossless["graphs"] >= 1
+        # when each timed forward ran, for run_gpu.sh's GPU clock log (benchmarks/clocks_summary.py --phases)
+        assert sorted(p[0] for p in rec["phases"]) == ["eager one forward"] * 2 + ["lossless one forward"] * 2
+        assert all(t0 <= t1 for _, t0, t1 in rec["phases"])
 
     md = tmp_path / "BENCHMARKS.md"
     original = (ROOT / "BENCHMARKS.md").read_text()

@@ -55,3 +55,14 @@ def test_bench_e2e_phases_pool_their_intervals():
     # the two back-to-back intervals hold 01.1 (10%: not busy), 02.1 and 05.1; the synced one nothing
     assert rows["flux_stack: lossless back to back"][1:4] == [3, 2, "1792"]
     assert rows["flux_stack: eager synced"][1:3] == [0, 0]
+
+
+def test_main_reads_bench_models_json_too(tmp_path, capsys):
+    import json
+
+    (tmp_path / "clocks.csv").write_text(CSV)
+    (tmp_path / "bench_models.json").write_text(json.dumps({"meta": {}, "models": [{"model": "flux1", "phases": [
+        ["lossless one forward", epoch("2026/11/30", "19:00:02"), epoch("2026/11/30", "19:00:02.2")]]}]}))
+    cs.main([str(tmp_path / "clocks.csv"), "--phases", str(tmp_path / "bench_models.json")])
+    out = capsys.readouterr().out
+    assert "flux1: lossless one forward" in out and "SW power cap 100%" in out
