@@ -145,21 +145,18 @@ def timed(fn, reps: int) -> tuple[float, list[float]]:
 B2B_ROUNDS = 6  # back-to-back rounds per variant, interleaved ABBA across the variants
 
 
-def timed_back_to_back(fn, calls: int, rounds: int) -> float:
+def timed_back_to_back(fn, calls: int) -> float:
     """ms per forward when ``calls`` forwards are issued back to back (no sync between them, as a denoising loop
     issues its steps): the host's work for a forward overlaps the GPU's work on the previous one, so a forward's
-    host latency before its first kernel no longer counts. Median over ``rounds``."""
-    per = []
-    for _ in range(rounds):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        a.record()
-        for _ in range(calls):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        per.append(a.elapsed_time(b) / calls)
-    return statistics.median(per)
+    host latency before its first kernel no longer counts."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    a.record()
+    for _ in range(calls):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / calls
 
 
 _SLEEP_CYCLES_PER_MS: list[float] = []
@@ -366,7 +363,7 @@ def main() -> None:
                     for k in (reversed(list(calls)) if r % 2 else list(calls)):
                         with phase(rec, f"{k} back to back"):
                             rec.setdefault(f"{k}_b2b_times", []).append(
-                                timed_back_to_back(calls[k], args.back_to_back, 1))
+                                timed_back_to_back(calls[k], args.back_to_back))
                 for k in calls:
                     rec[f"{k}_b2b_ms"] = statistics.median(rec[f"{k}_b2b_times"])
             # a second round of eager and ours, interleaved, to show the spread

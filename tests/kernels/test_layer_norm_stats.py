@@ -43,15 +43,15 @@ UNFUSED = (False, False, 2, False)  # WelfordVariant fields; 2 = COMB_MEAN_NO_FM
 DEFAULT = (True, True, 0, True)
 
 
-def _load(name: str):
-    """The kernel module through the package (``name`` says which process wants it: the worker imports it with
-    TRITON_INTERPRET=1 set, so its kernels are Triton's interpreted functions)."""
+def _load():
+    """The kernel module through the package: the interpreter worker imports it with TRITON_INTERPRET=1 set, so
+    its kernels are Triton's interpreted functions there."""
     if str(_ROOT) not in sys.path:  # a checkout without an install
         sys.path.insert(0, str(_ROOT))
     return importlib.import_module("diffusion_fuse.kernels.layer_norm_stats")
 
 
-lns = _load("_layer_norm_stats_cpu")
+lns = _load()
 
 
 def _input(rows: int, d: int, dtype: torch.dtype, seed: int, amp: float = 1.0) -> torch.Tensor:
@@ -102,7 +102,7 @@ def _case_tensors(c: dict):
 
 
 def _run_worker(path_in: str, path_out: str) -> None:
-    mod = _load("_layer_norm_stats_interp")
+    mod = _load()
     assert type(mod._layer_norm_exact_kernel).__name__ == "InterpretedFunction"
     np.seterr(divide="ignore", invalid="ignore")  # empty lanes: 1/0 and 0*inf, discarded by where()
     payload = torch.load(path_in)
