@@ -79,6 +79,7 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = nosass ]; then
   want bench_pointwise && step bench_pointwise 200 python3 benchmarks/bench_pointwise.py --json "$OUT/bench_pointwise.json"
   # shellcheck disable=SC2086
   want bench_e2e && step bench_e2e "${E2E_LIMIT:-400}" python3 benchmarks/bench_e2e.py --json "$OUT/bench_e2e.json" ${BENCH_E2E_ARGS:-}
+  want probe_lut16 && step probe_lut16 200 python3 benchmarks/probe_lut16.py --json "$OUT/probe_lut16.json"
   want bench_wan_temb && step bench_wan_temb 400 python3 benchmarks/bench_wan_temb.py --json "$OUT/bench_wan_temb.json"
 fi
 [ "$what" = all ] && step sass 240 bash benchmarks/sass_layer_norm.sh
@@ -98,6 +99,7 @@ cat "$OUT/summary.txt"
 [ -f "$OUT/bench_norm.log" ] && tail -n 6 "$OUT/bench_norm.log"
 [ -f "$OUT/bench_rms_norm.log" ] && tail -n 6 "$OUT/bench_rms_norm.log"
 [ -f "$OUT/bench_pointwise.log" ] && tail -n 12 "$OUT/bench_pointwise.log"
+[ -f "$OUT/probe_lut16.log" ] && tail -n 24 "$OUT/probe_lut16.log"
 [ -f "$OUT/bench_e2e.log" ] && tail -n 4 "$OUT/bench_e2e.log"
 [ -f "$OUT/bench_models.log" ] && grep -E "^(==|[A-Z].*  (eager|inductor|lossless|high))" "$OUT/bench_models.log"
 [ -f "$OUT/bench_wan_temb.log" ] && tail -n 14 "$OUT/bench_wan_temb.log"

@@ -475,7 +475,8 @@ def row_tile_trip(tile, IT: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr
 
 
 @triton.jit
-def load_row_tile(row_ptr, stride_d, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr):
+def load_row_tile(row_ptr, stride_d, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
+                  EVICT_FIRST: tl.constexpr = False):
     """A whole row (N == N_ITERS * LANES * VEC) as a [LANES, next_pow2(N_ITERS), VEC] tile in x's dtype,
     kept in registers: trip ``it`` of lane ``t`` is tile[t, it] (what compute_stats reads). Lanes
     first, so that Triton gives each thread one lane's trips (no relayout through shared memory)."""
@@ -484,9 +485,11 @@ def load_row_tile(row_ptr, stride_d, N_ITERS: tl.constexpr, LANES: tl.constexpr,
     tl.static_assert(N_ITERS <= 32, "row tiles hold at most 32 trips (N <= 16384)")
     it = tl.arange(0, NI)[None, :, None]
     offs = (it * LANES + tl.arange(0, LANES)[:, None, None]) * VEC + tl.arange(0, VEC)[None, None, :]
+    # read once: EVICT_FIRST asks L2 to drop these lines first (ln_modulate.LaunchVariant.cache_hints)
+    POLICY: tl.constexpr = "evict_first" if EVICT_FIRST else ""
     if NI == N_ITERS:
-        return tl.load(row_ptr + offs * stride_d)
-    return tl.load(row_ptr + offs * stride_d, mask=it < N_ITERS, other=0.0)
+        return tl.load(row_ptr + offs * stride_d, eviction_policy=POLICY)
+    return tl.load(row_ptr + offs * stride_d, mask=it < N_ITERS, other=0.0, eviction_policy=POLICY)
 
 
 @triton.jit

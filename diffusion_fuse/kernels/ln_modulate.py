@@ -67,7 +67,7 @@ def ln_modulate_row(
     N_Q: tl.constexpr = 0, STORE_OUT: tl.constexpr = True, OUT_DT: tl.constexpr = 0, Q_MODE: tl.constexpr = 0,
     NAN_SIGN: tl.constexpr = True,
     sct_row=None, sht_row=None, HAS_SCALE: tl.constexpr = True, HAS_SCALE_TEMB: tl.constexpr = False,
-    HAS_SHIFT_TEMB: tl.constexpr = False, ONE_EXCHANGE: tl.constexpr = False,
+    HAS_SHIFT_TEMB: tl.constexpr = False, ONE_EXCHANGE: tl.constexpr = False, CACHE_HINTS: tl.constexpr = 0,
 ):
     """One row: eager's LayerNorm statistics, then normalize, modulate and store (the contract above).
 
@@ -81,11 +81,12 @@ def ln_modulate_row(
     """
     s0, s1, s2, s3 = load_scales(S0, S1, S2, S3, N_Q)
     if UNIFORM:
-        ln_modulate_tile(load_row_tile(x_row, x_sd, N_ITERS, LANES, VEC), W, B, sc_row, sh_row, out_row, N, eps,
+        ln_modulate_tile(load_row_tile(x_row, x_sd, N_ITERS, LANES, VEC, (CACHE_HINTS & 1) != 0), W, B, sc_row, sh_row, out_row, N, eps,
                          N_ITERS, LANES, VEC, HAS_W, HAS_B, HAS_SHIFT, LN_DT, T_DT, U_DT, V_DT,
                          PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA,
                          q_row, q_plane, s0, s1, s2, s3, q_lo, q_hi, N_Q, STORE_OUT, OUT_DT, Q_MODE, NAN_SIGN,
-                         sct_row, sht_row, HAS_SCALE, HAS_SCALE_TEMB, HAS_SHIFT_TEMB, ONE_EXCHANGE=ONE_EXCHANGE)
+                         sct_row, sht_row, HAS_SCALE, HAS_SCALE_TEMB, HAS_SHIFT_TEMB, ONE_EXCHANGE=ONE_EXCHANGE,
+                         CACHE_HINTS=CACHE_HINTS)
     else:
         mean, rstd = welford_row_stats(x_row, N, x_sd, eps, N_ITERS, LANES, VEC,
                                        PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, UNIFORM)
@@ -114,6 +115,7 @@ def ln_modulate_tile(
     NAN_SIGN: tl.constexpr = True,
     sct_row=None, sht_row=None, HAS_SCALE: tl.constexpr = True, HAS_SCALE_TEMB: tl.constexpr = False,
     HAS_SHIFT_TEMB: tl.constexpr = False, ROWS: tl.constexpr = 1, ONE_EXCHANGE: tl.constexpr = False,
+    CACHE_HINTS: tl.constexpr = 0,
 ):
     """``ln_modulate_row`` of a UNIFORM row held in registers (``load_row_tile`` layout).
 
@@ -135,7 +137,7 @@ def ln_modulate_tile(
         modulate_store(x, mean, rstd, offs, offs < N, W, B, sc_row, sh_row, out_row, HAS_W, HAS_B, HAS_SHIFT,
                        LN_DT, T_DT, U_DT, V_DT, AFFINE_FMA, q_row, q_plane, s0, s1, s2, s3, q_lo, q_hi,
                        N_Q, STORE_OUT, OUT_DT, Q_MODE, NAN_SIGN, sct_row, sht_row, HAS_SCALE, HAS_SCALE_TEMB,
-                       HAS_SHIFT_TEMB)
+                       HAS_SHIFT_TEMB, STREAM_STORE=(CACHE_HINTS & 2) != 0)
 
 
 @triton.jit
@@ -147,7 +149,7 @@ def modulate_store(x, mean, rstd, offs, mask, W, B, sc_row, sh_row, out_row,
                    N_Q: tl.constexpr = 0, STORE_OUT: tl.constexpr = True, OUT_DT: tl.constexpr = 0,
                    Q_MODE: tl.constexpr = 0, NAN_SIGN: tl.constexpr = True,
                    sct_row=None, sht_row=None, HAS_SCALE: tl.constexpr = True, HAS_SCALE_TEMB: tl.constexpr = False,
-                   HAS_SHIFT_TEMB: tl.constexpr = False):
+                   HAS_SHIFT_TEMB: tl.constexpr = False, STREAM_STORE: tl.constexpr = False):
     """Normalize fp32 ``x`` (one trip's [LANES, VEC]), modulate, round as eager does, and store
     (the output if STORE_OUT; its N_Q quantized copies, kernels/fp8_quant.py)."""
     w = x
@@ -168,7 +170,9 @@ def modulate_store(x, mean, rstd, offs, mask, W, B, sc_row, sh_row, out_row,
                 sh = sh + tl.load(sht_row + offs, mask=mask, other=0.0).to(tl.float32)
             v = round_to(v + sh, V_DT)
     if STORE_OUT:
-        tl.store(out_row + offs, v.to(out_row.dtype.element_ty), mask=mask)
+        # STREAM_STORE: written once, read by the next kernel: st.global.cs (LaunchVariant.cache_hints)
+        CM: tl.constexpr = ".cs" if STREAM_STORE else ""
+        tl.store(out_row + offs, v.to(out_row.dtype.element_ty), mask=mask, cache_modifier=CM)
     if N_Q > 0:
         store_quants(q_row, q_plane, offs, mask, round_to(v, OUT_DT), s0, s1, s2, s3, q_lo, q_hi, N_Q, Q_MODE,
                      NAN_SIGN)
@@ -188,6 +192,7 @@ def _ln_modulate_kernel(
     COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr, UNIFORM: tl.constexpr,
     N_Q: tl.constexpr, STORE_OUT: tl.constexpr, OUT_DT: tl.constexpr, Q_MODE: tl.constexpr, NAN_SIGN: tl.constexpr,
     HAS_SCALE_TEMB: tl.constexpr, HAS_SHIFT_TEMB: tl.constexpr, ONE_EXCHANGE: tl.constexpr,
+    CACHE_HINTS: tl.constexpr,
 ):
     row, bi, si = program_row(S)
     ln_modulate_row(X + bi * x_sb + si * x_ss, x_sd, W, B, SCALE + bi * sc_sb + si * sc_ss, SHIFT + bi * sh_sb + si * sh_ss,
@@ -195,7 +200,7 @@ def _ln_modulate_kernel(
                     PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA, UNIFORM,
                     Q + row * N, q_plane, S0, S1, S2, S3, q_lo, q_hi, N_Q, STORE_OUT, OUT_DT, Q_MODE, NAN_SIGN,
                     SCALE_T + bi * sct_sb + si * sct_ss, SHIFT_T + bi * sht_sb + si * sht_ss, True, HAS_SCALE_TEMB,
-                    HAS_SHIFT_TEMB, ONE_EXCHANGE)
+                    HAS_SHIFT_TEMB, ONE_EXCHANGE, CACHE_HINTS)
 
 
 @triton.jit(do_not_specialize=["S", "M", "q_plane", "q_lo", "q_hi"])
@@ -303,16 +308,23 @@ class LaunchVariant:
     row_group: int = 1
     one_exchange: bool = False
     max_registers: int | None = None
+    cache_hints: int = 0
 
     def __post_init__(self):
         if self.row_group not in (1, 2, 4):  # 4 rows: 16 warps, 512 threads
             raise ValueError(f"row_group={self.row_group}: 1, 2 or 4")
+        if self.cache_hints not in (0, 1, 2, 3):
+            raise ValueError(f"cache_hints={self.cache_hints}: 0, 1 (evict-first loads), 2 (streaming stores) or 3")
+        if self.cache_hints and self.row_group > 1:
+            raise ValueError("cache_hints apply to the one-row kernel only (row_group=1)")
 
     @property
     def label(self) -> str:
         parts = [f"{self.row_group} rows/{4 * self.row_group} warps" if self.row_group > 1 else "1 row/4 warps"]
         parts += ["1 exchange"] if self.one_exchange else []
         parts += [f"maxnreg {self.max_registers}"] if self.max_registers else []
+        parts += [{1: "evict-first loads", 2: "streaming stores", 3: "evict-first loads, streaming stores"}[
+            self.cache_hints]] if self.cache_hints else []
         return ", ".join(parts)
 
     def options(self) -> dict:
@@ -331,6 +343,9 @@ LAUNCH_CANDIDATES = {
     "exchange1_maxreg40": LaunchVariant(one_exchange=True, max_registers=40),
     "group2_exchange1_maxreg40": LaunchVariant(row_group=2, one_exchange=True, max_registers=40),
     "exchange1_maxreg56": LaunchVariant(one_exchange=True, max_registers=56),
+    "evict_first": LaunchVariant(cache_hints=1),
+    "stream_store": LaunchVariant(cache_hints=2),
+    "evict_first_stream_store": LaunchVariant(cache_hints=3),
 }
 
 
@@ -389,8 +404,8 @@ def plan_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, sc
              "ONE_EXCHANGE": lv.one_exchange}
     rows = x.numel() // D
     per_program = ROWS_PER_PROGRAM if rows_per_program is None else rows_per_program
-    if lv.row_group > 1 and per_program > 1:
-        raise ValueError("a row group and rows_per_program > 1 do not combine")
+    if (lv.row_group > 1 or lv.cache_hints) and per_program > 1:
+        raise ValueError("a row group or cache hints and rows_per_program > 1 do not combine")
     options = lv.options()
     if lv.row_group > 1 and const["UNIFORM"] and rows > 0:
         kernel = CachedLaunch(_ln_modulate_row_group_kernel, (triton.cdiv(rows, lv.row_group),),
@@ -401,7 +416,8 @@ def plan_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, sc
                               dict(const, ROWS=per_program), num_warps=LANES // 32, **options)
         sizes = (D, S, rows)
     else:
-        kernel = CachedLaunch(_ln_modulate_kernel, (rows,), const, num_warps=LANES // 32, **options)
+        kernel = CachedLaunch(_ln_modulate_kernel, (rows,), dict(const, CACHE_HINTS=lv.cache_hints),
+                              num_warps=LANES // 32, **options)
         sizes = (D, S)
 
     def launch(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, *rest):

@@ -38,7 +38,8 @@ def compile_for_sm90(kernel, types: dict, const: dict):
 
 
 def compile_ln_modulate(D, x="bf16", mod="bf16", out="bf16", ln="bf16", affine=False, shift=True, n_q=0,
-                        keep_out=True, rows=0, temb=None, group=1, one_exchange=False, max_registers=None):
+                        keep_out=True, rows=0, temb=None, group=1, one_exchange=False, max_registers=None,
+                        cache_hints=0):
     """Compile as the launcher does for contiguous, 16-byte aligned operands: x's unit stride along D
     is a constant, pointers and row strides carry Triton's divisibility-by-16 specialization.
     ``rows`` > 0: the several-rows-per-program kernel (UNIFORM D only). ``temb``: the dtype of
@@ -54,7 +55,7 @@ def compile_ln_modulate(D, x="bf16", mod="bf16", out="bf16", ln="bf16", affine=F
                  **lns.DEFAULT_VARIANT.constexprs(), UNIFORM=lns.is_uniform(D, n_iters),
                  **quant_constexprs(n_q, keep_out, out), **({"ROWS": rows} if rows else {}),
                  HAS_SCALE_TEMB=temb is not None, HAS_SHIFT_TEMB=temb is not None and shift,
-                 ONE_EXCHANGE=one_exchange)
+                 ONE_EXCHANGE=one_exchange, **({} if rows else {"CACHE_HINTS": cache_hints}))
     names = k.arg_names
     sig = {"X": PTR[x], "W": PTR[ln], "B": PTR[ln], "SCALE": PTR[mod], "SHIFT": PTR[mod], "OUT": PTR[out],
            "SCALE_T": PTR[temb or mod], "SHIFT_T": PTR[temb or mod],
@@ -186,6 +187,22 @@ def test_register_capped_candidates_compile_for_sm90(form, name):
     # a row group at 40 spills a few bytes (measured as is: the GPU decides)
     if lv.row_group == 1 and (lv.max_registers, D) in ((40, 3072), (56, 5120)):
         assert stack == 0
+
+
+@pytest.mark.parametrize("name", [n for n, lv in lm.LAUNCH_CANDIDATES.items() if lv.cache_hints])
+@pytest.mark.parametrize("form", list(LAUNCH_FORMS))
+def test_cache_hint_candidates_compile_for_sm90(form, name):
+    """Cache hints change the row's loads (an L2 evict-first policy) or the output's stores (``.cs``) and
+    nothing else: same registers, same instruction count but for the policy's own."""
+    lv = lm.LAUNCH_CANDIDATES[name]
+    D, kw = LAUNCH_FORMS[form]
+    ck, base = compile_ln_modulate(D, cache_hints=lv.cache_hints, **kw), compile_ln_modulate(D, **kw)
+    ptx, regs = ck.asm["ptx"], cubin_registers(ck)
+    print(f"{form} {name}: {regs} registers (default {cubin_registers(base)})")
+    assert ("evict_first" in ptx) == bool(lv.cache_hints & 1)
+    assert ("st.global.cs" in ptx) == bool(lv.cache_hints & 2)
+    assert "evict_first" not in base.asm["ptx"] and "st.global.cs" not in base.asm["ptx"]
+    assert regs <= cubin_registers(base) + 2
 
 
 def test_aligned_rows_load_and_store_4_elements_per_instruction():

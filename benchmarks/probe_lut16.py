@@ -1,0 +1,107 @@
+"""Probe: 16-bit unary ops through eager's own output table (``kernels/lut16.py``) on the GPU.
+
+1. For each op (gelu-tanh, gelu-erf, silu, sigmoid, tanh, exp) and dtype (bf16, fp16): build the table from
+   eager's op on this GPU, run the table kernel on all 65,536 patterns, count the patterns that differ
+   from eager (must be 0) -- or say why no table fits.
+2. Steady-state time (``benchmarks/steady.py``) of gelu-tanh at FLUX's FF shape [4096, 12288] bf16: eager's
+   kernel, the pointwise pass's fused kernel (``gelu + clone``, libdevice ``tanhf``), the table kernel at a
+   few block sizes, and an SM copy of the same bytes; each output compared bitwise with eager.
+
+    python benchmarks/probe_lut16.py [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+from tabulate import tabulate
+
+from diffusion_fuse.kernels.lut16 import all_patterns, build_lut16, lut16_triton
+from diffusion_fuse.testing.pointwise import chain, fuse
+
+try:
+    from steady import input_sets, steady_sm_copy_us, steady_us
+except ImportError:  # imported as benchmarks.probe_lut16
+    from benchmarks.steady import input_sets, steady_sm_copy_us, steady_us
+
+OPS = {
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_erf": F.gelu,
+    "silu": F.silu,
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+    "exp": torch.exp,
+}
+BLOCKS = ((2048, 4), (4096, 8), (8192, 8), (8192, 16))
+
+
+def bits(t):
+    return t.view(torch.int16)
+
+
+def exhaustive() -> list[dict]:
+    recs = []
+    for name, op in OPS.items():
+        for dtype in (torch.bfloat16, torch.float16):
+            lut, why = build_lut16(op, dtype, "cuda")
+            rec = {"op": name, "dtype": str(dtype).removeprefix("torch."), "table": None, "differ": None, "why": why}
+            if lut is not None:
+                x = all_patterns(dtype, "cuda")
+                rec["table"] = lut.describe()
+                rec["table_entries"] = lut.table.numel()
+                rec["differ"] = int((bits(lut16_triton(x, lut)) != bits(op(x))).sum())
+            recs.append(rec)
+    return recs
+
+
+def timing() -> list[dict]:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(4096, 12288, device="cuda", generator=g).bfloat16()
+    ref = F.gelu(x, approximate="tanh")
+    moved = 2 * x.numel() * x.element_size()
+    sets = input_sets((x,), moved)
+    lut, why = build_lut16(OPS["gelu_tanh"], torch.bfloat16, "cuda")
+    assert lut is not None, why
+    fn, _ = chain("flux_gelu_clone")  # the pass's chain at [1, 4096, 12288]
+    gm, sites = fuse(fn, x.view(1, 4096, 12288))
+    rows = []
+
+    def add(label, call):
+        out = call(x)
+        exact = bool(torch.equal(bits(out.reshape(ref.shape)), bits(ref)))
+        us = steady_us([lambda a=a: call(a) for (a,) in sets])
+        rows.append({"variant": label, "us": us, "exact": exact})
+
+    add("eager F.gelu(tanh)", lambda a: F.gelu(a, approximate="tanh"))
+    add(f"pointwise pass: gelu + clone ({len(sites)} site)", lambda a: gm(a.view(1, 4096, 12288)))
+    for block, warps in BLOCKS:
+        add(f"lut16 {block} elements / {warps} warps", lambda a, b=block, w=warps: lut16_triton(a, lut, b, w))
+    copy = steady_sm_copy_us(moved)
+    for r in rows:
+        r["over_sm_copy"] = r["us"] / copy["best"]
+    rows.append({"variant": "SM copy of the same bytes (best config)", "us": copy["best"], "exact": None,
+                 "over_sm_copy": 1.0, "configs": copy})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "probe_lut16.json"))
+    args = ap.parse_args()
+    ex = exhaustive()
+    print(tabulate([[r["op"], r["dtype"], r["table"] or r["why"], r["differ"]] for r in ex],
+                   headers=["op", "dtype", "table", "patterns differing from eager"]))
+    tm = timing()
+    print(tabulate([[r["variant"], f"{r['us']:.1f}", f"{r['over_sm_copy']:.2f}", r["exact"]] for r in tm],
+                   headers=["gelu-tanh [4096, 12288] bf16", "steady µs", "/ SM copy", "== eager"]))
+    with open(args.json, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "exhaustive": ex,
+                   "timing": tm}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
