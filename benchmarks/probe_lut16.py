@@ -88,6 +88,28 @@ def timing() -> list[dict]:
     return rows
 
 
+def chains() -> list[dict]:
+    """FLUX's gelu chains through the pointwise pass's kernel, the table lookup on and off (``Variants.lut16``):
+    the single block's ``gelu + cat`` (the lookup's larger programs straddle the cat's inputs, so lanes select;
+    without it each program branches once) and the FF's ``gelu + clone``."""
+    from diffusion_fuse.kernels.pointwise_ops import Variants
+    from diffusion_fuse.testing.pointwise import program_of, run_program
+
+    rows = []
+    for name in ("flux_gelu_cat", "flux_gelu_clone"):
+        fn, ins = chain(name)
+        ref = fn(*ins)
+        key = program_of(fn, *ins)
+        moved = sum(t.numel() * t.element_size() for t in (*ins, ref))
+        sets = input_sets(ins, moved)
+        for lut in (True, False):
+            v = Variants(lut16=lut)
+            out = run_program(key, ins, v)[0]
+            us = steady_us([lambda a=a: run_program(key, a, v) for a in sets])
+            rows.append({"chain": name, "lut16": lut, "us": us, "exact": bool(torch.equal(bits(out), bits(ref)))})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "probe_lut16.json"))
@@ -98,9 +120,12 @@ def main() -> None:
     tm = timing()
     print(tabulate([[r["variant"], f"{r['us']:.1f}", f"{r['over_sm_copy']:.2f}", r["exact"]] for r in tm],
                    headers=["gelu-tanh [4096, 12288] bf16", "steady µs", "/ SM copy", "== eager"]))
+    ch = chains()
+    print(tabulate([[r["chain"], r["lut16"], f"{r['us']:.1f}", r["exact"]] for r in ch],
+                   headers=["chain", "lut16", "steady µs", "== eager"]))
     with open(args.json, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "exhaustive": ex,
-                   "timing": tm}, f, indent=2)
+                   "timing": tm, "chains": ch}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -332,11 +332,21 @@ class LaunchVariant:
         return {} if self.max_registers is None else {"maxnreg": self.max_registers}
 
 
-LAUNCH_VARIANT = LaunchVariant()  # the default: what NOTES.md measured (v4); the GPU decides on the others
+LAUNCH_VARIANT = LaunchVariant()  # no hints: what NOTES.md measured (v4); the GPU decides on the others
+# Rows normalized in their own 16-bit dtype (FLUX, SD3.5, Qwen-Image, ...) take both cache hints: evict-first
+# row loads and streaming stores, together (not either alone), moved FLUX [1,4608,3072] from 18.3-18.5 to
+# 17.1 µs steady (results/h200-2026-11-30j/run1/bench_norm.json). Wan's fp32-LN rows measured 1% slower
+# with them, so they keep none.
+HALF_LN_VARIANT = LaunchVariant(cache_hints=3)
+
+
+def default_launch_variant(ln_dt: torch.dtype) -> LaunchVariant:
+    """What ``plan_ln_modulate`` launches when not told: by the dtype the row is normalized in."""
+    return HALF_LN_VARIANT if ln_dt in (torch.bfloat16, torch.float16) else LAUNCH_VARIANT
 # Candidates the GPU test and benchmarks/bench_norm.py compare (FLUX/Wan2.2 D=3072 bf16 need 48 registers
 # today, 40 without spilling: 12 programs per SM instead of 10; Wan2.1 D=5120 fp32-LN 71, 56: 9 instead of 7).
 LAUNCH_CANDIDATES = {
-    "default": LAUNCH_VARIANT,
+    "default": LAUNCH_VARIANT,  # no hints (the op's own choice is default_launch_variant)
     "group2": LaunchVariant(row_group=2),
     "exchange1": LaunchVariant(one_exchange=True),
     "group2_exchange1": LaunchVariant(row_group=2, one_exchange=True),
@@ -387,7 +397,7 @@ def plan_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, sc
     ``quant``: ``(n, q_mode, keep_out)`` for ``diffusion_fuse::ln_modulate_quant`` (its launch then
     takes that op's arguments and returns its Tensor[]), None for ``ln_modulate``.
     ``rows_per_program`` (default ROWS_PER_PROGRAM; D % 512 == 0 only): rows one 4-warp program takes one
-    after the other. ``launch_variant`` (default LAUNCH_VARIANT): see ``LaunchVariant``. Every choice of
+    after the other. ``launch_variant`` (default ``default_launch_variant``): see ``LaunchVariant``. Every choice of
     both gives the same bits.
     """
     D = x.shape[-1]
@@ -398,7 +408,10 @@ def plan_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, sc
     strides = (*_row_strides(x, x), x.stride(-1), *_row_strides(scale, x), *_row_strides(shift, x))
     temb_strides = (*_row_strides(scale_temb, x), *_row_strides(shift_temb, x))
     epi = QuantEpilogue(quant, shape, _DT_CODE[final], device, nan_sign)
-    lv = LAUNCH_VARIANT if launch_variant is None else launch_variant
+    if launch_variant is not None:
+        lv = launch_variant
+    else:  # the hints need the one-row kernel
+        lv = default_launch_variant(ln_dt) if (rows_per_program or ROWS_PER_PROGRAM) == 1 else LAUNCH_VARIANT
     const = {**modulate_constexprs(D, weight, bias, shift, ln_dt, t_dt, u_dt, v_dt, variant, affine_fma),
              **epi.constexprs, "HAS_SCALE_TEMB": scale_temb is not None, "HAS_SHIFT_TEMB": shift_temb is not None,
              "ONE_EXCHANGE": lv.one_exchange}

@@ -56,11 +56,25 @@ import triton
 
 from ..log import get_logger
 from . import triton_interpret
-from .pointwise_ops import DEFAULT_VARIANTS, FLOAT_DTYPES, RECIPES, Emit, Val, Variants, round_code, to_common
+from .pointwise_ops import (
+    DEFAULT_VARIANTS,
+    FLOAT_DTYPES,
+    LUT16_OPS,
+    RECIPES,
+    Emit,
+    Val,
+    Variants,
+    round_code,
+    to_common,
+)
 
 aten = torch.ops.aten
 _log = get_logger("pointwise")
 BLOCK = 1024
+# A kernel that looks a 16-bit op up in a table (kernels/lut16.py) fills the table into shared memory once per
+# program: larger programs amortize it (H200, gelu-tanh [4096, 12288]: 8192 elements / 16 warps 50.7 µs, an SM
+# copy's time; 2048 / 4 64.3; results/h200-2026-11-30j/run1/probe_lut16.json)
+LUT_BLOCK, LUT_WARPS = 8192, 16
 NUM_WARPS = 4
 TILE_X, TILE_Y = 64, 32  # tiled kernels: 2048 elements per program; a row of 64 bf16 / 32 fp32 is 128 bytes
 _MIN_RUN = 16  # elements an access must have contiguous along the fast index to count as coalesced
@@ -280,11 +294,13 @@ class KernelSource:
     constexprs: dict = dataclasses.field(default_factory=dict)  # BLOCK, or BX and BY when tiled
     strided_bytes: int = 0  # bytes this kernel loads or stores with a stride along its fast index
     tile: tuple[int, int] | None = None  # (x dim, y dim) of the outputs' shape when tiled
+    num_warps: int = 4
+    tables: list = dataclasses.field(default_factory=list)  # lut16 tables, passed after numel
 
 
 class Generator(Emit):
     def __init__(self, gm: fx.GraphModule, metas: dict[fx.Node, object], inputs: Sequence[TensorSpec],
-                 variants: Variants = DEFAULT_VARIANTS, index_dtype: str = "int32") -> None:
+                 variants: Variants = DEFAULT_VARIANTS, index_dtype: str = "int32", device=None) -> None:
         self.gm, self.metas, self.inputs, self.variants = gm, metas, list(inputs), variants
         self.placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
         self.lines: list[str] = []
@@ -294,6 +310,9 @@ class Generator(Emit):
         self.bounds: dict[str, int] = {}  # iteration variable -> its extent (f, or x, y and z when tiled)
         self.block_shape = "[BLOCK]"  # the shape of the kernel's lanes ([BY, BX] when tiled)
         self.accesses: list[tuple[Lin, int]] = []  # (offset, bytes per element) of every load and store
+        self.device = device
+        self.block = BLOCK  # LUT_BLOCK in a flat kernel that looks an op up (generate decides)
+        self.tables: list[tuple[tuple, object]] = []  # (table key, Lut16) of the lut{i} parameters
 
     # --- emission --------------------------------------------------------------------------
     def tmp(self, expr: str) -> str:
@@ -462,6 +481,9 @@ class Generator(Emit):
         r = RECIPES.get(t)
         if r is None:
             raise Unsupported(f"op {t}")
+        looked = self._lut16(n, idx, mask)
+        if looked is not None:
+            return looked
         why = r.check(n)
         if why:
             raise Unsupported(why)
@@ -478,6 +500,39 @@ class Generator(Emit):
         v = self.tmp(r.build(self, n, ops, self.variants))
         return Val(v if r.selects else self.tmp(round_code(v, out.dtype)), out.dtype)
 
+    def _lut16_candidate(self, n: fx.Node) -> bool:
+        """``n`` is a LUT16_OPS call from bf16 to bf16 that passes its recipe's check."""
+        if not (self.variants.lut16 and n.op == "call_function" and n.target in LUT16_OPS and self.device is not None):
+            return False
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return False  # building a table runs eager's op and reads results back: not inside a graph capture
+        a = n.args[0]
+        if not isinstance(a, fx.Node) or self.meta(n).dtype != torch.bfloat16 or self.meta(a).dtype != torch.bfloat16:
+            return False
+        return not RECIPES[n.target].check(n) and _table(self._lut16_key(n), n, self.device) is not None
+
+    def _lut16_key(self, n: fx.Node) -> tuple:
+        return (str(n.target), tuple(map(repr, n.args[1:])), tuple(sorted(n.kwargs.items())), str(self.device))
+
+    def _lut16(self, n: fx.Node, idx: list[Lin], mask: str) -> Val | None:
+        """``n`` looked up in eager's table (kernels/lut16.py), in a flat kernel; None: the recipe computes it."""
+        if self.block != LUT_BLOCK or not self._lut16_candidate(n):
+            return None
+        a = n.args[0]
+        v = self.value(a, self._broadcast(a, idx, self.meta(n).shape), mask)
+        if v.dtype != torch.bfloat16:  # the operand's value must be a bf16 (its storage dtype)
+            return None
+        key = self._lut16_key(n)
+        lut = _table(key, n, self.device)
+        i = next((k for k, (tk, _) in enumerate(self.tables) if tk == key), None)
+        if i is None:
+            i = len(self.tables)
+            self.tables.append((key, lut))
+        c = lut.constexprs()
+        b = self.tmp(f"tl.broadcast_to({v.code}, [BLOCK]).to(tl.bfloat16).to(tl.uint16, bitcast=True).to(tl.int32)")
+        r = self.tmp(f"lut16_apply({b}, lut{i}_t, {c['LO']}, {c['SPAN']}, {c['SPECIAL']})")
+        return Val(self.tmp(f"{r}.to(tl.uint16).to(tl.bfloat16, bitcast=True).to(tl.float32)"), torch.bfloat16)
+
     def _uniform_cat(self, o: fx.Node, idx: list[Lin]) -> tuple[Term, list] | None:
         """An output ``cat`` in which every program's ``BLOCK`` indices fall in one input (its index along the cat
         dimension is ``f // s % W`` and ``BLOCK`` divides ``s`` or every input's extent times ``s``): the term and
@@ -490,9 +545,9 @@ class Generator(Emit):
         t = idx[dim].pure()
         if len(branches) < 2 or t is None or t.var != "f" or t.mod not in (0, branches[-1][1]):
             return None
-        if t.div % BLOCK == 0:
+        if t.div % self.block == 0:
             return t, branches
-        if BLOCK % t.div or any(hi % (BLOCK // t.div) for _, hi, _, _ in branches):
+        if self.block % t.div or any(hi % (self.block // t.div) for _, hi, _, _ in branches):
             return None
         return t, branches
 
@@ -637,11 +692,14 @@ class Generator(Emit):
             raise Unsupported("empty output")
         i64 = self.index_dtype != "int32"
         if tile is None:
+            if any(self._lut16_candidate(n) for n in self.gm.graph.nodes):
+                self.block = LUT_BLOCK
             self.bounds = {"f": numel}
             pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
             head = [f"f = {pid} * BLOCK + tl.arange(0, BLOCK)", "m = f < numel"]
             index_of = lambda shape: self.unravel(Lin.of(Term("f", 1, 0)), shape)  # noqa: E731
-            grid, constexprs, tparams = (triton.cdiv(numel, BLOCK),), {"BLOCK": BLOCK}, ["BLOCK: tl.constexpr"]
+            grid, constexprs = (triton.cdiv(numel, self.block),), {"BLOCK": self.block}
+            tparams = ["BLOCK: tl.constexpr"]
         else:
             shape = specs[0].shape
             if any(s.shape != shape for s in specs):
@@ -689,12 +747,18 @@ class Generator(Emit):
             stores.append(f"tl.store({self.block_ptr(f'out{j}', flat_off)}, {v.code}{cast}, mask=m)")
         body = self.lines[body_start:] + stores
         n_in, n_out = len(self.inputs), len(outs)
+        # each table once per program, before the lanes' work (tl.gather reads it through shared memory)
+        head += [f"lut{i}_t = tl.load(lut{i} + tl.arange(0, {lut.table.numel()}))"
+                 for i, (_, lut) in enumerate(self.tables)]
         # numel in both forms (a tiled kernel masks by its dims): one launch signature for the op's plan
-        params = [f"in{k}" for k in range(n_in)] + [f"out{j}" for j in range(n_out)] + ["numel", *tparams]
+        params = [f"in{k}" for k in range(n_in)] + [f"out{j}" for j in range(n_out)] + ["numel"]
+        params += [f"lut{i}" for i in range(len(self.tables))] + tparams
         text = "\n".join(f"    {ln}" for ln in [*head, *body])
         libdevice = ("from diffusion_fuse.kernels.pointwise_ops import interpreter_libdevice\n"
                      "libdevice = interpreter_libdevice()\n" if triton_interpret()
                      else "from triton.language.extra import libdevice\n")
+        if self.tables:
+            libdevice += "from diffusion_fuse.kernels.lut16 import lut16_apply\n"
         digest = hashlib.sha256(f"{libdevice}{','.join(params)}{text}".encode()).hexdigest()[:16]
         name = f"pointwise_{digest}"
         header = "".join(f"# {ln}\n" for ln in title.splitlines())
@@ -702,7 +766,30 @@ class Generator(Emit):
                   f"@triton.jit\ndef {name}({', '.join(params)}):\n{text}\n")
         fast = ("f",) if tile is None else ("x", "y")
         strided = sum(size for off, size in self.accesses if not _coalesced(off, fast)) * numel
-        return KernelSource(source, name, specs, numel, grid, constexprs, strided, tile)
+        warps = LUT_WARPS if self.tables else NUM_WARPS
+        return KernelSource(source, name, specs, numel, grid, constexprs, strided, tile, warps,
+                            [lut.table for _, lut in self.tables])
+
+
+_tables: dict[tuple, object] = {}
+_tables_lock = threading.Lock()
+
+
+def _table(key: tuple, n: fx.Node, device):
+    """The lut16 table of ``n``'s op (its non-tensor arguments in ``key``) on ``device``, built once; None when no
+    table fits (the recipe computes the op then)."""
+    from .lut16 import build_lut16
+
+    with _tables_lock:
+        if key not in _tables:
+            target, extra, kwargs = n.target, n.args[1:], dict(n.kwargs)
+            lut, why = build_lut16(lambda x: target(x, *extra, **kwargs), torch.bfloat16, device)
+            if lut is None:
+                _log.info("pointwise: %s keeps its recipe: %s", key[0], why)
+            else:
+                _log.debug("pointwise: %s on %s through its bf16 %s", key[0], device, lut.describe())
+            _tables[key] = lut
+        return _tables[key]
 
 
 def _compose(t: Term, p: int, q: int) -> Term | None:

@@ -27,7 +27,7 @@ import torch.fx as fx
 from ..kernels import triton_interpret
 from ..kernels.pointwise_codegen import (
     BLOCK,
-    NUM_WARPS,
+    LUT_BLOCK,
     VIEW_OPS,
     Generator,
     KernelSource,
@@ -39,7 +39,7 @@ from ..kernels.pointwise_ops import DEFAULT_VARIANTS, FLOAT_DTYPES, Variants
 from .dispatch import GuardedKernel, error_message, impl
 
 OP = "pointwise"
-_INT32_LIMIT = 2**31 - 2 * BLOCK
+_INT32_LIMIT = 2**31 - 2 * max(BLOCK, LUT_BLOCK)
 
 
 @dataclasses.dataclass
@@ -112,7 +112,8 @@ def generate_source(inputs, key, variants: Variants = DEFAULT_VARIANTS) -> Kerne
     outs = [specs[o] for o in next(n for n in prog.gm.graph.nodes if n.op == "output").args[0]]
     big = max([math.prod(o.shape) for o in outs] + [_extent(s.shape, s.stride) for s in in_specs + outs])
     index_dtype = "int32" if big < _INT32_LIMIT else "int64"
-    return choose_layout(lambda: Generator(prog.gm, specs, in_specs, variants, index_dtype),
+    device = inputs[0].device
+    return choose_layout(lambda: Generator(prog.gm, specs, in_specs, variants, index_dtype, device),
                          title=f"diffusion_fuse::pointwise {key}: {' '.join(prog.ops)}")
 
 
@@ -153,13 +154,13 @@ def _plan(inputs, key):
     from ..kernels.pointwise_codegen import load_kernel
 
     src = _prepared.pop(layout_key(inputs, key), None) or generate_source(inputs, key)
-    kernel = CachedLaunch(load_kernel(src), src.grid, src.constexprs, num_warps=NUM_WARPS)
-    outs, numel = src.outputs, src.numel
+    kernel = CachedLaunch(load_kernel(src), src.grid, src.constexprs, num_warps=src.num_warps)
+    outs, numel, tables = src.outputs, src.numel, src.tables
     device = inputs[0].device
 
     def launch(inputs, key):
         res = [torch.empty_strided(o.shape, o.stride, dtype=o.dtype, device=device) for o in outs]
-        kernel(*inputs, *res, numel)
+        kernel(*inputs, *res, numel, *tables)
         return res
 
     return launch
@@ -171,7 +172,7 @@ def launch_once(key: str, inputs, variants: Variants = DEFAULT_VARIANTS) -> list
 
     src = generate_source(inputs, key, variants)
     outs = [torch.empty_strided(o.shape, o.stride, dtype=o.dtype, device=inputs[0].device) for o in src.outputs]
-    load_kernel(src)[src.grid](*inputs, *outs, src.numel, **src.constexprs, num_warps=NUM_WARPS,
+    load_kernel(src)[src.grid](*inputs, *outs, src.numel, *src.tables, **src.constexprs, num_warps=src.num_warps,
                                enable_fp_fusion=variants.fp_fusion, enable_reflect_ftz=variants.reflect_ftz)
     return outs
 

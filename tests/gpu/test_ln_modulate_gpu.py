@@ -66,17 +66,18 @@ def make(form, B, S, D, amp, seed, special=False):
     return x, w, b, sc, (sh if shift else None)
 
 
-def check(form, B, S, D, amp, eps, seed=0, special=False, launch="default"):
+def check(form, B, S, D, amp, eps, seed=0, special=False, launch=None):
+    """launch: a LAUNCH_CANDIDATES name, or None for what the op launches (``default_launch_variant``)."""
     _, ln_dtype, out_dtype, *_ = FORMS[form]
     x, w, b, sc, sh = make(form, B, S, D, amp, seed, special)
     ok, why = can_use_ln_modulate(x, w, b, eps, sc, sh, ln_dtype, out_dtype)
     assert ok, why
     ref = ln_modulate_reference(x, w, b, eps, sc, sh, ln_dtype, out_dtype)
-    got = ln_modulate_triton(x, w, b, eps, sc, sh, ln_dtype, out_dtype, launch_variant=LAUNCH_CANDIDATES[launch])
+    got = ln_modulate_triton(x, w, b, eps, sc, sh, ln_dtype, out_dtype, launch_variant=None if launch is None else LAUNCH_CANDIDATES[launch])
     assert got.dtype == ref.dtype and got.shape == ref.shape
     ndiff = int((_bits(ref) != _bits(got)).sum())
     RESULTS.append(dict(form=form, B=B, S=S, D=D, amp=amp, eps=eps, special=special, ndiff=ndiff,
-                        numel=ref.numel(), launch=launch))
+                        numel=ref.numel(), launch=launch or "op's own"))
     return ndiff
 
 

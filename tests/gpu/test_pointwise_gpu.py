@@ -117,9 +117,12 @@ ALTERNATIVES = {
 # on subnormal inputs only the default is (test_subnormal_inputs_per_variant). Session 9 measured erf's gelu
 # with the reflect off too: it still differs (ERF_NOT_REPRODUCED).
 FTZ_ON = Variants(reflect_ftz=True)
+NO_LUT = Variants(lut16=False)  # the arithmetic recipe of a bf16 op that is looked up by default (kernels/lut16.py)
 LIBDEVICE_OPS = ("exp", "sin", "cos", "tanh", "rsqrt", "sigmoid", "silu", "gelu_tanh", "gelu")
 for _op in LIBDEVICE_OPS:
     ALTERNATIVES.setdefault(_op, []).append(FTZ_ON)
+for _op in ("exp", "tanh", "sigmoid", "silu", "gelu_tanh"):  # LUT16_OPS
+    ALTERNATIVES.setdefault(_op, []).append(NO_LUT)
 # Ops the pass leaves eager (kernels/pointwise_ops.py says why): measured, not asserted exact; the
 # test fails if one of the candidates turns out exact (then the recipe can be enabled).
 NOT_FUSED = {"gelu": "ERF_NOT_REPRODUCED"}
@@ -152,6 +155,9 @@ def test_each_op_is_bitwise_eager(op, dtype, monkeypatch):
         assert not exact, f"{op} {dtype}: {exact} reproduce eager: enable the recipe ({NOT_FUSED[op]})"
         return
     assert res[DEFAULT_VARIANTS] == 0, f"{op} {dtype}: {res} {RESULTS[-1]['first_diffs']}"
+    # bf16 LUT16_OPS run as a table lookup by default: the recipe, which runs where no table fits or in a tiled
+    # kernel, must be exact too
+    assert res.get(NO_LUT, 0) == 0, f"{op} {dtype} recipe: {res} {RESULTS[-1]['first_diffs']}"
 
 
 # fp32 subnormals: the patterns with a zero exponent field and a non-zero mantissa, of either sign
@@ -227,9 +233,12 @@ def test_gelu_tanh_is_eager_on_every_16_bit_value(dtype):
     # gelu's tanh input is never subnormal where it matters: 1 + tanh(t) is 1 for any tiny t
     x = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int16, device="cuda").view(dtype)
     fn = lambda a: F.gelu(a, approximate="tanh")  # noqa: E731
-    n = ndiff(fn(x), run_program(program_of(fn, x), [x])[0])
-    _record(kind="exh", op="gelu_tanh (all values)", dtype=str(dtype), ndiff={"default": n}, numel=x.numel())
-    assert n == 0
+    key = program_of(fn, x)
+    n = ndiff(fn(x), run_program(key, [x])[0])
+    n_recipe = ndiff(fn(x), run_program(key, [x], NO_LUT)[0])  # bf16: the default is the table lookup
+    _record(kind="exh", op="gelu_tanh (all values)", dtype=str(dtype), ndiff={"default": n, str(NO_LUT): n_recipe},
+            numel=x.numel())
+    assert n == 0 and n_recipe == 0
 
 
 @pytest.mark.parametrize("src", DTYPES, ids=["bf16", "fp16", "fp32"])

@@ -126,6 +126,8 @@ CASES = ["rope", "rope_cat", "gated_residual", "gelu_cat", "swiglu", "wan_residu
          "sana_key_relu_fp32", "bias_add", "cat_per_program", "gelu_cat_branches", "cat_three_chains", "cat_rows"]
 # cats whose kernel branches once per program on the input its BLOCK lies in (number of branches)
 BRANCHES = {"gelu_cat_branches": 2, "cat_three_chains": 3, "cat_rows": 2, "gelu_cat": 0}
+# bf16 gelu chains: gelu through eager's own output table (kernels/lut16.py): (lookups, tables) in the kernel
+LUT_CASES = {"gelu_cat": (1, 1), "gelu_clone": (1, 1), "gelu_cat_branches": (1, 1)}
 # fp32 cases whose ops eager computes alike on CPU and CUDA, and the interpreter exactly: bitwise
 EXACT = {"fp32_chain", "where_mask", "strided_in", "permuted_out", "sana_query_relu", "sana_key_relu",
          "sana_value_float", "sana_key_relu_fp32", "cat_per_program", "cat_three_chains", "cat_rows"}
@@ -190,13 +192,19 @@ def worker() -> dict:
     from diffusion_fuse.lowering import counters
     from diffusion_fuse.testing.pointwise import fuse, site_ops
 
+    from diffusion_fuse.kernels.pointwise_ops import Variants
     from diffusion_fuse.lowering.pointwise import generate_source
     from diffusion_fuse.testing.pointwise import program_of
 
     res = {}
     for name in CASES:
         fn, args = make(name)
-        src = generate_source(list(args), program_of(fn, *args)) if name in TILES or name in BRANCHES else None
+        # the branch checks read the recipe kernel: a table lookup (lut16) takes larger programs, whose blocks
+        # straddle the cat's inputs (LUT_CASES below checks that kernel)
+        variants = Variants(lut16=False) if name in BRANCHES else Variants()
+        src = generate_source(list(args), program_of(fn, *args), variants) \
+            if name in TILES or name in BRANCHES or name in LUT_CASES else None
+        lut_src = generate_source(list(args), program_of(fn, *args)) if name in LUT_CASES else None
         gm, sites = fuse(fn, *args)
         counters.reset()
         ref = fn(*args)
@@ -217,6 +225,8 @@ def worker() -> dict:
             "branches": [ln.strip() for ln in src.source.splitlines()
                          if ln.strip().startswith(("if c0", "elif c0", "else:"))] if src else None,
             "loads": [ln.strip() for ln in src.source.splitlines() if "tl.load(" in ln] if src else None,
+            "lut": {"lookups": lut_src.source.count("lut16_apply("), "block": lut_src.constexprs.get("BLOCK"),
+                    "warps": lut_src.num_warps, "tables": len(lut_src.tables)} if lut_src else None,
         }
     res["random_layouts"] = random_layouts()
     # Through the backend: the interpreter's fp32 -> bf16 cast truncates, so the verifier rejects
@@ -267,6 +277,18 @@ def test_layout_reads_and_writes_contiguously(results, case):
     r = results[case]
     assert r["tile"] == (list(TILES[case]) if TILES[case] else None), r
     assert r["strided_bytes"] == 0, r
+
+
+@pytest.mark.parametrize("case", sorted(LUT_CASES))
+def test_bf16_gelu_is_looked_up_in_eagers_table(results, case):
+    """gelu (tanh) from bf16 to bf16 is a lookup in a table of CPU eager's outputs here (the GPU's eager on the
+    GPU), in programs of LUT_BLOCK elements and LUT_WARPS warps; the chain's output is then CPU eager's, bitwise."""
+    from diffusion_fuse.kernels.pointwise_codegen import LUT_BLOCK, LUT_WARPS
+
+    r = results[case]
+    lookups, tables = LUT_CASES[case]
+    assert r["lut"] == {"lookups": lookups, "block": LUT_BLOCK, "warps": LUT_WARPS, "tables": tables}, r["lut"]
+    assert r["equal"], r
 
 
 @pytest.mark.parametrize("case", sorted(BRANCHES))
