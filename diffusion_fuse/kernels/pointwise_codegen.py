@@ -696,6 +696,14 @@ class Generator(Emit):
         if tile is None:
             if any(self._lut16_candidate(n) for n in self.gm.graph.nodes):
                 self.block = LUT_BLOCK
+                flat_idx = self.unravel(Lin.of(Term("f", 1, 0)), specs[0].shape)
+                if len(outs) == 1 and self._uniform_cat(outs[0], flat_idx) is None:
+                    self.block = BLOCK
+                    # a cat whose inputs split on BLOCK but not on LUT_BLOCK multiples keeps its branch per program
+                    # and the recipe: FLUX's gelu + cat at 3072 + 12288 took 77.0-77.5 µs so, 78.1-78.7 looked up
+                    # with lanes selecting (results/h200-2026-11-30j/run3/probe_lut16_chains.json)
+                    if self._uniform_cat(outs[0], flat_idx) is None:
+                        self.block = LUT_BLOCK
             self.bounds = {"f": numel}
             pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
             head = [f"f = {pid} * BLOCK + tl.arange(0, BLOCK)", "m = f < numel"]

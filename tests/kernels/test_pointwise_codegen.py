@@ -126,8 +126,10 @@ CASES = ["rope", "rope_cat", "gated_residual", "gelu_cat", "swiglu", "wan_residu
          "sana_key_relu_fp32", "bias_add", "cat_per_program", "gelu_cat_branches", "cat_three_chains", "cat_rows"]
 # cats whose kernel branches once per program on the input its BLOCK lies in (number of branches)
 BRANCHES = {"gelu_cat_branches": 2, "cat_three_chains": 3, "cat_rows": 2, "gelu_cat": 0}
-# bf16 gelu chains: gelu through eager's own output table (kernels/lut16.py): (lookups, tables) in the kernel
-LUT_CASES = {"gelu_cat": (1, 1), "gelu_clone": (1, 1), "gelu_cat_branches": (1, 1)}
+# bf16 gelu chains: gelu through eager's own output table (kernels/lut16.py): (lookups, tables) in the kernel.
+# Not gelu_cat_branches: a cat whose inputs split on BLOCK but not on LUT_BLOCK multiples keeps its branch per
+# program and the recipe (BRANCHES checks it with the default variants)
+LUT_CASES = {"gelu_cat": (1, 1), "gelu_clone": (1, 1)}
 # fp32 cases whose ops eager computes alike on CPU and CUDA, and the interpreter exactly: bitwise
 EXACT = {"fp32_chain", "where_mask", "strided_in", "permuted_out", "sana_query_relu", "sana_key_relu",
          "sana_value_float", "sana_key_relu_fp32", "cat_per_program", "cat_three_chains", "cat_rows"}
@@ -201,7 +203,7 @@ def worker() -> dict:
         fn, args = make(name)
         # the branch checks read the recipe kernel: a table lookup (lut16) takes larger programs, whose blocks
         # straddle the cat's inputs (LUT_CASES below checks that kernel)
-        variants = Variants(lut16=False) if name in BRANCHES else Variants()
+        variants = Variants(lut16=False) if name in BRANCHES and name != "gelu_cat_branches" else Variants()
         src = generate_source(list(args), program_of(fn, *args), variants) \
             if name in TILES or name in BRANCHES or name in LUT_CASES else None
         lut_src = generate_source(list(args), program_of(fn, *args)) if name in LUT_CASES else None
