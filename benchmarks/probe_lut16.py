@@ -24,21 +24,14 @@ import torch.nn.functional as F
 from tabulate import tabulate
 
 from diffusion_fuse.kernels.lut16 import all_patterns, build_lut16, lut16_triton
-from diffusion_fuse.testing.pointwise import chain, fuse
+from diffusion_fuse.testing.pointwise import LUT16_UNARY, chain, fuse
 
 try:
     from steady import input_sets, steady_sm_copy_us, steady_us
 except ImportError:  # imported as benchmarks.probe_lut16
     from benchmarks.steady import input_sets, steady_sm_copy_us, steady_us
 
-OPS = {
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_erf": F.gelu,
-    "silu": F.silu,
-    "sigmoid": torch.sigmoid,
-    "tanh": torch.tanh,
-    "exp": torch.exp,
-}
+OPS = LUT16_UNARY
 BLOCKS = ((2048, 4), (4096, 8), (8192, 8), (8192, 16))
 
 

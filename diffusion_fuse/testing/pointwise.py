@@ -138,6 +138,17 @@ CHAINS = ("flux_rope_single", "flux_rope_double", "flux_gated_residual", "flux_g
           "sana_attn_out", "sana_bias_add")
 
 
+# Unary ops a bf16 table of eager's outputs can stand for (kernels/lut16.py): the lookup tests and the probe
+LUT16_UNARY = {
+    "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    "gelu_erf": torch.nn.functional.gelu,  # exact as a table; not grouped by the pass yet
+    "silu": torch.nn.functional.silu,
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+    "exp": torch.exp,
+}
+
+
 def chain(name: str, device="cuda", seed: int = 0):
     """(fn, args) of one of ``CHAINS`` at FLUX-dev / FLUX.2 / Wan2.2-5B shapes (bf16 activations)."""
     g = torch.Generator(device=device).manual_seed(seed)

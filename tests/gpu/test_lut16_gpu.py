@@ -6,18 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
+
+from diffusion_fuse.testing.pointwise import LUT16_UNARY as OPS
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-OPS = {
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_erf": F.gelu,  # not grouped by the pass yet (pointwise_ops.ERF_NOT_REPRODUCED), measured here
-    "silu": F.silu,
-    "sigmoid": torch.sigmoid,
-    "tanh": torch.tanh,
-    "exp": torch.exp,
-}
 
 
 @pytest.mark.parametrize("op", list(OPS))

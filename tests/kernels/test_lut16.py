@@ -14,24 +14,21 @@ if __name__ == "__main__":
 
 import pytest
 import torch
-import torch.nn.functional as F
 from _interp import run_worker, worker_main
 
-OPS = {
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "silu": F.silu,
-    "sigmoid": torch.sigmoid,
-    "tanh": torch.tanh,
-    "exp": torch.exp,
-    "relu": torch.relu,  # every magnitude under a rule: an empty window
-}
+from diffusion_fuse.testing.pointwise import LUT16_UNARY
+
+# every op of LUT16_UNARY but erf's gelu (the interpreter's CPU erf table needs a wider window), and relu: every
+# magnitude under a rule, an empty window
+OPS = [*[k for k in LUT16_UNARY if k != "gelu_erf"], "relu"]
 
 
 def worker() -> dict:
     from diffusion_fuse.kernels.lut16 import all_patterns, build_lut16, lut16_triton
 
     res = {}
-    for name, op in OPS.items():
+    for name in OPS:
+        op = torch.relu if name == "relu" else LUT16_UNARY[name]
         lut, why = build_lut16(op, torch.bfloat16, "cpu")
         x = all_patterns(torch.bfloat16, "cpu")
         res[name] = {"why": why, "span": lut.span if lut else None, "entries": lut.table.numel() if lut else None,
