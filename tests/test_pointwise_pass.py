@@ -215,6 +215,28 @@ def test_bf16_operands_round_after_every_op():
     assert src.count(".to(tl.bfloat16).to(tl.float32)") == 3
 
 
+def test_bf16_gelu_is_a_lookup_in_eagers_outputs_and_the_recipe_where_no_table_is_built(monkeypatch):
+    from diffusion_fuse.kernels import lut16, pointwise_codegen
+
+    fn = lambda x: torch.nn.functional.gelu(x, approximate="tanh").clone()  # noqa: E731
+    src = generate_source([rn(4, 40)], pw.program_of(fn, rn(4, 40)))
+    assert src.source.count("lut16_apply(") == 1 and "libdevice.tanh" not in src.source
+    assert src.constexprs["BLOCK"] == pointwise_codegen.LUT_BLOCK and src.num_warps == pointwise_codegen.LUT_WARPS
+    assert len(src.tables) == 1 and src.tables[0].dtype == torch.int32
+    # fp32 input: the recipe
+    src = generate_source([rn(4, 40, dtype=f32)], pw.program_of(fn, rn(4, 40, dtype=f32)))
+    assert "lut16_apply" not in src.source and "libdevice.tanh" in src.source and not src.tables
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("no table here")
+
+    monkeypatch.setattr(pointwise_codegen, "_tables", {})
+    monkeypatch.setattr(lut16, "build_lut16", fail)
+    src = generate_source([rn(4, 40)], pw.program_of(fn, rn(4, 40)))
+    assert "lut16_apply" not in src.source and "libdevice.tanh" in src.source
+    assert src.constexprs["BLOCK"] == pointwise_codegen.BLOCK and src.num_warps == pointwise_codegen.NUM_WARPS
+
+
 def test_each_program_outputs_the_strides_eager_gives():
     x = rn(2, 16, 12, dtype=f32).permute(0, 2, 1)
     key = pw.program_of(lambda t: t * 2 + 1, x)

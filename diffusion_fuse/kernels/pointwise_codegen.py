@@ -793,7 +793,10 @@ def _table(key: tuple, n: fx.Node, device):
     with _tables_lock:
         if key not in _tables:
             target, extra, kwargs = n.target, n.args[1:], dict(n.kwargs)
-            lut, why = build_lut16(lambda x: target(x, *extra, **kwargs), torch.bfloat16, device)
+            try:
+                lut, why = build_lut16(lambda x: target(x, *extra, **kwargs), torch.bfloat16, device)
+            except Exception as e:  # noqa: BLE001 - no table is no error: the recipe computes the op
+                lut, why = None, f"building the table failed: {type(e).__name__}: {e}"
             if lut is None:
                 _log.info("pointwise: %s keeps its recipe: %s", key[0], why)
             else:
