@@ -553,6 +553,21 @@ class Generator(Emit):
             return None
         return t, branches
 
+    def _cat_branches_only_at(self, block: int, outs: list[fx.Node], shape: Sequence[int]) -> bool:
+        """The one output is a cat whose programs each lie in one input at ``block`` elements, not at LUT_BLOCK.
+        Such a kernel keeps its branch per program and the recipe: FLUX's gelu + cat at 3072 + 12288 took
+        77.0-77.5 µs so, 78.1-78.7 looked up in LUT_BLOCK programs whose lanes select their input
+        (results/h200-2026-11-30j/run3/probe_lut16_chains.json)."""
+        if len(outs) != 1:
+            return False
+        flat_idx = self.unravel(Lin.of(Term("f", 1, 0)), shape)
+        saved, branches = self.block, []
+        for b in (block, LUT_BLOCK):
+            self.block = b
+            branches.append(self._uniform_cat(outs[0], flat_idx) is not None)
+        self.block = saved
+        return branches[0] and not branches[1]
+
     def _branch_per_program(self, spec: TensorSpec, idx: list[Lin], uniform: tuple[Term, list],
                             i64: bool) -> list[str]:
         """The store of a ``_uniform_cat`` output: ``if c0 < hi: <that input's chain, stored>`` per input, where
@@ -694,16 +709,9 @@ class Generator(Emit):
             raise Unsupported("empty output")
         i64 = self.index_dtype != "int32"
         if tile is None:
-            if any(self._lut16_candidate(n) for n in self.gm.graph.nodes):
+            if any(self._lut16_candidate(n) for n in self.gm.graph.nodes) and not self._cat_branches_only_at(
+                    BLOCK, outs, specs[0].shape):
                 self.block = LUT_BLOCK
-                flat_idx = self.unravel(Lin.of(Term("f", 1, 0)), specs[0].shape)
-                if len(outs) == 1 and self._uniform_cat(outs[0], flat_idx) is None:
-                    self.block = BLOCK
-                    # a cat whose inputs split on BLOCK but not on LUT_BLOCK multiples keeps its branch per program
-                    # and the recipe: FLUX's gelu + cat at 3072 + 12288 took 77.0-77.5 µs so, 78.1-78.7 looked up
-                    # with lanes selecting (results/h200-2026-11-30j/run3/probe_lut16_chains.json)
-                    if self._uniform_cat(outs[0], flat_idx) is None:
-                        self.block = LUT_BLOCK
             self.bounds = {"f": numel}
             pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
             head = [f"f = {pid} * BLOCK + tl.arange(0, BLOCK)", "m = f < numel"]
