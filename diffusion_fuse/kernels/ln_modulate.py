@@ -301,8 +301,9 @@ class LaunchVariant:
         and m2 packed in one int64 (one barrier; separately they take three).
     max_registers: a register cap per thread (Triton's ``maxnreg``) for more programs per SM; a cap
         below the kernel's need spills to local memory (tests/kernels/test_compile_sm90.py reports).
-    row_group and one_exchange apply where D % 512 == 0 (rows held in registers); other D run the
-    one-row kernel (with max_registers).
+    cache_hints: 1 evict-first loads of the row, 2 streaming (``.cs``) stores of the output, 3 both.
+    row_group, one_exchange and cache_hints apply where D % 512 == 0 (rows held in registers); other D run
+    the one-row kernel (with max_registers) without hints.
     """
 
     row_group: int = 1

@@ -18,7 +18,9 @@ The kernels reproduce that: every value lives in fp32 holding exactly a value of
 dtype; operands are rounded to the common dtype where (1) says; each recipe's expression is
 emitted as separate fp32 operations (launched with ``enable_fp_fusion=False``, so only the
 explicit ``tl.fma`` are FMAs, and ``/`` is ``div_rn``; libdevice without its FTZ reflect, ``Variants.reflect_ftz``); the result is rounded to the node's
-dtype. Recipes, per op (``x``, ``a``, ``b`` fp32 operands; ``s`` a scalar as fp32):
+dtype. One exception computes nothing: a LUT16_OPS op from bf16 to bf16 in a flat kernel is looked up in a
+table of eager's own outputs for all 65,536 bf16 inputs (kernels/lut16.py; ``Variants.lut16``), whatever
+its recipe below. Recipes, per op (``x``, ``a``, ``b`` fp32 operands; ``s`` a scalar as fp32):
 
 =========================== =================================================================
 op                          fp32 expression (source: aten/src/ATen/native/cuda/...)
@@ -100,7 +102,8 @@ class Variants:
     # builds eager's kernels with (no -ftz): every subnormal input of every libdevice op is eager's.
     reflect_ftz: bool = False
     # 16-bit unary ops (LUT16_OPS) on a bf16 input, rounded to bf16, looked up in eager's own output table
-    # (kernels/lut16.py): exact by construction, ~18 instead of ~33 sm_90 instructions per gelu-tanh element
+    # (kernels/lut16.py): exact by construction, 17.5 instead of 33 sm_90 instructions per gelu-tanh element
+    # (tests/kernels/test_compile_sm90.py::test_lut16_gelu_takes_fewer_instructions_than_its_recipe)
     lut16: bool = True
 
 
@@ -372,8 +375,9 @@ RECIPES: dict[object, Recipe] = {
 
 # Unary ops whose bf16 -> bf16 form the code generator looks up in eager's output table (kernels/lut16.py)
 # when Variants.lut16 is on and the kernel is flat: eager's op on all 65,536 bf16 patterns builds the table on
-# the kernel's device. gelu (erf) is not here: the pass does not group it yet (ERF_NOT_REPRODUCED), although
-# its bf16 table is exact on the H200 (results/h200-2026-11-30j/run1/probe_lut16.json).
+# the kernel's device. gelu is here for its tanh form only: the code generator leaves erf's form out, which the
+# pass does not group yet (ERF_NOT_REPRODUCED), although its bf16 table is exact on the H200
+# (results/h200-2026-11-30j/run1/probe_lut16.json).
 LUT16_OPS = frozenset({aten.gelu.default, aten.silu.default, aten.sigmoid.default, aten.tanh.default,
                        aten.exp.default})
 
