@@ -14,9 +14,10 @@ bandwidth of a 1 GiB copy measured in the same run; "copy" is a copy of the kern
 both ways.
 
 Each LN+modulate workload also times the kernel's launch variants (kernels/ln_modulate.py
-``LAUNCH_CANDIDATES``: row groups, the one-exchange tree, register caps) in the same run: rows
+``LAUNCH_CANDIDATES``: row groups, the one-exchange tree, register caps, cache hints) in the same run: rows
 labelled ``  variant <name>``, bit-exactness checked against eager like the default row (their
-eager/inductor ratios use that workload's eager and Inductor times).
+eager/inductor ratios use that workload's eager and Inductor times). The gated workload times the
+cache-hint candidates only (``plan_gated_residual_ln_modulate(cache_hints=...)``).
 
     python benchmarks/bench_norm.py [--json PATH] [--variants all|none|NAME,NAME]
 """
@@ -32,7 +33,7 @@ from tabulate import tabulate
 from triton.testing import do_bench
 
 from diffusion_fuse.kernels.gated_residual_ln import plan_gated_residual_ln_modulate
-from diffusion_fuse.kernels.ln_modulate import LAUNCH_CANDIDATES, plan_ln_modulate
+from diffusion_fuse.kernels.ln_modulate import LAUNCH_CANDIDATES, LaunchVariant, plan_ln_modulate
 from diffusion_fuse.lowering.gated_residual import gated_residual_ln_modulate_reference
 from diffusion_fuse.lowering.norm_modulate import ln_modulate_reference
 
@@ -166,9 +167,14 @@ def main() -> None:
                             f"{t['sm_copy_steady']:.1f}", f"{rec['ours_steady_over_sm_copy']:.2f}",
                             f"{t['eager_steady'] / t['ours_steady']:.2f}",
                             f"{t['inductor_steady'] / t['ours_steady']:.2f}", len(sets)])
-        for vname in variants if spec[0] != "gated" else []:  # the gated kernel has no launch variants
+        for vname in variants:
             lv = LAUNCH_CANDIDATES[vname]
-            launch_v = plan(*args, launch_variant=lv)
+            if spec[0] == "gated":  # the gated kernel's variants are the cache hints alone
+                if lv != LaunchVariant(cache_hints=lv.cache_hints):
+                    continue
+                launch_v = plan(*args, cache_hints=lv.cache_hints)
+            else:
+                launch_v = plan(*args, launch_variant=lv)
             v_exact = _equal(ref, launch_v(*args))
             us = do_bench(lambda: launch_v(*args), warmup=25, rep=200, return_mode="median") * 1e3  # noqa: B023
             us_steady = steady_us([lambda a=a: launch_v(*a) for a in sets])  # noqa: B023

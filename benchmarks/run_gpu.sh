@@ -80,6 +80,9 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = nosass ]; then
   # shellcheck disable=SC2086
   want bench_e2e && step bench_e2e "${E2E_LIMIT:-400}" python3 benchmarks/bench_e2e.py --json "$OUT/bench_e2e.json" ${BENCH_E2E_ARGS:-}
   want probe_lut16 && step probe_lut16 200 python3 benchmarks/probe_lut16.py --json "$OUT/probe_lut16.json"
+  # shellcheck disable=SC2086  # opt-in (BENCHES="probe_gemm_exact"): minutes of Triton builds
+  [[ " ${BENCHES:-} " == *" probe_gemm_exact "* ]] && step probe_gemm_exact "${GEMM_LIMIT:-300}" python3 benchmarks/probe_gemm_exact.py \
+    --json "$OUT/probe_gemm_exact.json" ${PROBE_GEMM_ARGS:-}
   want bench_wan_temb && step bench_wan_temb 400 python3 benchmarks/bench_wan_temb.py --json "$OUT/bench_wan_temb.json"
 fi
 [ "$what" = all ] && step sass 240 bash benchmarks/sass_layer_norm.sh
@@ -100,6 +103,7 @@ cat "$OUT/summary.txt"
 [ -f "$OUT/bench_rms_norm.log" ] && tail -n 6 "$OUT/bench_rms_norm.log"
 [ -f "$OUT/bench_pointwise.log" ] && tail -n 12 "$OUT/bench_pointwise.log"
 [ -f "$OUT/probe_lut16.log" ] && tail -n 24 "$OUT/probe_lut16.log"
+[ -f "$OUT/probe_gemm_exact.log" ] && grep -v "^done " "$OUT/probe_gemm_exact.log" | tail -n 80
 [ -f "$OUT/bench_e2e.log" ] && tail -n 4 "$OUT/bench_e2e.log"
 [ -f "$OUT/bench_models.log" ] && grep -E "^(==|[A-Z].*  (eager|inductor|lossless|high))" "$OUT/bench_models.log"
 [ -f "$OUT/bench_wan_temb.log" ] && tail -n 14 "$OUT/bench_wan_temb.log"

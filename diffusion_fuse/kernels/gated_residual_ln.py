@@ -68,6 +68,7 @@ def _gated_residual_ln_modulate_kernel(
     COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr, UNIFORM: tl.constexpr,
     N_Q: tl.constexpr, STORE_OUT: tl.constexpr, OUT_DT: tl.constexpr, Q_MODE: tl.constexpr, NAN_SIGN: tl.constexpr,
     HAS_GATE_TEMB: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SCALE_TEMB: tl.constexpr, HAS_SHIFT_TEMB: tl.constexpr,
+    CACHE_HINTS: tl.constexpr,
 ):
     row, bi, si = program_row(S)
     res_row = RES + bi * res_sb + si * res_ss
@@ -83,17 +84,22 @@ def _gated_residual_ln_modulate_kernel(
     if UNIFORM:
         s0, s1, s2, s3 = load_scales(S0, S1, S2, S3, N_Q)
         # r is computed in registers in the LayerNorm's lane layout: stored once, never read back.
+        # CACHE_HINTS (as ln_modulate's LaunchVariant.cache_hints): 1 evict-first loads of x and residual, read
+        # once (the gate, often one row shared by every token, keeps the default policy), 2 streaming stores of
+        # r and the output
+        EF: tl.constexpr = (CACHE_HINTS & 1) != 0
         g = load_row_tile(g_row, 1, N_ITERS, LANES, VEC).to(tl.float32)
         if HAS_GATE_TEMB:
             g = g + load_row_tile(gt_row, 1, N_ITERS, LANES, VEC).to(tl.float32)
-        xv = load_row_tile(x_row, 1, N_ITERS, LANES, VEC).to(tl.float32)
+        xv = load_row_tile(x_row, 1, N_ITERS, LANES, VEC, EF).to(tl.float32)
         m = round_to(g * xv, M_DT)
-        r = (load_row_tile(res_row, 1, N_ITERS, LANES, VEC).to(tl.float32) + m).to(R_OUT.dtype.element_ty)
-        store_row_tile(r_row, r, N_ITERS, LANES, VEC)
+        r = (load_row_tile(res_row, 1, N_ITERS, LANES, VEC, EF).to(tl.float32) + m).to(R_OUT.dtype.element_ty)
+        store_row_tile(r_row, r, N_ITERS, LANES, VEC, (CACHE_HINTS & 2) != 0)
         ln_modulate_tile(r, W, B, sc_row, sh_row, OUT + row * N, N, eps, N_ITERS, LANES, VEC, HAS_W, HAS_B,
                          HAS_SHIFT, LN_DT, T_DT, U_DT, V_DT, PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA,
                          AFFINE_FMA, q_row, q_plane, s0, s1, s2, s3, q_lo, q_hi, N_Q, STORE_OUT, OUT_DT, Q_MODE,
-                         NAN_SIGN, sct_row, sht_row, HAS_SCALE, HAS_SCALE_TEMB, HAS_SHIFT_TEMB)
+                         NAN_SIGN, sct_row, sht_row, HAS_SCALE, HAS_SCALE_TEMB, HAS_SHIFT_TEMB,
+                         CACHE_HINTS=CACHE_HINTS & 2)
     else:
         gated_residual_row(res_row, x_row, g_row, gt_row, r_row, N, N_ITERS, LANES, VEC, M_DT, HAS_GATE_TEMB)
         tl.debug_barrier()  # the whole row of r is in memory before any thread reads it back
@@ -104,11 +110,20 @@ def _gated_residual_ln_modulate_kernel(
                         sct_row, sht_row, HAS_SCALE, HAS_SCALE_TEMB, HAS_SHIFT_TEMB)
 
 
+def default_cache_hints(ln_dt: torch.dtype) -> int:
+    """The gated kernel's cache hints when not told: none yet (the GPU decides, benchmarks/bench_norm.py)."""
+    return 0
+
+
 def plan_gated_residual_ln_modulate(residual, x, gate, weight, bias, eps, scale, shift, out_dtype, gate_temb=None,
                                     scale_temb=None, shift_temb=None, r_dtype=None, ln_dtype=None,
                                     variant=DEFAULT_VARIANT, affine_fma: bool = True,
-                                    quant: tuple[int, int, bool] | None = None, nan_sign: bool | None = None):
+                                    quant: tuple[int, int, bool] | None = None, nan_sign: bool | None = None,
+                                    cache_hints: int | None = None):
     """A launch for inputs of this layout (they must satisfy ``can_use_gated_residual_ln_modulate``).
+
+    ``cache_hints`` (default ``default_cache_hints``; rows of D % 512 == 0 only, others ignore them): 1
+    evict-first loads of x and residual, 2 streaming stores of r and the output, 3 both. Same bits either way.
 
     ``quant``: ``(n, q_mode, keep_out)`` for ``diffusion_fuse::gated_residual_ln_modulate_quant``
     (its launch then takes that op's arguments and returns its Tensor[]), None otherwise.
@@ -125,7 +140,10 @@ def plan_gated_residual_ln_modulate(residual, x, gate, weight, bias, eps, scale,
     const = dict(M_DT=_DT_CODE[m_dt],
                  **modulate_constexprs(D, weight, bias, shift, ln_dt, t_dt, u_dt, v_dt, variant, affine_fma),
                  **epi.constexprs, HAS_GATE_TEMB=gate_temb is not None, HAS_SCALE=scale is not None,
-                 HAS_SCALE_TEMB=scale_temb is not None, HAS_SHIFT_TEMB=shift_temb is not None)
+                 HAS_SCALE_TEMB=scale_temb is not None, HAS_SHIFT_TEMB=shift_temb is not None,
+                 CACHE_HINTS=default_cache_hints(ln_dt) if cache_hints is None else cache_hints)
+    if const["CACHE_HINTS"] not in (0, 1, 2, 3):
+        raise ValueError(f"cache_hints={cache_hints}: 0, 1 (evict-first loads), 2 (streaming stores) or 3")
     kernel = CachedLaunch(_gated_residual_ln_modulate_kernel, (x.numel() // D,), const, num_warps=LANES // 32)
 
     def launch(residual, x, gate, weight, bias, eps, scale, shift, out_dtype, *rest):

@@ -493,15 +493,17 @@ def load_row_tile(row_ptr, stride_d, N_ITERS: tl.constexpr, LANES: tl.constexpr,
 
 
 @triton.jit
-def store_row_tile(row_ptr, tile, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr):
-    """Store a ``load_row_tile``-layout tile to a contiguous row."""
+def store_row_tile(row_ptr, tile, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
+                   STREAM: tl.constexpr = False):
+    """Store a ``load_row_tile``-layout tile to a contiguous row (STREAM: ``st.global.cs``, written once)."""
     NI: tl.constexpr = tile.shape[1]
     it = tl.arange(0, NI)[None, :, None]
     offs = (it * LANES + tl.arange(0, LANES)[:, None, None]) * VEC + tl.arange(0, VEC)[None, None, :]
+    CM: tl.constexpr = ".cs" if STREAM else ""
     if NI == N_ITERS:
-        tl.store(row_ptr + offs, tile)
+        tl.store(row_ptr + offs, tile, cache_modifier=CM)
     else:
-        tl.store(row_ptr + offs, tile, mask=it < N_ITERS)
+        tl.store(row_ptr + offs, tile, mask=it < N_ITERS, cache_modifier=CM)
 
 
 @triton.jit

@@ -67,3 +67,16 @@ def test_flux_shape_and_repeated_op_calls():
         ref = gated_residual_ln_modulate_reference(*args)
         got = torch.ops.diffusion_fuse.gated_residual_ln_modulate(*args)
         assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(ref, got))
+
+
+@pytest.mark.parametrize("cache_hints", [1, 2, 3])
+def test_cache_hints_keep_the_bits(cache_hints):
+    """The cache-hint launches (evict-first loads, streaming stores) store what the default launch stores."""
+    from diffusion_fuse.kernels.gated_residual_ln import plan_gated_residual_ln_modulate
+
+    for (B, S, D), dtype in (((1, 4608, 3072), torch.bfloat16), ((2, 7, 1536), torch.float16),
+                             ((1, 33, 1000), torch.bfloat16)):
+        args = make(B, S, D, dtype, 1.0, seed=S, affine=True, special=True)
+        ref = gated_residual_ln_modulate_reference(*args)
+        got = plan_gated_residual_ln_modulate(*args, cache_hints=cache_hints)(*args)
+        assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(ref, got)), (B, S, D, dtype)

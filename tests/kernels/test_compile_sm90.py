@@ -238,7 +238,7 @@ def test_table_addends_are_added_in_fp32_once_per_element():
     assert temb.count("fma.rn.f32") == base.count("fma.rn.f32")  # the add is not contracted into anything
 
 
-def compile_gated_residual_ln_modulate(D, dtype="bf16", n_q=0):
+def compile_gated_residual_ln_modulate(D, dtype="bf16", n_q=0, cache_hints=0):
     """``dtype``: one dtype throughout, or Wan's forms: "wan_norm_out" (bf16 residual and x, fp32 table gate,
     scale and shift + bf16 temb, bf16 r, FP32LayerNorm) and "wan_norm2" (the same, affine, no modulate)."""
     from diffusion_fuse.kernels import gated_residual_ln as gr
@@ -251,7 +251,7 @@ def compile_gated_residual_ln_modulate(D, dtype="bf16", n_q=0):
                  HAS_SHIFT=not plain, LN_DT=CODE[mod], T_DT=CODE[mod], U_DT=CODE[mod], V_DT=CODE[mod],
                  AFFINE_FMA=True, **lns.DEFAULT_VARIANT.constexprs(), UNIFORM=lns.is_uniform(D, n_iters),
                  **quant_constexprs(n_q, out="bf16" if wan else dtype), HAS_GATE_TEMB=wan, HAS_SCALE=not plain,
-                 HAS_SCALE_TEMB=wan and not plain, HAS_SHIFT_TEMB=wan and not plain)
+                 HAS_SCALE_TEMB=wan and not plain, HAS_SHIFT_TEMB=wan and not plain, CACHE_HINTS=cache_hints)
     act = "bf16" if wan else dtype
     types = {**{p: PTR[act] for p in ("RES", "X", "R_OUT", "OUT")},
              **{p: PTR[mod] for p in ("GATE", "W", "B", "SCALE", "SHIFT")},
@@ -270,6 +270,20 @@ def test_gated_residual_ln_modulate_compiles_for_sm90(D, dtype, n_q):
     assert (E4M3_CVT in ck.asm["ptx"]) == (n_q > 0)
     assert ".approx" not in ck.asm["ptx"].replace("rsqrt.approx", "").replace("ex2.approx", "")
     assert ".ftz" not in ck.asm["ptx"]
+
+
+@pytest.mark.parametrize("cache_hints", [1, 2, 3])
+def test_gated_cache_hints_compile_for_sm90(cache_hints):
+    """The gated kernel's hints: evict-first on x's and residual's loads, ``.cs`` on r's and the output's
+    stores, nothing else (same registers, within 2)."""
+    ck, base = compile_gated_residual_ln_modulate(3072, cache_hints=cache_hints), compile_gated_residual_ln_modulate(3072)
+    ptx = ck.asm["ptx"]
+    print(f"gated cache_hints={cache_hints}: {cubin_registers(ck)} registers (default {cubin_registers(base)})")
+    assert ("evict_first" in ptx) == bool(cache_hints & 1)
+    assert ("st.global.cs" in ptx) == bool(cache_hints & 2)
+    if cache_hints & 2:  # r and the output: every store of the row streams
+        assert "st.global.v2.b32 " not in ptx.replace("st.global.cs.v2.b32", "")
+    assert cubin_registers(ck) <= cubin_registers(base) + 2
 
 
 @pytest.mark.parametrize("temb", [None, "bf16"])

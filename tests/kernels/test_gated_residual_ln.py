@@ -41,7 +41,7 @@ def make(shape, dtype, gate_layout, affine, shift, seed=0):
 
 def worker() -> dict:
     import diffusion_fuse
-    from diffusion_fuse.kernels.gated_residual_ln import gated_residual_ln_modulate_triton
+    from diffusion_fuse.kernels.gated_residual_ln import gated_residual_ln_modulate_triton, plan_gated_residual_ln_modulate
     from diffusion_fuse.lowering import counters
     from diffusion_fuse.lowering.gated_residual import gated_residual_ln_modulate_reference
 
@@ -56,6 +56,8 @@ def worker() -> dict:
 
         res["kernel"][name] = {"dtypes": [str(t.dtype) for t in (ref_r, got_r, ref_out, got_out)],
                                "r_err": rel(ref_r, got_r), "out_err": rel(ref_out, got_out)}
+        hinted = plan_gated_residual_ln_modulate(*args, cache_hints=3)(*args)  # same arithmetic, hints only
+        res["kernel"][name]["hints_equal"] = all(torch.equal(a, b) for a, b in zip(hinted, (got_r, got_out)))
     op = torch.ops.diffusion_fuse.gated_residual_ln_modulate
     base = make(*CASES["flux_bf16"])
     res_t, x, gate, *rest = base
@@ -85,6 +87,14 @@ def test_kernel_matches_reference_to_tolerance(results, case):
     r = results["kernel"][case]
     assert r["dtypes"][0] == r["dtypes"][1] and r["dtypes"][2] == r["dtypes"][3]
     assert r["r_err"] < 1e-2 and r["out_err"] < 2e-2, r
+    assert r["hints_equal"]
+
+
+def test_cache_hints_are_checked():
+    from diffusion_fuse.kernels.gated_residual_ln import plan_gated_residual_ln_modulate
+
+    with pytest.raises(ValueError, match="cache_hints=4"):
+        plan_gated_residual_ln_modulate(*make(*CASES["flux_bf16"]), cache_hints=4)
 
 
 def test_guard_accepts_matching_rows(results):

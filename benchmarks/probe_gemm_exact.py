@@ -1,0 +1,251 @@
+"""Probe: can a Triton GEMM reproduce eager's cuBLAS linear bit for bit, and at what speed?
+
+Why: about 90% of a lossless FLUX forward is eager's own GEMMs and attention. The elementwise work that
+sits on a GEMM's output (gelu of the MLP's up-projection, the single block's ``cat``) costs a full write
+and read of a [4608, 12288] bf16 tensor per block, which only a GEMM epilogue can remove. An epilogue
+needs our own GEMM, and the lossless tier needs that GEMM to give cuBLAS's bits.
+
+The hypothesis: for bf16 inputs, cuBLAS's large non-split-K kernels (nvjet ``..._bias_TN*``) and a Triton
+``tl.dot`` loop both accumulate each output in one fp32 register through sm_90 ``wgmma ... k16``
+instructions issued in K order, so the accumulators are equal; the bias epilogue is then
+``bf16(acc + float(bias))``. Split-K kernels (small M) reduce in another order and are not candidates.
+
+For each FLUX linear shape this prints and writes ($OUT/probe_gemm_exact.json): the cuBLAS kernel eager
+runs (torch.profiler), and per Triton variant (tile, stages, warps; pointer loads or TMA descriptors,
+persistent or not) whether its output equals ``F.linear``'s bitwise (and, if not, whether
+``bf16(bf16(acc) + bias)`` does), its time against cuBLAS's, and for the up-projections the time of
+the GEMM with eager's gelu-tanh in its epilogue against cuBLAS + the pass's gelu kernel.
+
+    python benchmarks/probe_gemm_exact.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from tabulate import tabulate
+
+from diffusion_fuse.kernels.launch import EAGER_NUMERICS
+from diffusion_fuse.kernels.pointwise_ops import GELU_TANH_BETA, GELU_TANH_KAPPA, interpreter_libdevice, triton_interpret
+
+if triton_interpret():
+    libdevice = interpreter_libdevice()
+else:
+    from triton.language.extra import libdevice
+
+# FLUX.1-dev at 1024^2: 4096 image + 512 text tokens; D 3072, MLP 12288
+SHAPES = {
+    "attn to_q (img)": (4096, 3072, 3072),
+    "single to_q / proj (4608)": (4608, 3072, 3072),
+    "single proj_mlp (up)": (4608, 3072, 12288),
+    "single proj_out (15360 -> 3072)": (4608, 15360, 3072),
+    "ff up (img)": (4096, 3072, 12288),
+    "ff down (img)": (4096, 12288, 3072),
+    "txt to_q (512)": (512, 3072, 3072),
+    "txt ff up (512)": (512, 3072, 12288),
+}
+UP = ("single proj_mlp (up)", "ff up (img)", "txt ff up (512)")
+
+# (BM, BN, BK, stages, warps)
+CONFIGS = [(128, 256, 64, 3, 8), (128, 256, 64, 4, 8), (128, 128, 64, 4, 8), (256, 128, 64, 3, 8)]
+QUICK_CONFIGS = [(128, 256, 64, 3, 8), (128, 128, 64, 4, 8)]
+
+
+@triton.jit
+def _gelu_tanh(x):
+    """eager's bf16 gelu(approximate='tanh') on a bf16 value widened to fp32 (pointwise_ops' recipe)."""
+    cube = (x * x) * x
+    s = tl.fma(KAPPA, cube, x)
+    t = libdevice.tanh(BETA * s)
+    return (0.5 * x) * (1.0 + t)
+
+
+KAPPA = tl.constexpr(float(GELU_TANH_KAPPA))
+BETA = tl.constexpr(float(GELU_TANH_BETA))
+
+
+@triton.jit
+def _tile_ids(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    width = GROUP_M * num_pid_n
+    group = tile // width
+    first_m = group * GROUP_M
+    size_m = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % width) % size_m
+    pid_n = (tile % width) // size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _epilogue(acc, bias, EPI: tl.constexpr):
+    """EPI 0: bf16(acc + bias); 1: bf16(bf16(acc) + bias) (the alternative rounding); 2: 0 then gelu-tanh."""
+    if EPI == 1:
+        y = acc.to(tl.bfloat16).to(tl.float32) + bias[None, :]
+    else:
+        y = acc + bias[None, :]
+    if EPI == 2:
+        y = _gelu_tanh(y.to(tl.bfloat16).to(tl.float32))
+    return y.to(tl.bfloat16)
+
+
+@triton.jit
+def _mm_ptr_kernel(A, W, BIAS, C, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, ldc: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                   GROUP_M: tl.constexpr, EPI: tl.constexpr):
+    """C[M, N] (row stride ldc) = A[M, K] @ W[N, K]^T + bias, one tile per program, pointer loads."""
+    pid_m, pid_n = _tile_ids(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    a_ptr = A + rm[:, None] * K + rk[None, :]
+    w_ptr = W + rn[:, None] * K + rk[None, :]
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for _ in range(0, K, BK):  # sizes are constexprs: one build per shape (and Triton's interpreter runs it)
+        a = tl.load(a_ptr, mask=rm[:, None] < M, other=0.0)
+        w = tl.load(w_ptr, mask=rn[:, None] < N, other=0.0)
+        acc = tl.dot(a, w.T, acc)  # K order: BK / 16 wgmma k16 steps per trip, trips in order
+        a_ptr += BK
+        w_ptr += BK
+    bias = tl.load(BIAS + rn, mask=rn < N, other=0.0).to(tl.float32)
+    y = _epilogue(acc, bias, EPI)
+    tl.store(C + rm[:, None] * ldc + rn[None, :], y, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@triton.jit
+def _mm_tma_persistent_kernel(A, W, BIAS, C, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+                              ldc: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                              GROUP_M: tl.constexpr, EPI: tl.constexpr, NUM_SMS: tl.constexpr):
+    """The same, as a persistent kernel (one program per SM walks the tiles) over TMA descriptors."""
+    a_desc = tl.make_tensor_descriptor(A, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
+    w_desc = tl.make_tensor_descriptor(W, shape=[N, K], strides=[K, 1], block_shape=[BN, BK])
+    c_desc = tl.make_tensor_descriptor(C, shape=[M, N], strides=[ldc, 1], block_shape=[BM, BN])
+    num_pid_m = tl.cdiv(M, BM)
+    num_pid_n = tl.cdiv(N, BN)
+    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_SMS, flatten=True):
+        pid_m, pid_n = _tile_ids(tile, num_pid_m, num_pid_n, GROUP_M)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k in range(0, K, BK):
+            a = a_desc.load([pid_m * BM, k])
+            w = w_desc.load([pid_n * BN, k])
+            acc = tl.dot(a, w.T, acc)
+        rn = pid_n * BN + tl.arange(0, BN)
+        bias = tl.load(BIAS + rn, mask=rn < N, other=0.0).to(tl.float32)
+        c_desc.store([pid_m * BM, pid_n * BN], _epilogue(acc, bias, EPI))
+
+
+def triton_linear(x, w, b, cfg, kind: str, epi: int = 0, out=None):
+    BM, BN, BK, stages, warps = cfg
+    M, K = x.shape
+    N = w.shape[0]
+    c = torch.empty(M, N, dtype=x.dtype, device=x.device) if out is None else out
+    tiles = triton.cdiv(M, BM) * triton.cdiv(N, BN)
+    common = dict(BM=BM, BN=BN, BK=BK, GROUP_M=8, EPI=epi, num_stages=stages, num_warps=warps, **EAGER_NUMERICS)
+    if kind == "ptr":
+        _mm_ptr_kernel[(tiles,)](x, w, b, c, M, N, K, c.stride(0), **common)
+    else:
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        _mm_tma_persistent_kernel[(min(sms, tiles),)](x, w, b, c, M, N, K, c.stride(0), NUM_SMS=sms, **common)
+    return c
+
+
+def ms_per_call(fn, calls: int = 20, rounds: int = 5) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(rounds):
+        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        a.record()
+        for _ in range(calls):
+            fn()
+        z.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(z) / calls)
+    return statistics.median(times)
+
+
+def cublas_kernel_name(fn) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    return " + ".join(dict.fromkeys(n[:70] for n in names))
+
+
+def bits_equal(a, b) -> tuple[bool, int]:
+    d = a.view(torch.int16) != b.view(torch.int16)
+    return not bool(d.any()), int(d.sum())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="two tile configs, fewer shapes")
+    ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "probe_gemm_exact.json"))
+    args = ap.parse_args()
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    configs = QUICK_CONFIGS if args.quick else CONFIGS
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows, records = [], []
+    for name, (M, K, N) in SHAPES.items():
+        if args.quick and name not in ("single proj_mlp (up)", "single proj_out (15360 -> 3072)", "txt to_q (512)"):
+            continue
+        x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
+        w = (torch.randn(N, K, device="cuda", generator=g) * K ** -0.5).bfloat16()
+        b = (torch.randn(N, device="cuda", generator=g) * 0.1).bfloat16()
+        ref = F.linear(x, w, b)
+        kname = cublas_kernel_name(lambda: F.linear(x, w, b))  # noqa: B023
+        t_cublas = ms_per_call(lambda: F.linear(x, w, b))  # noqa: B023
+        tflops = 2 * M * N * K / (t_cublas * 1e-3) / 1e12
+        rec = dict(shape=name, M=M, K=K, N=N, cublas_kernel=kname, cublas_ms=t_cublas, cublas_tflops=tflops,
+                   variants=[])
+        if name in UP:
+            gelu_ref = F.gelu(ref, approximate="tanh")
+            t_gelu = ms_per_call(lambda: F.gelu(F.linear(x, w, b), approximate="tanh"))  # noqa: B023
+            rec["cublas_plus_eager_gelu_ms"] = t_gelu
+        rows.append([name, f"{M}x{K}x{N}", "cuBLAS", kname[:40], "", f"{t_cublas:.3f}", "1.000", f"{tflops:.0f}", ""])
+        for kind in ("ptr", "tma"):
+            for cfg in configs:
+                label = f"{kind} {cfg[0]}x{cfg[1]}x{cfg[2]} s{cfg[3]} w{cfg[4]}"
+                v = dict(variant=label)
+                try:
+                    got = triton_linear(x, w, b, cfg, kind)
+                    v["exact"], v["ndiff"] = bits_equal(ref, got)
+                    if not v["exact"]:
+                        v["exact_round_acc_first"] = bits_equal(ref, triton_linear(x, w, b, cfg, kind, epi=1))[0]
+                        v["max_abs_diff"] = float((ref.float() - got.float()).abs().max())
+                    v["ms"] = ms_per_call(lambda: triton_linear(x, w, b, cfg, kind))  # noqa: B023
+                    if name in UP:
+                        v["gelu_epilogue_exact"] = bits_equal(gelu_ref, triton_linear(x, w, b, cfg, kind, epi=2))[0]
+                        v["gelu_epilogue_ms"] = ms_per_call(lambda: triton_linear(x, w, b, cfg, kind, epi=2))  # noqa: B023
+                except Exception as e:  # a config that does not build here is reported, not fatal
+                    v["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                rec["variants"].append(v)
+                if "error" in v:
+                    rows.append(["", "", label, "error", v["error"][:60], "", "", "", ""])
+                    continue
+                gelu = (f"{v['gelu_epilogue_ms']:.3f} ({'exact' if v['gelu_epilogue_exact'] else 'DIFF'}) vs "
+                        f"{rec['cublas_plus_eager_gelu_ms']:.3f}") if name in UP else ""
+                rows.append(["", "", label, "exact" if v["exact"] else f"DIFF {v['ndiff']}"
+                             + (" (acc-first: exact)" if v.get("exact_round_acc_first") else ""),
+                             "", f"{v['ms']:.3f}", f"{v['ms'] / t_cublas:.3f}",
+                             f"{2 * M * N * K / (v['ms'] * 1e-3) / 1e12:.0f}", gelu])
+        records.append(rec)
+        print(f"done {name}", flush=True)
+        with open(args.json, "w") as f:  # after every shape: a run cut short keeps what it measured
+            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                           records=records), f, indent=2)
+    print(tabulate(rows, headers=["shape", "MxKxN", "variant", "bits vs F.linear", "", "ms", "/cuBLAS", "TFLOP/s",
+                                  "gelu epilogue ms vs cuBLAS + eager gelu"]))
+
+
+if __name__ == "__main__":
+    main()
