@@ -119,8 +119,11 @@ def _mm_ptr_kernel(A, W, BIAS, C, M: tl.constexpr, N: tl.constexpr, K: tl.conste
 @triton.jit
 def _mm_tma_persistent_kernel(A, W, BIAS, C, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
                               ldc: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                              GROUP_M: tl.constexpr, EPI: tl.constexpr, NUM_SMS: tl.constexpr):
-    """The same, as a persistent kernel (one program per SM walks the tiles) over TMA descriptors."""
+                              GROUP_M: tl.constexpr, EPI: tl.constexpr, NUM_SMS: tl.constexpr,
+                              TMA_STORE: tl.constexpr = True):
+    """The same, as a persistent kernel (NUM_SMS programs walk the tiles) over TMA descriptors.
+    TMA_STORE=False: the tile is stored from registers (no shared-memory staging: more pipeline stages or
+    two programs per SM fit)."""
     a_desc = tl.make_tensor_descriptor(A, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
     w_desc = tl.make_tensor_descriptor(W, shape=[N, K], strides=[K, 1], block_shape=[BN, BK])
     c_desc = tl.make_tensor_descriptor(C, shape=[M, N], strides=[ldc, 1], block_shape=[BM, BN])
@@ -135,10 +138,16 @@ def _mm_tma_persistent_kernel(A, W, BIAS, C, M: tl.constexpr, N: tl.constexpr, K
             acc = tl.dot(a, w.T, acc)
         rn = pid_n * BN + tl.arange(0, BN)
         bias = tl.load(BIAS + rn, mask=rn < N, other=0.0).to(tl.float32)
-        c_desc.store([pid_m * BM, pid_n * BN], _epilogue(acc, bias, EPI))
+        if TMA_STORE:
+            c_desc.store([pid_m * BM, pid_n * BN], _epilogue(acc, bias, EPI))
+        else:
+            rm = pid_m * BM + tl.arange(0, BM)
+            tl.store(C + rm[:, None] * ldc + rn[None, :], _epilogue(acc, bias, EPI),
+                     mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-def triton_linear(x, w, b, cfg, kind: str, epi: int = 0, out=None):
+def triton_linear(x, w, b, cfg, kind: str, epi: int = 0, out=None, per_sm: int = 1, tma_store: bool = True):
+    """``kind`` "ptr" (a program per tile) or "tma" (persistent, ``per_sm`` programs per SM)."""
     BM, BN, BK, stages, warps = cfg
     M, K = x.shape
     N = w.shape[0]
@@ -148,8 +157,9 @@ def triton_linear(x, w, b, cfg, kind: str, epi: int = 0, out=None):
     if kind == "ptr":
         _mm_ptr_kernel[(tiles,)](x, w, b, c, M, N, K, c.stride(0), **common)
     else:
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        _mm_tma_persistent_kernel[(min(sms, tiles),)](x, w, b, c, M, N, K, c.stride(0), NUM_SMS=sms, **common)
+        progs = min(per_sm * torch.cuda.get_device_properties(x.device).multi_processor_count, tiles)
+        _mm_tma_persistent_kernel[(progs,)](x, w, b, c, M, N, K, c.stride(0), NUM_SMS=progs, TMA_STORE=tma_store,
+                                            **common)
     return c
 
 
@@ -186,12 +196,74 @@ def bits_equal(a, b) -> tuple[bool, int]:
     return not bool(d.any()), int(d.sum())
 
 
+# The epilogue study (--epilogue): where the gelu epilogue's arithmetic can overlap another tile's main loop
+# (two programs per SM) or the tile is stored from registers (shared memory left for more stages).
+# (kind, (BM, BN, BK, stages, warps), programs per SM, TMA store)
+EPILOGUE_VARIANTS = [
+    ("tma", (128, 256, 64, 3, 8), 1, True),
+    ("tma", (128, 256, 64, 3, 8), 1, False),
+    ("tma", (128, 256, 64, 4, 8), 1, False),
+    ("tma", (128, 128, 64, 2, 4), 2, True),
+    ("tma", (128, 128, 64, 2, 8), 2, True),
+    ("tma", (128, 128, 64, 3, 4), 2, False),
+    ("tma", (128, 128, 64, 3, 8), 2, False),
+    ("ptr", (128, 128, 64, 3, 4), 0, False),
+]
+
+
+def epilogue_study(json_path: str) -> None:
+    """Up-projections with eager's gelu-tanh in the epilogue, against cuBLAS + the lookup gelu kernel
+    (kernels/lut16.py, what the pointwise pass runs for FLUX's FF gelu) and cuBLAS + eager's gelu."""
+    from diffusion_fuse.kernels.lut16 import build_lut16, lut16_triton
+
+    gelu = lambda t: F.gelu(t, approximate="tanh")  # noqa: E731
+    lut, why = build_lut16(gelu, torch.bfloat16, "cuda")
+    assert lut is not None, why
+    g = torch.Generator(device="cuda").manual_seed(1)
+    rows, records = [], []
+    for name in ("single proj_mlp (up)", "ff up (img)"):
+        M, K, N = SHAPES[name]
+        x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
+        w = (torch.randn(N, K, device="cuda", generator=g) * K ** -0.5).bfloat16()
+        b = (torch.randn(N, device="cuda", generator=g) * 0.1).bfloat16()
+        ref = gelu(F.linear(x, w, b))
+        assert torch.equal(lut16_triton(F.linear(x, w, b), lut, 8192, 16).view(torch.int16), ref.view(torch.int16))
+        base = {"cuBLAS alone": lambda: F.linear(x, w, b),  # noqa: B023
+                "cuBLAS + lookup gelu": lambda: lut16_triton(F.linear(x, w, b), lut, 8192, 16),  # noqa: B023
+                "cuBLAS + eager gelu": lambda: gelu(F.linear(x, w, b))}  # noqa: B023
+        rec = dict(shape=name, M=M, K=K, N=N, base_ms={k: ms_per_call(f) for k, f in base.items()}, variants=[])
+        for k, v in rec["base_ms"].items():
+            rows.append([name, k, "", f"{v:.3f}", ""])
+        for kind, cfg, per_sm, tma_store in EPILOGUE_VARIANTS:
+            label = f"{kind} {cfg[0]}x{cfg[1]}x{cfg[2]} s{cfg[3]} w{cfg[4]} x{per_sm}/SM {'tma' if tma_store else 'reg'} store"
+            v = dict(variant=label)
+            try:
+                run = lambda e: triton_linear(x, w, b, cfg, kind, e, per_sm=per_sm, tma_store=tma_store)  # noqa: B023,E731
+                v["exact_gemm"] = bits_equal(F.linear(x, w, b), run(0))[0]
+                v["exact_gelu"] = bits_equal(ref, run(2))[0]
+                v["gemm_ms"] = ms_per_call(lambda: run(0))  # noqa: B023
+                v["gelu_ms"] = ms_per_call(lambda: run(2))  # noqa: B023
+                rows.append(["", label, "exact" if v["exact_gemm"] and v["exact_gelu"] else "DIFF",
+                             f"{v['gemm_ms']:.3f}", f"{v['gelu_ms']:.3f}"])
+            except Exception as e:  # a config that does not build here is reported, not fatal
+                v["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                rows.append(["", label, "error", v["error"][:50], ""])
+            rec["variants"].append(v)
+        records.append(rec)
+        with open(json_path, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), records=records), f, indent=2)
+    print(tabulate(rows, headers=["shape", "variant", "bits", "GEMM ms", "GEMM + gelu epilogue ms"]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="two tile configs, fewer shapes")
+    ap.add_argument("--epilogue", action="store_true", help="the gelu-epilogue study only (EPILOGUE_VARIANTS)")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "probe_gemm_exact.json"))
     args = ap.parse_args()
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    if args.epilogue:
+        return epilogue_study(args.json.replace(".json", "_epilogue.json"))
     configs = QUICK_CONFIGS if args.quick else CONFIGS
     g = torch.Generator(device="cuda").manual_seed(0)
     rows, records = [], []
