@@ -28,6 +28,26 @@ class PassContext:
     notes: list[str] = dataclasses.field(default_factory=list)  # exact-by-construction rewrites, for the report
 
 
+def is_fresh(n: fx.Node) -> bool:
+    """Whether ``n`` is an ATen op whose (first) result is a new tensor, not a view or in-place result."""
+    schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
+    return schema is not None and len(schema.returns) >= 1 and schema.returns[0].alias_info is None
+
+
+def reaches_output(n: fx.Node) -> bool:
+    """Whether ``n`` is a graph output or a view chain from it ends in one."""
+    todo, seen = [n], set()
+    while todo:
+        m = todo.pop()
+        for u in m.users:
+            if u.op == "output":
+                return True
+            if u not in seen and not is_fresh(u) and u.op == "call_function":
+                seen.add(u)
+                todo.append(u)  # a view (or an op of unknown aliasing): follow it
+    return False
+
+
 class GraphPass:
     """One rewrite of an FX graph, in place."""
 

@@ -27,7 +27,7 @@ import torch
 import torch.fx as fx
 
 from ..log import get_logger
-from .base import GraphPass, PassContext
+from .base import GraphPass, PassContext, is_fresh, reaches_output
 
 _log = get_logger("fxpasses")
 aten = torch.ops.aten
@@ -64,7 +64,7 @@ def covered_base(cat: fx.Node) -> fx.Node | None:
         return None
     base = parts[0][0]
     val, out = base.meta.get("val"), cat.meta.get("val")
-    if not _fresh(base) or not isinstance(out, torch.Tensor) or not isinstance(dim, int):
+    if not is_fresh(base) or not isinstance(out, torch.Tensor) or not isinstance(dim, int):
         return None
     dim = dim % out.dim()
     pos = 0
@@ -79,26 +79,6 @@ def covered_base(cat: fx.Node) -> fx.Node | None:
     return base
 
 
-def _fresh(n: fx.Node) -> bool:
-    """Whether ``n`` is an ATen op whose (first) result is a new tensor, not a view or in-place result."""
-    schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
-    return schema is not None and len(schema.returns) >= 1 and schema.returns[0].alias_info is None
-
-
-def _reaches_output(n: fx.Node) -> bool:
-    """Whether ``n`` is a graph output or a view chain from it ends in one."""
-    todo, seen = [n], set()
-    while todo:
-        m = todo.pop()
-        for u in m.users:
-            if u.op == "output":
-                return True
-            if u not in seen and not _fresh(u) and u.op == "call_function":
-                seen.add(u)
-                todo.append(u)  # a view (or an op of unknown aliasing): follow it
-    return False
-
-
 class CatOfSlicesPass(GraphPass):
     name = "cat_of_slices"
 
@@ -106,7 +86,7 @@ class CatOfSlicesPass(GraphPass):
         done = []
         for n in list(graph.nodes):
             base = covered_base(n)
-            if base is None or _reaches_output(n):
+            if base is None or reaches_output(n):
                 continue
             n.replace_all_uses_with(base)
             done.append((n.name, base.name))
