@@ -161,7 +161,10 @@ def test_cli_flux_html_and_json(cli):
     diffs = select(els, "pre", "site-diff")
     assert len(diffs) == n_sites
     assert all(any(ln.startswith("+") and "diffusion_fuse." in ln for ln in d.text.splitlines()) for d in diffs)
-    assert len(select(els, "ul", "removed")) == n_sites and len(select(els, "ul", "added")) == n_sites
+    # plus one group no site accounts for: drop_clones' dropped Dropout clone (fxpasses/drop_clones.py)
+    (unattributed,) = select(els, "section", "unattributed")
+    assert "clone" in unattributed.text
+    assert len(select(els, "ul", "removed")) == n_sites + 1 and len(select(els, "ul", "added")) == n_sites + 1
     (code,) = select(els, "pre", "code-diff")
     assert "diffusion_fuse.ln_modulate.default" in code.text and "-    native_layer_norm" in code.text
     assert not select(els, "tr", "near-miss")
