@@ -33,6 +33,11 @@ from tabulate import tabulate
 import diffusion_fuse
 from diffusion_fuse.testing.tiny_models import cast_like_from_pretrained
 
+try:
+    from steady import timed_back_to_back
+except ImportError:  # imported as benchmarks.<module>
+    from benchmarks.steady import timed_back_to_back
+
 warnings.filterwarnings("ignore")
 
 
@@ -143,20 +148,6 @@ def timed(fn, reps: int) -> tuple[float, list[float]]:
 
 
 B2B_ROUNDS = 6  # back-to-back rounds per variant, interleaved ABBA across the variants
-
-
-def timed_back_to_back(fn, calls: int) -> float:
-    """ms per forward when ``calls`` forwards are issued back to back (no sync between them, as a denoising loop
-    issues its steps): the host's work for a forward overlaps the GPU's work on the previous one, so a forward's
-    host latency before its first kernel no longer counts."""
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    a.record()
-    for _ in range(calls):
-        fn()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) / calls
 
 
 _SLEEP_CYCLES_PER_MS: list[float] = []

@@ -35,6 +35,11 @@ from tabulate import tabulate
 from diffusion_fuse.kernels.launch import EAGER_NUMERICS
 from diffusion_fuse.kernels.pointwise_ops import GELU_TANH_BETA, GELU_TANH_KAPPA, interpreter_libdevice, triton_interpret
 
+try:
+    from steady import timed_back_to_back
+except ImportError:  # imported as benchmarks.<module>
+    from benchmarks.steady import timed_back_to_back
+
 if triton_interpret():
     libdevice = interpreter_libdevice()
 else:
@@ -186,19 +191,10 @@ def triton_linear(x, w, b, cfg, kind: str, epi: int = 0, out=None, per_sm: int =
 
 
 def ms_per_call(fn, calls: int = 20, rounds: int = 5) -> float:
+    """Median over ``rounds`` of the ms per call of ``calls`` calls issued back to back, after 3 warm-up calls."""
     for _ in range(3):
         fn()
-    times = []
-    for _ in range(rounds):
-        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        a.record()
-        for _ in range(calls):
-            fn()
-        z.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(z) / calls)
-    return statistics.median(times)
+    return statistics.median(timed_back_to_back(fn, calls) for _ in range(rounds))
 
 
 def cublas_kernel_name(fn) -> str:

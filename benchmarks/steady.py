@@ -131,3 +131,17 @@ def steady_sm_copy_us(nbytes: int) -> dict[str, float]:
         out[f"{block * 4 // 1024}KB/{warps}w"] = steady_us([lambda a=a, b=b: call(a, b) for a, b in pairs])
     out["best"] = min(out.values())
     return out
+
+
+def timed_back_to_back(fn: Callable[[], object], calls: int) -> float:
+    """ms per call when ``calls`` calls are issued back to back (no sync between them, as a denoising loop
+    issues its steps): the host's work for a call overlaps the GPU's work on the previous one, so a call's
+    host latency before its first kernel no longer counts."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    a.record()
+    for _ in range(calls):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / calls
