@@ -99,6 +99,12 @@ def _graph_with_inplace(into_input: bool) -> fx.Graph:
 def test_a_graph_that_writes_into_its_own_tensors_is_left_alone():
     assert _writes_only_inputs(_graph_with_inplace(into_input=True))
     assert not _writes_only_inputs(_graph_with_inplace(into_input=False))
+    g = fx.Graph()  # an out= op writing into a tensor the graph made (the written argument is a keyword)
+    x = g.placeholder("x")
+    y = g.call_function(aten.mul.Tensor, (x, 2.0))
+    g.call_function(aten.add.out, (x, x), {"out": y})
+    g.output(g.call_function(aten.clone.default, (y,)))
+    assert not _writes_only_inputs(g)
     g = _graph_with_inplace(into_input=False)
     ctx = PassContext(options=Options())
     DropClonesPass()(g, ctx)

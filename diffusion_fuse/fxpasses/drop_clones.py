@@ -38,35 +38,44 @@ _LAYOUT_KEEPING = (None, torch.preserve_format, torch.contiguous_format)
 def storage_base(n: fx.Node) -> fx.Node | None:
     """The node whose fresh result ``n`` views (``n`` itself when it is fresh), or None (a graph input,
     or an op of unknown aliasing on the way)."""
-    while True:
+    while not is_fresh(n):
         if n.op == "call_function" and n.target is operator.getitem and isinstance(n.args[0], fx.Node):
             n = n.args[0]  # an output of a multi-result op (split: its views; others: fresh)
-            if is_fresh(n):
-                return n
             continue
-        if is_fresh(n):
-            return n
         schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
         if schema is None or not schema.returns or schema.returns[0].alias_info is None \
                 or schema.returns[0].alias_info.is_write or not n.args or not isinstance(n.args[0], fx.Node):
             return None  # a placeholder, an in-place result, or not an ATen view
         n = n.args[0]
+    return n
+
+
+def _written(n: fx.Node) -> list[fx.Node]:
+    """The tensors an in-place or ``out=`` ATen op writes into (its schema's mutable arguments)."""
+    schema = getattr(n.target, "_schema", None)
+    out = []
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            v = n.args[i] if i < len(n.args) else n.kwargs.get(a.name)
+            out += [t for t in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(t, fx.Node)]
+    return out
 
 
 def _writes_only_inputs(graph: fx.Graph) -> bool:
-    """Whether every in-place ATen op of ``graph`` writes into a graph input (or a view of one)."""
+    """Whether every in-place ATen op of ``graph`` writes into graph inputs (or views of them) only."""
     for n in graph.nodes:
         schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
         if schema is None or not schema.is_mutable:
             continue
-        target = n.args[0] if n.args and isinstance(n.args[0], fx.Node) else None
-        while target is not None and target.op == "call_function":
-            s = getattr(target.target, "_schema", None)
-            if s is None or not s.returns or s.returns[0].alias_info is None:
-                return False  # writes into a tensor the graph made
-            target = target.args[0] if target.args and isinstance(target.args[0], fx.Node) else None
-        if target is None or target.op != "placeholder":
-            return False
+        for target in _written(n):
+            while target.op == "call_function":  # a view chain back to what it views
+                s = getattr(target.target, "_schema", None)
+                if s is None or not s.returns or s.returns[0].alias_info is None \
+                        or not target.args or not isinstance(target.args[0], fx.Node):
+                    return False  # writes into a tensor the graph made
+                target = target.args[0]
+            if target.op != "placeholder":
+                return False
     return True
 
 

@@ -3,7 +3,8 @@
 lossless: cat_of_slices (a cat that rebuilds the tensor its inputs were sliced from is that tensor;
           exact by construction, noted in the report) → fuse_patterns (lossless families) →
           pointwise (groups what the families left) → drop_clones (standalone clones of contiguous
-          intermediates, e.g. eval-mode Dropout's, are their input; exact by construction) → cleanup; the result runs as ATen + our ops. What runs after verification is that graph
+          intermediates, e.g. eval-mode Dropout's, are their input; exact by construction) → cleanup;
+          the result runs as ATen + our ops. What runs after verification is that graph
           with runtime rewrites that change no kernel, only what the host does to issue them
           (``PassManager.runtime``): recompose_linear (view → t → addmm → view back to one
           ``aten.linear``), python_bindings (ATen ops through torch's generated bindings, as eager

@@ -110,11 +110,10 @@ def _gated_residual_ln_modulate_kernel(
                         sct_row, sht_row, HAS_SCALE, HAS_SCALE_TEMB, HAS_SHIFT_TEMB)
 
 
-def default_cache_hints(ln_dt: torch.dtype) -> int:
-    """The gated kernel's cache hints when not told: none. Unlike LN + modulate's, they did not help on the
-    H200: FLUX [1,4608,3072] steady 30.5 µs without, 32.5 / 32.1 / 30.9 µs with evict-first loads / streaming
-    stores / both (results/h200-2026-11-30k/run1/bench_norm.json; the kernel is at 1.02x an SM copy)."""
-    return 0
+# The gated kernel's cache hints when not told: none. Unlike LN + modulate's, they did not help on the H200:
+# FLUX [1,4608,3072] steady 30.5 µs without, 32.5 / 32.1 / 30.9 µs with evict-first loads / streaming stores /
+# both (results/h200-2026-11-30k/run1/bench_norm.json; the kernel is at 1.02x an SM copy of its bytes).
+DEFAULT_CACHE_HINTS = 0
 
 
 def plan_gated_residual_ln_modulate(residual, x, gate, weight, bias, eps, scale, shift, out_dtype, gate_temb=None,
@@ -124,7 +123,7 @@ def plan_gated_residual_ln_modulate(residual, x, gate, weight, bias, eps, scale,
                                     cache_hints: int | None = None):
     """A launch for inputs of this layout (they must satisfy ``can_use_gated_residual_ln_modulate``).
 
-    ``cache_hints`` (default ``default_cache_hints``; rows of D % 512 == 0 only, others ignore them): 1
+    ``cache_hints`` (default ``DEFAULT_CACHE_HINTS``; rows of D % 512 == 0 only, others ignore them): 1
     evict-first loads of x and residual, 2 streaming stores of r and the output, 3 both. Same bits either way.
 
     ``quant``: ``(n, q_mode, keep_out)`` for ``diffusion_fuse::gated_residual_ln_modulate_quant``
@@ -143,7 +142,7 @@ def plan_gated_residual_ln_modulate(residual, x, gate, weight, bias, eps, scale,
                  **modulate_constexprs(D, weight, bias, shift, ln_dt, t_dt, u_dt, v_dt, variant, affine_fma),
                  **epi.constexprs, HAS_GATE_TEMB=gate_temb is not None, HAS_SCALE=scale is not None,
                  HAS_SCALE_TEMB=scale_temb is not None, HAS_SHIFT_TEMB=shift_temb is not None,
-                 CACHE_HINTS=default_cache_hints(ln_dt) if cache_hints is None else cache_hints)
+                 CACHE_HINTS=DEFAULT_CACHE_HINTS if cache_hints is None else cache_hints)
     if const["CACHE_HINTS"] not in (0, 1, 2, 3):
         raise ValueError(f"cache_hints={cache_hints}: 0, 1 (evict-first loads), 2 (streaming stores) or 3")
     kernel = CachedLaunch(_gated_residual_ln_modulate_kernel, (x.numel() // D,), const, num_warps=LANES // 32)
