@@ -14,9 +14,14 @@ For each FLUX linear shape this prints and writes ($OUT/probe_gemm_exact.json): 
 runs (torch.profiler), and per Triton variant (tile, stages, warps; pointer loads or TMA descriptors,
 persistent or not) whether its output equals ``F.linear``'s bitwise (and, if not, whether
 ``bf16(bf16(acc) + bias)`` does), its time against cuBLAS's, and for the up-projections the time of
-the GEMM with eager's gelu-tanh in its epilogue against cuBLAS + the pass's gelu kernel.
+the GEMM with eager's gelu-tanh in its epilogue against cuBLAS + eager's gelu. ``--epilogue`` times
+the epilogue variants (EPILOGUE_VARIANTS) against cuBLAS + the lookup gelu kernel the pointwise pass runs
+($OUT/probe_gemm_exact_epilogue.json).
 
-    python benchmarks/probe_gemm_exact.py [--quick]
+Times are CUDA events around 20 calls issued back to back from Python: each Triton call pays its JIT dispatch
+(and an allocation) on the host, so a GEMM of a few tens of µs (the 512-row ones) is partly host-bound there.
+
+    python benchmarks/probe_gemm_exact.py [--quick] [--epilogue] [--json PATH]
 """
 
 from __future__ import annotations
@@ -103,6 +108,7 @@ def _epilogue(acc, bias, EPI: tl.constexpr):
 def _mm_ptr_kernel(A, W, BIAS, C, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, ldc: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                    GROUP_M: tl.constexpr, EPI: tl.constexpr):
     """C[M, N] (row stride ldc) = A[M, K] @ W[N, K]^T + bias, one tile per program, pointer loads."""
+    tl.static_assert(K % BK == 0, "K must be a multiple of BK (the K loop is unmasked)")
     pid_m, pid_n = _tile_ids(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
@@ -217,7 +223,7 @@ def bits_equal(a, b) -> tuple[bool, int]:
 # The epilogue study (--epilogue): where the gelu epilogue's arithmetic can overlap another tile's main loop
 # (two programs per SM) or the tile is stored from registers (shared memory left for more stages).
 # (kind, (BM, BN, BK, stages, warps), programs per SM, TMA store, epilogue column split)
-# Session 11 (results/h200-2026-11-30k/run2): without a split every variant's gelu epilogue cost 0.2+ ms
+# Session 11 (results/h200-2026-11-30k/run2): without a split every variant's gelu epilogue cost 0.16-0.72 ms
 # (0.607-1.393 ms against the GEMM's 0.397-0.688), more than cuBLAS + the lookup kernel (0.505-0.515).
 EPILOGUE_VARIANTS = [
     ("tma", (128, 256, 64, 3, 8), 1, True, 1),

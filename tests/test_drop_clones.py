@@ -53,6 +53,7 @@ CASES = {
     "a view of the clone is the output": lambda x: (x * 2).clone().view(64),
     "non-contiguous input": lambda x: (x * 2).transpose(0, 1).clone() + 1,
     "channels_last": lambda x: (x * 2).view(1, 4, 4, 4).clone(memory_format=torch.channels_last) + 1,
+    "input 4 bytes into its buffer": lambda x: (x * 2).view(-1)[1:].clone() + 1,
 }
 
 
@@ -72,6 +73,35 @@ def test_a_view_through_split_is_traced_to_its_fresh_base():
     gm, before, _ = _run_pass(split_then_clone, x)
     assert before == 1 and _clones(gm) == 0
     assert bitwise_equal(gm(x), split_then_clone(x))
+
+
+def test_a_16_byte_aligned_offset_is_dropped():
+    fn = lambda x: (x * 2).view(-1)[4:].clone() + 1  # noqa: E731 - 4 fp32 elements in: aligned
+    x = torch.randn(4, 16)
+    gm, before, _ = _run_pass(fn, x)
+    assert before == 1 and _clones(gm) == 0
+    assert bitwise_equal(gm(x), fn(x))
+
+
+def test_unsafe_view_aliases_what_it_views():
+    # reshape of a non-contiguous tensor traces to clone + _unsafe_view, whose schema has no alias annotation:
+    # a clone read by an _unsafe_view that is an output reaches that output
+    g = fx.Graph()
+    x = g.placeholder("x")
+    m = g.call_function(aten.mul.Tensor, (x, 2.0))
+    c = g.call_function(aten.clone.default, (m,))
+    u = g.call_function(aten._unsafe_view.default, (c, [16]))
+    g.output((u, m))
+    val = torch.empty(4, 4)
+    for n in (m, c):
+        n.meta["val"] = val
+    x.meta["val"] = val
+    u.meta["val"] = val.view(16)
+    ctx = PassContext(options=Options())
+    DropClonesPass()(g, ctx)
+    assert sum(n.target is aten.clone.default for n in g.nodes) == 1 and not ctx.notes
+    assert storage_base(u) is c  # a view of the clone's fresh tensor
+    assert storage_base(g.call_function(aten._unsafe_view.default, (x, [16]))) is None  # a view of the input
 
 
 def test_storage_base_of_a_placeholder_is_none():
@@ -105,6 +135,12 @@ def test_a_graph_that_writes_into_its_own_tensors_is_left_alone():
     g.call_function(aten.add.out, (x, x), {"out": y})
     g.output(g.call_function(aten.clone.default, (y,)))
     assert not _writes_only_inputs(g)
+    g = fx.Graph()  # AOTAutograd's input mutation: copy_ into a view of an input, at the end
+    x = g.placeholder("x")
+    y = g.call_function(aten.mul.Tensor, (x, 2.0))
+    g.call_function(aten.copy_.default, (g.call_function(aten.view.default, (x, [16])), y))
+    g.output(y)
+    assert _writes_only_inputs(g)
     g = _graph_with_inplace(into_input=False)
     ctx = PassContext(options=Options())
     DropClonesPass()(g, ctx)

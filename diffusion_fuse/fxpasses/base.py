@@ -10,8 +10,10 @@ import copy
 import dataclasses
 import hashlib
 import inspect
+import operator
 from collections.abc import Callable
 
+import torch
 import torch.fx as fx
 
 from ..config import Options
@@ -28,10 +30,54 @@ class PassContext:
     notes: list[str] = dataclasses.field(default_factory=list)  # exact-by-construction rewrites, for the report
 
 
+# ATen views whose schema carries no alias annotation (``reshape`` of a non-contiguous tensor traces to clone +
+# ``_unsafe_view``): they alias their input all the same.
+UNANNOTATED_VIEWS = frozenset({torch.ops.aten._unsafe_view.default})
+
+
 def is_fresh(n: fx.Node) -> bool:
     """Whether ``n`` is an ATen op whose (first) result is a new tensor, not a view or in-place result."""
     schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
-    return schema is not None and len(schema.returns) >= 1 and schema.returns[0].alias_info is None
+    return schema is not None and len(schema.returns) >= 1 and schema.returns[0].alias_info is None \
+        and n.target not in UNANNOTATED_VIEWS
+
+
+def view_root(n: fx.Node) -> fx.Node | None:
+    """What the view chain ending at ``n`` views: a fresh ATen result or a graph input (``n`` itself when it is
+    one), or None (an in-place result or an op of unknown aliasing on the way). ``getitem`` of a multi-result
+    op follows the result it takes (a split's pieces are views of its input)."""
+    while not is_fresh(n) and n.op != "placeholder":
+        if n.op != "call_function" or not n.args or not isinstance(n.args[0], fx.Node):
+            return None
+        if n.target is operator.getitem:
+            op = n.args[0]
+            schema = getattr(op.target, "_schema", None) if op.op == "call_function" else None
+            if schema is None or not schema.returns:
+                return None
+            ret = schema.returns[n.args[1] if len(schema.returns) > 1 and isinstance(n.args[1], int) else 0]
+            if ret.alias_info is None and op.target not in UNANNOTATED_VIEWS:
+                return op  # a fresh result of a multi-result op
+            n = op
+            continue
+        schema = getattr(n.target, "_schema", None)
+        ret = schema.returns[0].alias_info if schema is not None and schema.returns else None
+        if n.target not in UNANNOTATED_VIEWS and (ret is None or ret.is_write):
+            return None
+        n = n.args[0]
+    return n
+
+
+def written_args(n: fx.Node) -> list[fx.Node]:
+    """The tensors the ATen op ``n`` writes into: the arguments its schema marks mutable (in place, ``out=``)."""
+    schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
+    if schema is None or not schema.is_mutable:
+        return []
+    out = []
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            v = n.args[i] if i < len(n.args) else n.kwargs.get(a.name)
+            out += [t for t in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(t, fx.Node)]
+    return out
 
 
 def reaches_output(n: fx.Node) -> bool:

@@ -29,6 +29,7 @@ import torch.fx as fx
 from ..config import Options
 from ..fxpasses import PassManager
 from ..lowering.dispatch import capturing
+from ..fxpasses.base import written_args
 from ..fxpasses.fuse_patterns import ref_name
 from ..log import get_logger
 from ..patterns.match_utils import describe, source_location
@@ -97,19 +98,7 @@ def mutated_placeholders(gm: fx.GraphModule) -> list[int]:
     """Indices of the graph inputs some node writes in place."""
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     index = {n: i for i, n in enumerate(phs)}
-    out = set()
-    for n in gm.graph.nodes:
-        schema = getattr(n.target, "_schema", None)
-        if n.op != "call_function" or schema is None:
-            continue
-        for arg, a in zip(n.args, schema.arguments):
-            if a.alias_info is not None and a.alias_info.is_write and arg in index:
-                out.add(index[arg])
-        for name, arg in n.kwargs.items():
-            a = next((x for x in schema.arguments if x.name == name), None)
-            if a is not None and a.alias_info is not None and a.alias_info.is_write and arg in index:
-                out.add(index[arg])
-    return sorted(out)
+    return sorted({index[t] for n in gm.graph.nodes for t in written_args(n) if t in index})
 
 
 def run_with_site_checks(

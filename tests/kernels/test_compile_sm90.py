@@ -500,3 +500,26 @@ def test_lut16_gelu_takes_fewer_instructions_than_its_recipe():
     assert any(i.startswith("LDS") for i in lk) and any(i.startswith("STS") for i in lk)
     assert not any(i.startswith("MUFU") for i in lk)  # no ex2/rcp: nothing of tanhf is computed
     assert len(lk) < 0.7 * len(r)
+
+
+@pytest.mark.parametrize("split, expect_spill", [(1, True), (2, False), (4, False)])
+def test_gemm_probe_gelu_epilogue_spills_only_as_a_whole_tile(split, expect_spill):
+    """benchmarks/probe_gemm_exact.py's persistent TMA GEMM (128x256x64 tiles, 8 warps) with eager's gelu-tanh
+    in its epilogue: the whole tile's epilogue spills registers to the stack in the sm_90 build, the epilogue in
+    2 or 4 column parts does not (what BENCHMARKS.md says of runs 2 and 3). ``-s`` prints registers and stack."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import probe_gemm_exact as probe
+
+    k = probe._mm_tma_persistent_kernel
+    const = dict(M=4096, N=12288, K=3072, ldc=12288, BM=128, BN=256, BK=64, GROUP_M=8, EPI=2, NUM_SMS=132,
+                 TMA_STORE=True, SPLIT=split)
+    sig = {n: ("constexpr" if n in const else "*bf16") for n in k.arg_names}
+    src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(n),): v for n, v in const.items()})
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                        options={"num_warps": 8, "num_stages": 3 if split < 4 else 4, **EAGER_NUMERICS})
+    stack = cubin_stack_bytes(ck)
+    print(f"gelu epilogue in {split} part(s): {cubin_registers(ck)} registers, {stack} stack bytes")
+    assert (stack > 0) == expect_spill
