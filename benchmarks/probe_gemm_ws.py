@@ -1,0 +1,220 @@
+"""Probe: a warp-specialized Gluon GEMM whose gelu epilogue overlaps the next tile's main loop.
+
+``probe_gemm_exact.py`` found that a Triton GEMM gives cuBLAS's bits at FLUX's linear shapes, but that a gelu
+epilogue in a persistent Triton GEMM costs ~0.15 ms per up-projection: each program's tensor cores idle
+while its warps run the gelu. cuBLAS's own Hopper kernels hide their epilogue with two consumer warpgroups
+that take turns ("ping-pong"). This probe builds that schedule in Gluon (Triton 3.6's Hopper dialect):
+
+* a loader partition (1 warp) issues the TMA loads of every tile of the program, in order, into a ring
+  of STAGES shared-memory buffers (``ready``/``empty`` mbarriers per stage);
+* two consumer warpgroups (the default partition and a 4-warp worker) take alternate tiles. Each runs
+  ``warpgroup_mma`` over its tile's K steps in order (one fp32 accumulator, k16 steps: the accumulation
+  order that gave cuBLAS's bits in probe_gemm_exact), then its epilogue from registers: ``bf16(acc +
+  bias)``, optionally eager's gelu-tanh on that, stored straight to global memory. While one warpgroup
+  runs its epilogue, the ring already holds the other's tile, so the tensor cores keep working.
+
+It prints and writes ($OUT/probe_gemm_ws.json), for FLUX's up-projections: whether the GEMM and the
+GEMM + gelu equal eager's (``F.linear``, ``F.gelu(approximate="tanh")``) bitwise, and their times against
+cuBLAS, cuBLAS + the lookup gelu kernel the pointwise pass runs (kernels/lut16.py) and cuBLAS + eager's gelu.
+Times: CUDA events around 20 calls issued back to back (each Triton call pays its host dispatch).
+
+    python benchmarks/probe_gemm_ws.py [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+import triton
+from tabulate import tabulate
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from diffusion_fuse.kernels.launch import EAGER_NUMERICS
+from diffusion_fuse.kernels.pointwise_ops import GELU_TANH_BETA, GELU_TANH_KAPPA
+
+KAPPA = gl.constexpr(float(GELU_TANH_KAPPA))
+BETA = gl.constexpr(float(GELU_TANH_BETA))
+
+
+@gluon.constexpr_function
+def smem_layout(rows, cols):
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.bfloat16)
+
+
+@gluon.jit
+def _tile_ids(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
+    width = GROUP_M * num_pid_n
+    first_m = (tile // width) * GROUP_M
+    size_m = gl.minimum(num_pid_m - first_m, GROUP_M)
+    return first_m + (tile % width) % size_m, (tile % width) // size_m
+
+
+@gluon.jit
+def _consume(J0: gl.constexpr, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid,
+             NUM_PROGS: gl.constexpr, EPI: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+             GROUP_M: gl.constexpr):
+    """Tiles J0, J0 + 2, ... of this program: K steps through the ring, then the epilogue."""
+    # one warpgroup: warps along M ([4, 1]), one wgmma n of the tile's width (BN <= 256)
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    num_pid_m = gl.cdiv(M, BM)
+    num_pid_n = gl.cdiv(N, BN)
+    n_local = gl.cdiv(num_pid_m * num_pid_n - pid, NUM_PROGS)
+    k_tiles = gl.cdiv(K, BK)
+    for j in range(J0, n_local, 2):
+        pid_m, pid_n = _tile_ids(pid + j * NUM_PROGS, num_pid_m, num_pid_n, GROUP_M)
+        acc = gl.zeros([BM, BN], gl.float32, layout=layout)
+        base = j * k_tiles
+        for k in range(k_tiles):
+            step = base + k
+            s = step % STAGES
+            mbarrier.wait(ready.index(s), (step // STAGES) & 1)
+            acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
+            # the previous step's wgmma is done: its stage goes back to the loader
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), count=1, pred=k > 0)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES), count=1)
+        rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
+        cols = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
+        bias = gl.load(BIAS + cols, mask=cols < N, other=0.0).to(gl.float32)
+        y = acc + gl.expand_dims(bias, 0)
+        if EPI == 2:  # eager's gelu-tanh on the rounded output (pointwise_ops' recipe)
+            x = y.to(gl.bfloat16).to(gl.float32)
+            s_ = gl.fma(KAPPA, (x * x) * x, x)
+            t = gl.extra.libdevice.tanh(BETA * s_)
+            y = (0.5 * x) * (1.0 + t)
+        ptrs = C + gl.expand_dims(rows, 1) * ldc + gl.expand_dims(cols, 0)
+        mask = (gl.expand_dims(rows, 1) < M) & (gl.expand_dims(cols, 0) < N)
+        gl.store(ptrs, y.to(gl.bfloat16), mask=mask)
+
+
+@gluon.jit
+def _consumer0(a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PROGS: gl.constexpr,
+               EPI: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr):
+    _consume(0, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK, GROUP_M)
+
+
+@gluon.jit
+def _consumer1(A, W, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PROGS: gl.constexpr,
+               EPI: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr):
+    _consume(1, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK, GROUP_M)
+
+
+@gluon.jit
+def _loader(A, W, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PROGS: gl.constexpr,
+            EPI: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr):
+    """Every tile of this program in order, each K step into the next free stage of the ring."""
+    a_desc = tma.make_tensor_descriptor(A, [M, K], [K, 1], [BM, BK], smem_layout(BM, BK))
+    w_desc = tma.make_tensor_descriptor(W, [N, K], [K, 1], [BN, BK], smem_layout(BN, BK))
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    num_pid_m = gl.cdiv(M, BM)
+    num_pid_n = gl.cdiv(N, BN)
+    n_local = gl.cdiv(num_pid_m * num_pid_n - pid, NUM_PROGS)
+    k_tiles = gl.cdiv(K, BK)
+    for j in range(n_local):
+        pid_m, pid_n = _tile_ids(pid + j * NUM_PROGS, num_pid_m, num_pid_n, GROUP_M)
+        for k in range(k_tiles):
+            step = j * k_tiles + k
+            s = step % STAGES
+            mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)  # a fresh barrier counts as released
+            mbarrier.expect(ready.index(s), BM * BK * 2 + BN * BK * 2)
+            tma.async_copy_global_to_shared(a_desc, [pid_m * BM, k * BK], ready.index(s), a_bufs.index(s))
+            tma.async_copy_global_to_shared(w_desc, [pid_n * BN, k * BK], ready.index(s), b_bufs.index(s))
+
+
+@gluon.jit
+def _gemm_ws_kernel(A, W, BIAS, C, M, N, K, ldc, NUM_PROGS: gl.constexpr, EPI: gl.constexpr, BM: gl.constexpr,
+                    BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+    a_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], smem_layout(BM, BK))
+    b_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, BK], smem_layout(BN, BK))
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    pid = gl.program_id(0)
+    # (the argument tuples are written out: one bound to a name first hands the workers its constexprs as tensors)
+    gl.warp_specialize([
+        (_consumer0, (a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK,
+                      GROUP_M)),
+        (_consumer1, (A, W, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK,
+                      GROUP_M)),
+        (_loader, (A, W, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK,
+                   GROUP_M)),
+    ], [4, 1], [232, 40])
+
+
+def gemm_ws(x, w, b, epi=0, bm=128, bn=128, bk=64, stages=4, group_m=8, maxnreg=168):
+    """``bf16(x @ w.T + b)`` [then eager's gelu-tanh]: x [M, K], w [N, K] bf16 contiguous, K % bk == 0."""
+    M, K = x.shape
+    N = w.shape[0]
+    assert K % bk == 0 and x.is_contiguous() and w.is_contiguous()
+    c = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    progs = min(torch.cuda.get_device_properties(x.device).multi_processor_count, tiles)
+    _gemm_ws_kernel[(progs,)](x, w, b, c, M, N, K, c.stride(0), NUM_PROGS=progs, EPI=epi, BM=bm, BN=bn, BK=bk,
+                              GROUP_M=group_m, STAGES=stages, num_warps=4, maxnreg=maxnreg, **EAGER_NUMERICS)
+    return c
+
+
+SHAPES = {"img ff up (4096 x 3072 x 12288)": (4096, 3072, 12288),
+          "single proj_mlp (4608 x 3072 x 12288)": (4608, 3072, 12288),
+          "img to_q (4096 x 3072 x 3072)": (4096, 3072, 3072)}
+VARIANTS = [dict(stages=4), dict(stages=6), dict(stages=4, group_m=16)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "probe_gemm_ws.json"))
+    args = ap.parse_args()
+    from probe_gemm_exact import bits_equal, ms_per_call
+
+    from diffusion_fuse.kernels.lut16 import build_lut16, lut16_triton
+
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    gelu = lambda t: F.gelu(t, approximate="tanh")  # noqa: E731
+    lut, why = build_lut16(gelu, torch.bfloat16, "cuda")
+    assert lut is not None, why
+    g = torch.Generator(device="cuda").manual_seed(2)
+    rows, records = [], []
+    for name, (M, K, N) in SHAPES.items():
+        x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
+        w = (torch.randn(N, K, device="cuda", generator=g) * K ** -0.5).bfloat16()
+        b = (torch.randn(N, device="cuda", generator=g) * 0.1).bfloat16()
+        ref = F.linear(x, w, b)
+        base = {"cuBLAS": lambda: F.linear(x, w, b),  # noqa: B023
+                "cuBLAS + lookup gelu": lambda: lut16_triton(F.linear(x, w, b), lut, 8192, 16),  # noqa: B023
+                "cuBLAS + eager gelu": lambda: gelu(F.linear(x, w, b))}  # noqa: B023
+        rec = dict(shape=name, M=M, K=K, N=N, base_ms={k: ms_per_call(f) for k, f in base.items()}, variants=[])
+        rows += [[name, k, "", f"{v:.3f}", ""] for k, v in rec["base_ms"].items()]
+        for var in VARIANTS:
+            label = ", ".join(f"{k} {v}" for k, v in var.items())
+            v = dict(variant=label)
+            try:
+                v["exact_gemm"], v["ndiff_gemm"] = bits_equal(ref, gemm_ws(x, w, b, 0, **var))
+                v["exact_gelu"], v["ndiff_gelu"] = bits_equal(gelu(ref), gemm_ws(x, w, b, 2, **var))
+                v["gemm_ms"] = ms_per_call(lambda: gemm_ws(x, w, b, 0, **var))  # noqa: B023
+                v["gelu_ms"] = ms_per_call(lambda: gemm_ws(x, w, b, 2, **var))  # noqa: B023
+                rows.append(["", f"WS ping-pong 128x128x64, {label}",
+                             f"{'exact' if v['exact_gemm'] else 'DIFF ' + str(v['ndiff_gemm'])} / "
+                             f"{'exact' if v['exact_gelu'] else 'DIFF ' + str(v['ndiff_gelu'])}",
+                             f"{v['gemm_ms']:.3f}", f"{v['gelu_ms']:.3f}"])
+            except Exception as e:  # a variant that does not build or run is reported, not fatal
+                v["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+                rows.append(["", label, "error", v["error"][:60], ""])
+            rec["variants"].append(v)
+        records.append(rec)
+        with open(args.json, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), records=records), f, indent=2)
+    print(tabulate(rows, headers=["shape", "variant", "bits (GEMM / + gelu)", "GEMM ms", "GEMM + gelu ms"]))
+
+
+if __name__ == "__main__":
+    main()
