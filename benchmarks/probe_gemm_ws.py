@@ -34,6 +34,7 @@ from tabulate import tabulate
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from diffusion_fuse.kernels.launch import EAGER_NUMERICS
 from diffusion_fuse.kernels.pointwise_ops import GELU_TANH_BETA, GELU_TANH_KAPPA
@@ -102,17 +103,15 @@ def _consumer0(a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PRO
 
 
 @gluon.jit
-def _consumer1(A, W, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PROGS: gl.constexpr,
+def _consumer1(a_desc, w_desc, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PROGS: gl.constexpr,
                EPI: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr):
     _consume(1, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK, GROUP_M)
 
 
 @gluon.jit
-def _loader(A, W, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PROGS: gl.constexpr,
+def _loader(a_desc, w_desc, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PROGS: gl.constexpr,
             EPI: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr):
     """Every tile of this program in order, each K step into the next free stage of the ring."""
-    a_desc = tma.make_tensor_descriptor(A, [M, K], [K, 1], [BM, BK], smem_layout(BM, BK))
-    w_desc = tma.make_tensor_descriptor(W, [N, K], [K, 1], [BN, BK], smem_layout(BN, BK))
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     num_pid_m = gl.cdiv(M, BM)
     num_pid_n = gl.cdiv(N, BN)
@@ -130,7 +129,7 @@ def _loader(A, W, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_
 
 
 @gluon.jit
-def _gemm_ws_kernel(A, W, BIAS, C, M, N, K, ldc, NUM_PROGS: gl.constexpr, EPI: gl.constexpr, BM: gl.constexpr,
+def _gemm_ws_kernel(a_desc, w_desc, BIAS, C, M, N, K, ldc, NUM_PROGS: gl.constexpr, EPI: gl.constexpr, BM: gl.constexpr,
                     BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
     a_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], smem_layout(BM, BK))
     b_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, BK], smem_layout(BN, BK))
@@ -144,9 +143,9 @@ def _gemm_ws_kernel(A, W, BIAS, C, M, N, K, ldc, NUM_PROGS: gl.constexpr, EPI: g
     gl.warp_specialize([
         (_consumer0, (a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK,
                       GROUP_M)),
-        (_consumer1, (A, W, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK,
+        (_consumer1, (a_desc, w_desc, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK,
                       GROUP_M)),
-        (_loader, (A, W, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK,
+        (_loader, (a_desc, w_desc, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK,
                    GROUP_M)),
     ], [4, 1], [232, 40])
 
@@ -159,12 +158,15 @@ def gemm_ws(x, w, b, epi=0, bm=128, bn=128, bk=64, stages=4, group_m=8, maxnreg=
     c = torch.empty(M, N, dtype=x.dtype, device=x.device)
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     progs = min(torch.cuda.get_device_properties(x.device).multi_processor_count, tiles)
-    _gemm_ws_kernel[(progs,)](x, w, b, c, M, N, K, c.stride(0), NUM_PROGS=progs, EPI=epi, BM=bm, BN=bn, BK=bk,
+    a_desc = TensorDescriptor.from_tensor(x, [bm, bk], gl.NVMMASharedLayout.get_default_for([bm, bk], gl.bfloat16))
+    w_desc = TensorDescriptor.from_tensor(w, [bn, bk], gl.NVMMASharedLayout.get_default_for([bn, bk], gl.bfloat16))
+    _gemm_ws_kernel[(progs,)](a_desc, w_desc, b, c, M, N, K, c.stride(0), NUM_PROGS=progs, EPI=epi, BM=bm, BN=bn, BK=bk,
                               GROUP_M=group_m, STAGES=stages, num_warps=4, maxnreg=maxnreg, **EAGER_NUMERICS)
     return c
 
 
-SHAPES = {"img ff up (4096 x 3072 x 12288)": (4096, 3072, 12288),
+SHAPES = {"small (256 x 128 x 384)": (256, 128, 384),
+          "img ff up (4096 x 3072 x 12288)": (4096, 3072, 12288),
           "single proj_mlp (4608 x 3072 x 12288)": (4608, 3072, 12288),
           "img to_q (4096 x 3072 x 3072)": (4096, 3072, 3072)}
 VARIANTS = [dict(stages=4), dict(stages=6), dict(stages=4, group_m=16)]
@@ -173,12 +175,14 @@ VARIANTS = [dict(stages=4), dict(stages=6), dict(stages=4, group_m=16)]
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "probe_gemm_ws.json"))
+    ap.add_argument("--variant", type=int, default=None, help="one of VARIANTS only (a kernel that faults takes "
+                    "its process's CUDA context with it: run each in its own process)")
     args = ap.parse_args()
+    variants = VARIANTS if args.variant is None else [VARIANTS[args.variant]]
     from probe_gemm_exact import bits_equal, ms_per_call
 
     from diffusion_fuse.kernels.lut16 import build_lut16, lut16_triton
 
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     gelu = lambda t: F.gelu(t, approximate="tanh")  # noqa: E731
     lut, why = build_lut16(gelu, torch.bfloat16, "cuda")
     assert lut is not None, why
@@ -194,7 +198,7 @@ def main() -> None:
                 "cuBLAS + eager gelu": lambda: gelu(F.linear(x, w, b))}  # noqa: B023
         rec = dict(shape=name, M=M, K=K, N=N, base_ms={k: ms_per_call(f) for k, f in base.items()}, variants=[])
         rows += [[name, k, "", f"{v:.3f}", ""] for k, v in rec["base_ms"].items()]
-        for var in VARIANTS:
+        for var in variants:
             label = ", ".join(f"{k} {v}" for k, v in var.items())
             v = dict(variant=label)
             try:
