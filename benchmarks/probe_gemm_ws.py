@@ -57,10 +57,14 @@ def _tile_ids(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def _consume(J0: gl.constexpr, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid,
+def _consume(J0: gl.constexpr, a_bufs, b_bufs, ready, empty, turn, BIAS, C, M, N, K, ldc, pid,
              NUM_PROGS: gl.constexpr, EPI: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
              GROUP_M: gl.constexpr):
-    """Tiles J0, J0 + 2, ... of this program: K steps through the ring, then the epilogue."""
+    """Tiles J0, J0 + 2, ... of this program: K steps through the ring, then the epilogue.
+
+    The two consumers take turns on the ring (``turn`` mbarriers): a consumer starts waiting on its tile's
+    stages only after the other has waited on all of its previous tile's. A ``ready`` wait is by phase parity,
+    so a consumer that waited a whole tile ahead would take the other's data for its own."""
     # one warpgroup: warps along M ([4, 1]), one wgmma n of the tile's width (BN <= 256)
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
     STAGES: gl.constexpr = a_bufs.type.shape[0]
@@ -68,8 +72,11 @@ def _consume(J0: gl.constexpr, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, l
     num_pid_n = gl.cdiv(N, BN)
     n_local = gl.cdiv(num_pid_m * num_pid_n - pid, NUM_PROGS)
     k_tiles = gl.cdiv(K, BK)
+    t = 0  # this consumer's tiles so far
     for j in range(J0, n_local, 2):
         pid_m, pid_n = _tile_ids(pid + j * NUM_PROGS, num_pid_m, num_pid_n, GROUP_M)
+        # consumer 0's first tile needs no turn; every other tile waits for the other's previous main loop
+        mbarrier.wait(turn.index(J0), (t + J0 + 1) & 1, pred=(J0 == 1) | (t > 0))
         acc = gl.zeros([BM, BN], gl.float32, layout=layout)
         base = j * k_tiles
         for k in range(k_tiles):
@@ -80,6 +87,8 @@ def _consume(J0: gl.constexpr, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, l
             # the previous step's wgmma is done: its stage goes back to the loader
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
             mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), count=1, pred=k > 0)
+        mbarrier.arrive(turn.index(1 - J0), count=1)  # every ready wait of this tile is done: the other's turn
+        t += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES), count=1)
         rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
@@ -89,27 +98,27 @@ def _consume(J0: gl.constexpr, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, l
         if EPI == 2:  # eager's gelu-tanh on the rounded output (pointwise_ops' recipe)
             x = y.to(gl.bfloat16).to(gl.float32)
             s_ = gl.fma(KAPPA, (x * x) * x, x)
-            t = gl.extra.libdevice.tanh(BETA * s_)
-            y = (0.5 * x) * (1.0 + t)
+            th = gl.extra.libdevice.tanh(BETA * s_)
+            y = (0.5 * x) * (1.0 + th)
         ptrs = C + gl.expand_dims(rows, 1) * ldc + gl.expand_dims(cols, 0)
         mask = (gl.expand_dims(rows, 1) < M) & (gl.expand_dims(cols, 0) < N)
         gl.store(ptrs, y.to(gl.bfloat16), mask=mask)
 
 
 @gluon.jit
-def _consumer0(a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PROGS: gl.constexpr,
+def _consumer0(a_bufs, b_bufs, ready, empty, turn, BIAS, C, M, N, K, ldc, pid, NUM_PROGS: gl.constexpr,
                EPI: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr):
-    _consume(0, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK, GROUP_M)
+    _consume(0, a_bufs, b_bufs, ready, empty, turn, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK, GROUP_M)
 
 
 @gluon.jit
-def _consumer1(a_desc, w_desc, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PROGS: gl.constexpr,
+def _consumer1(a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, BIAS, C, M, N, K, ldc, pid, NUM_PROGS: gl.constexpr,
                EPI: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr):
-    _consume(1, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK, GROUP_M)
+    _consume(1, a_bufs, b_bufs, ready, empty, turn, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK, GROUP_M)
 
 
 @gluon.jit
-def _loader(a_desc, w_desc, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PROGS: gl.constexpr,
+def _loader(a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, BIAS, C, M, N, K, ldc, pid, NUM_PROGS: gl.constexpr,
             EPI: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr):
     """Every tile of this program in order, each K step into the next free stage of the ring."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
@@ -135,17 +144,20 @@ def _gemm_ws_kernel(a_desc, w_desc, BIAS, C, M, N, K, ldc, NUM_PROGS: gl.constex
     b_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, BK], smem_layout(BN, BK))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
     pid = gl.program_id(0)
     # (the argument tuples are written out: one bound to a name first hands the workers its constexprs as tensors)
     gl.warp_specialize([
-        (_consumer0, (a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK,
+        (_consumer0, (a_bufs, b_bufs, ready, empty, turn, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK,
                       GROUP_M)),
-        (_consumer1, (a_desc, w_desc, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK,
+        (_consumer1, (a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK,
                       GROUP_M)),
-        (_loader, (a_desc, w_desc, a_bufs, b_bufs, ready, empty, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK,
+        (_loader, (a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK,
                    GROUP_M)),
     ], [4, 1], [232, 40])
 
