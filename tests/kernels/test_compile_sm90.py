@@ -523,3 +523,36 @@ def test_gemm_probe_gelu_epilogue_spills_only_as_a_whole_tile(split, expect_spil
     stack = cubin_stack_bytes(ck)
     print(f"gelu epilogue in {split} part(s): {cubin_registers(ck)} registers, {stack} stack bytes")
     assert (stack > 0) == expect_spill
+
+
+@pytest.mark.parametrize("epi", [0, 2])
+def test_gemm_ws_probe_builds_three_partitions_for_sm90(epi):
+    """benchmarks/probe_gemm_ws.py: the Gluon ping-pong GEMM builds for sm_90 as 12 warps (two consumer
+    warpgroups and a loader) that rebalance registers (``setmaxnreg``), 8 wgmma per consumer K step. The gelu
+    epilogue spills within the 168-register launch (what BENCHMARKS.md says of run 8); the plain one does not.
+    ``-s`` prints registers and stack bytes."""
+    import sys
+    from pathlib import Path
+
+    import torch
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.jit import mangle_type
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import probe_gemm_ws as probe
+
+    k = probe._gemm_ws_kernel
+    desc = mangle_type(TensorDescriptor.from_tensor(torch.empty(256, 128, dtype=torch.bfloat16), [128, 64],
+                                                    gl.NVMMASharedLayout.get_default_for([128, 64], gl.bfloat16)))
+    const = dict(NUM_PROGS=132, EPI=epi, BM=128, BN=128, BK=64, GROUP_M=8, STAGES=4)
+    sig = {"a_desc": desc, "w_desc": desc, "BIAS": "*bf16", "C": "*bf16", "M": "i32", "N": "i32", "K": "i32",
+           "ldc": "i32", **{n: "constexpr" for n in const}}
+    src = GluonASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(n),): v for n, v in const.items()})
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": 168,
+                                                                       **EAGER_NUMERICS})
+    ptx, stack = ck.asm["ptx"], cubin_stack_bytes(ck)
+    print(f"WS GEMM epilogue {epi}: {cubin_registers(ck)} registers, {stack} stack bytes")
+    assert ck.metadata.num_warps == 12 and "setmaxnreg" in ptx and ptx.count("wgmma.mma_async") == 16
+    assert (stack > 0) == (epi == 2)
