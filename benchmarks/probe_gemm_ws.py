@@ -7,11 +7,12 @@ that take turns ("ping-pong"). This probe builds that schedule in Gluon (Triton 
 
 * a loader partition (1 warp) issues the TMA loads of every tile of the program, in order, into a ring
   of STAGES shared-memory buffers (``ready``/``empty`` mbarriers per stage);
-* two consumer warpgroups (the default partition and a 4-warp worker) take alternate tiles. Each runs
-  ``warpgroup_mma`` over its tile's K steps in order (one fp32 accumulator, k16 steps: the accumulation
-  order that gave cuBLAS's bits in probe_gemm_exact), then its epilogue from registers: ``bf16(acc +
-  bias)``, optionally eager's gelu-tanh on that, stored straight to global memory. While one warpgroup
-  runs its epilogue, the ring already holds the other's tile, so the tensor cores keep working.
+* two consumer warpgroups (the default partition and a 4-warp worker) take alternate tiles and take turns
+  on the ring. Each runs ``warpgroup_mma`` over its tile's K steps in order (one fp32 accumulator, k16
+  steps: the accumulation order that gave cuBLAS's bits in probe_gemm_exact), then its epilogue: ``bf16(acc
+  + bias)`` into a shared-memory tile buffer, then 32-row chunks of it, optionally with eager's gelu-tanh
+  (EPI 2: the recipe; EPI 3: looked up in eager's table, kernels/lut16.py), stored to global memory. While
+  one warpgroup runs its epilogue, the ring already holds the other's tile, so the tensor cores keep working.
 
 It prints and writes ($OUT/probe_gemm_ws.json), for FLUX's up-projections: whether the GEMM and the
 GEMM + gelu equal eager's (``F.linear``, ``F.gelu(approximate="tanh")``) bitwise, and their times against
@@ -57,9 +58,10 @@ def _tile_ids(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def _consume(J0: gl.constexpr, a_bufs, b_bufs, ready, empty, turn, epi_bufs, BIAS, C, M, N, K, ldc, pid,
+def _consume(J0: gl.constexpr, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, ldc, pid,
              NUM_PROGS: gl.constexpr, EPI: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-             GROUP_M: gl.constexpr):
+             GROUP_M: gl.constexpr, LO: gl.constexpr, SPAN: gl.constexpr, SPECIAL: gl.constexpr,
+             TABLE: gl.constexpr):
     """Tiles J0, J0 + 2, ... of this program: K steps through the ring, then the epilogue.
 
     The two consumers take turns on the ring (``turn`` mbarriers): a consumer starts waiting on its tile's
@@ -76,6 +78,9 @@ def _consume(J0: gl.constexpr, a_bufs, b_bufs, ready, empty, turn, epi_bufs, BIA
     num_pid_n = gl.cdiv(N, BN)
     n_local = gl.cdiv(num_pid_m * num_pid_n - pid, NUM_PROGS)
     k_tiles = gl.cdiv(K, BK)
+    if EPI == 3:  # eager's gelu as a table (kernels/lut16.py), read once per consumer
+        lut_layout: gl.constexpr = gl.BlockedLayout([TABLE // 128], [32], [4], [0])
+        lut = gl.load(LUT + gl.arange(0, TABLE, layout=lut_layout))
     t = 0  # this consumer's tiles so far
     for j in range(J0, n_local, 2):
         pid_m, pid_n = _tile_ids(pid + j * NUM_PROGS, num_pid_m, num_pid_n, GROUP_M)
@@ -103,7 +108,17 @@ def _consume(J0: gl.constexpr, a_bufs, b_bufs, ready, empty, turn, epi_bufs, BIA
         epi_smem.store((acc + gl.expand_dims(bias, 0)).to(gl.bfloat16))
         gl.thread_barrier()
         for r0 in gl.static_range(0, BM, CHUNK):
-            x = epi_smem.slice(r0, CHUNK, dim=0).load(out_layout).to(gl.float32)
+            xb = epi_smem.slice(r0, CHUNK, dim=0).load(out_layout)
+            x = xb.to(gl.float32)
+            if EPI == 3:  # kernels/lut16.py's lut16_apply on the chunk's bf16 patterns
+                b = gl.reshape(xb.to(gl.uint16, bitcast=True).to(gl.int32), [CHUNK * BN])
+                m = b & 0x7FFF
+                top = SPAN + 1 + gl.maximum(m - (SPECIAL - 1), 0)
+                inner = gl.maximum(gl.minimum(m - (LO - 1), top), 0)
+                idx = gl.minimum(m, 256 + inner) + (b >> 15) * (256 + 2 + SPAN + (0x8000 - SPECIAL))
+                entry = gl.gather(lut, idx, 0)
+                r = gl.reshape((b & (entry >> 16)) + entry, [CHUNK, BN])
+                x = gl.convert_layout(r, out_layout).to(gl.uint16).to(gl.bfloat16, bitcast=True).to(gl.float32)
             if EPI == 2:  # eager's gelu-tanh on the rounded output (pointwise_ops' recipe)
                 s_ = gl.fma(KAPPA, (x * x) * x, x)
                 th = gl.extra.libdevice.tanh(BETA * s_)
@@ -116,20 +131,23 @@ def _consume(J0: gl.constexpr, a_bufs, b_bufs, ready, empty, turn, epi_bufs, BIA
 
 
 @gluon.jit
-def _consumer0(a_bufs, b_bufs, ready, empty, turn, epi_bufs, BIAS, C, M, N, K, ldc, pid, NUM_PROGS: gl.constexpr,
-               EPI: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr):
-    _consume(0, a_bufs, b_bufs, ready, empty, turn, epi_bufs, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK, GROUP_M)
+def _consumer0(a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, ldc, pid, NUM_PROGS: gl.constexpr,
+               EPI: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
+               LO: gl.constexpr, SPAN: gl.constexpr, SPECIAL: gl.constexpr, TABLE: gl.constexpr):
+    _consume(0, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK, GROUP_M, LO, SPAN, SPECIAL, TABLE)
 
 
 @gluon.jit
-def _consumer1(a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, BIAS, C, M, N, K, ldc, pid, NUM_PROGS: gl.constexpr,
-               EPI: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr):
-    _consume(1, a_bufs, b_bufs, ready, empty, turn, epi_bufs, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK, GROUP_M)
+def _consumer1(a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, ldc, pid, NUM_PROGS: gl.constexpr,
+               EPI: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
+               LO: gl.constexpr, SPAN: gl.constexpr, SPECIAL: gl.constexpr, TABLE: gl.constexpr):
+    _consume(1, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK, GROUP_M, LO, SPAN, SPECIAL, TABLE)
 
 
 @gluon.jit
-def _loader(a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, BIAS, C, M, N, K, ldc, pid, NUM_PROGS: gl.constexpr,
-            EPI: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr):
+def _loader(a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, ldc, pid, NUM_PROGS: gl.constexpr,
+            EPI: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
+            LO: gl.constexpr, SPAN: gl.constexpr, SPECIAL: gl.constexpr, TABLE: gl.constexpr):
     """Every tile of this program in order, each K step into the next free stage of the ring."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     num_pid_m = gl.cdiv(M, BM)
@@ -148,8 +166,9 @@ def _loader(a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, BIAS, 
 
 
 @gluon.jit
-def _gemm_ws_kernel(a_desc, w_desc, BIAS, C, M, N, K, ldc, NUM_PROGS: gl.constexpr, EPI: gl.constexpr, BM: gl.constexpr,
-                    BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+def _gemm_ws_kernel(a_desc, w_desc, LUT, BIAS, C, M, N, K, ldc, NUM_PROGS: gl.constexpr, EPI: gl.constexpr,
+                    BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                    LO: gl.constexpr, SPAN: gl.constexpr, SPECIAL: gl.constexpr, TABLE: gl.constexpr):
     a_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], smem_layout(BM, BK))
     b_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, BK], smem_layout(BN, BK))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -165,16 +184,16 @@ def _gemm_ws_kernel(a_desc, w_desc, BIAS, C, M, N, K, ldc, NUM_PROGS: gl.constex
     pid = gl.program_id(0)
     # (the argument tuples are written out: one bound to a name first hands the workers its constexprs as tensors)
     gl.warp_specialize([
-        (_consumer0, (a_bufs, b_bufs, ready, empty, turn, epi_bufs, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK,
-                      GROUP_M)),
-        (_consumer1, (a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK,
-                      GROUP_M)),
-        (_loader, (a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK,
-                   GROUP_M)),
+        (_consumer0, (a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK,
+                      GROUP_M, LO, SPAN, SPECIAL, TABLE)),
+        (_consumer1, (a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK,
+                      GROUP_M, LO, SPAN, SPECIAL, TABLE)),
+        (_loader, (a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK,
+                   GROUP_M, LO, SPAN, SPECIAL, TABLE)),
     ], [4, 1], [232, 40])
 
 
-def gemm_ws(x, w, b, epi=0, bm=128, bn=128, bk=64, stages=4, group_m=8, maxnreg=168):
+def gemm_ws(x, w, b, epi=0, bm=128, bn=128, bk=64, stages=4, group_m=8, maxnreg=168, lut=None):
     """``bf16(x @ w.T + b)`` [then eager's gelu-tanh]: x [M, K], w [N, K] bf16 contiguous, K % bk == 0."""
     M, K = x.shape
     N = w.shape[0]
@@ -184,8 +203,11 @@ def gemm_ws(x, w, b, epi=0, bm=128, bn=128, bk=64, stages=4, group_m=8, maxnreg=
     progs = min(torch.cuda.get_device_properties(x.device).multi_processor_count, tiles)
     a_desc = TensorDescriptor.from_tensor(x, [bm, bk], gl.NVMMASharedLayout.get_default_for([bm, bk], gl.bfloat16))
     w_desc = TensorDescriptor.from_tensor(w, [bn, bk], gl.NVMMASharedLayout.get_default_for([bn, bk], gl.bfloat16))
-    _gemm_ws_kernel[(progs,)](a_desc, w_desc, b, c, M, N, K, c.stride(0), NUM_PROGS=progs, EPI=epi, BM=bm, BN=bn, BK=bk,
-                              GROUP_M=group_m, STAGES=stages, num_warps=4, maxnreg=maxnreg, **EAGER_NUMERICS)
+    lut_c = lut.constexprs() if lut is not None else dict(LO=0, SPAN=0, SPECIAL=0x7F80, TABLE=4096)
+    table = lut.table if lut is not None else b
+    _gemm_ws_kernel[(progs,)](a_desc, w_desc, table, b, c, M, N, K, c.stride(0), NUM_PROGS=progs, EPI=epi, BM=bm, BN=bn, BK=bk,
+                              GROUP_M=group_m, STAGES=stages, num_warps=4, maxnreg=maxnreg, **lut_c,
+                              **EAGER_NUMERICS)
     return c
 
 
@@ -193,7 +215,7 @@ SHAPES = {"small (256 x 128 x 384)": (256, 128, 384),
           "img ff up (4096 x 3072 x 12288)": (4096, 3072, 12288),
           "single proj_mlp (4608 x 3072 x 12288)": (4608, 3072, 12288),
           "img to_q (4096 x 3072 x 3072)": (4096, 3072, 3072)}
-VARIANTS = [dict(stages=4), dict(stages=5), dict(stages=4, group_m=16)]
+VARIANTS = [dict(stages=4), dict(stages=3), dict(stages=4, group_m=16)]
 
 
 def main() -> None:
@@ -228,12 +250,14 @@ def main() -> None:
             try:
                 v["exact_gemm"], v["ndiff_gemm"] = bits_equal(ref, gemm_ws(x, w, b, 0, **var))
                 v["exact_gelu"], v["ndiff_gelu"] = bits_equal(gelu(ref), gemm_ws(x, w, b, 2, **var))
+                v["exact_lut"], v["ndiff_lut"] = bits_equal(gelu(ref), gemm_ws(x, w, b, 3, lut=lut, **var))
                 v["gemm_ms"] = ms_per_call(lambda: gemm_ws(x, w, b, 0, **var))  # noqa: B023
                 v["gelu_ms"] = ms_per_call(lambda: gemm_ws(x, w, b, 2, **var))  # noqa: B023
+                v["lut_ms"] = ms_per_call(lambda: gemm_ws(x, w, b, 3, lut=lut, **var))  # noqa: B023
                 rows.append(["", f"WS ping-pong 128x128x64, {label}",
-                             f"{'exact' if v['exact_gemm'] else 'DIFF ' + str(v['ndiff_gemm'])} / "
-                             f"{'exact' if v['exact_gelu'] else 'DIFF ' + str(v['ndiff_gelu'])}",
-                             f"{v['gemm_ms']:.3f}", f"{v['gelu_ms']:.3f}"])
+                             " / ".join("exact" if v[f"exact_{e}"] else f"DIFF {v[f'ndiff_{e}']}"
+                                        for e in ("gemm", "gelu", "lut")),
+                             f"{v['gemm_ms']:.3f}", f"{v['gelu_ms']:.3f}", f"{v['lut_ms']:.3f}"])
             except Exception as e:  # a variant that does not build or run is reported, not fatal
                 v["error"] = f"{type(e).__name__}: {str(e)[:400]}"
                 rows.append(["", label, "error", v["error"][:60], ""])
@@ -241,7 +265,8 @@ def main() -> None:
         records.append(rec)
         with open(args.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), records=records), f, indent=2)
-    print(tabulate(rows, headers=["shape", "variant", "bits (GEMM / + gelu)", "GEMM ms", "GEMM + gelu ms"]))
+    print(tabulate(rows, headers=["shape", "variant", "bits (GEMM / + gelu / + gelu looked up)", "GEMM ms",
+                                  "GEMM + gelu ms", "GEMM + gelu looked up ms"]))
 
 
 if __name__ == "__main__":

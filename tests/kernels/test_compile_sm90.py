@@ -525,7 +525,7 @@ def test_gemm_probe_gelu_epilogue_spills_only_as_a_whole_tile(split, expect_spil
     assert (stack > 0) == expect_spill
 
 
-@pytest.mark.parametrize("epi", [0, 2])
+@pytest.mark.parametrize("epi", [0, 2, 3])
 def test_gemm_ws_probe_builds_three_partitions_for_sm90(epi):
     """benchmarks/probe_gemm_ws.py: the Gluon ping-pong GEMM builds for sm_90 as 12 warps (two consumer
     warpgroups and a loader) that rebalance registers (``setmaxnreg``), 8 wgmma per consumer K step, and a
@@ -547,9 +547,11 @@ def test_gemm_ws_probe_builds_three_partitions_for_sm90(epi):
     k = probe._gemm_ws_kernel
     desc = mangle_type(TensorDescriptor.from_tensor(torch.empty(256, 128, dtype=torch.bfloat16), [128, 64],
                                                     gl.NVMMASharedLayout.get_default_for([128, 64], gl.bfloat16)))
-    const = dict(NUM_PROGS=132, EPI=epi, BM=128, BN=128, BK=64, GROUP_M=8, STAGES=4)
-    sig = {"a_desc": desc, "w_desc": desc, "BIAS": "*bf16", "C": "*bf16", "M": "i32", "N": "i32", "K": "i32",
-           "ldc": "i32", **{n: "constexpr" for n in const}}
+    # EPI 3 looks gelu up in a table laid out as kernels/lut16.py lays out bf16 gelu-tanh's (window and size)
+    const = dict(NUM_PROGS=132, EPI=epi, BM=128, BN=128, BK=64, GROUP_M=8, STAGES=4, LO=0x3C00, SPAN=1500,
+                 SPECIAL=0x7F80, TABLE=4096)
+    sig = {"a_desc": desc, "w_desc": desc, "LUT": "*i32", "BIAS": "*bf16", "C": "*bf16", "M": "i32", "N": "i32",
+           "K": "i32", "ldc": "i32", **{n: "constexpr" for n in const}}
     src = GluonASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(n),): v for n, v in const.items()})
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": 168,
                                                                        **EAGER_NUMERICS})
