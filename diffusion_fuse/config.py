@@ -27,7 +27,8 @@ class Options:
     verify:   compare every rewritten site with its reference subgraph on the first real call
               (and on each new input signature); rejected sites go back to their ATen nodes.
     patterns: {pattern name: bool} to enable or disable families; names not listed keep
-              their default (enabled when the family's tier is allowed by ``quality``).
+              their default (enabled when the family's tier is allowed by ``quality``, except families
+              that are off by default: ``linear_gelu``).
     report:   path of a file the report is written to after each verification (``.json``
               for JSON, ``.html`` for the HTML report, anything else for the text table), or None.
     rtol/atol: tolerance for non-exact sites and outputs in tier "high": relative L2 error
@@ -52,10 +53,10 @@ class Options:
     side_stream: bool = False
     mode: str | None = None
 
-    def pattern_enabled(self, name: str, tier: str) -> bool:
+    def pattern_enabled(self, name: str, tier: str, default_on: bool = True) -> bool:
         if name in self.patterns:
             return bool(self.patterns[name])
-        return tier == "lossless" or self.quality == "high"
+        return default_on and (tier == "lossless" or self.quality == "high")
 
 
 def _fail(key: str, value: Any, allowed: Any) -> None:

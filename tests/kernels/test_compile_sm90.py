@@ -560,3 +560,34 @@ def test_gemm_ws_probe_builds_three_partitions_for_sm90(epi):
     assert ck.metadata.num_warps == 12 and "setmaxnreg" in ptx and ptx.count("wgmma.mma_async") == 16
     assert {b for b in re.findall(r"bar\.sync\s+\d+, (\d+)", ptx)} == {"128"}  # within a consumer warpgroup
     assert stack == 0
+
+
+@pytest.mark.parametrize("has_bias", [True, False])
+def test_linear_gelu_kernel_builds_for_sm90(has_bias):
+    """kernels/linear_gelu.py: three partitions (12 warps, ``setmaxnreg``), 8 wgmma per consumer K step,
+    barriers within a consumer's 128 threads, no spills within the 168-register launch, a gather (the gelu
+    table) and no libdevice tanh. ``-s`` prints registers and shared memory."""
+    import torch
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.jit import mangle_type
+
+    from diffusion_fuse.kernels import linear_gelu as lg
+
+    k = lg._linear_gelu_kernel
+    desc = mangle_type(TensorDescriptor.from_tensor(torch.empty(256, 128, dtype=torch.bfloat16), [128, 64],
+                                                    gl.NVMMASharedLayout.get_default_for([128, 64], gl.bfloat16)))
+    const = dict(NUM_PROGS=132, HAS_BIAS=has_bias, TBM=lg.BM, TBN=lg.BN, TBK=lg.BK, GROUP=lg.GROUP_M,
+                 STG=lg.STAGES, LO=0x3C00, SPAN=1500, SPECIAL=0x7F80, TABLE=4096)
+    sig = {"a_desc": desc, "w_desc": desc, "LUT": "*i32", "BIAS": "*bf16", "C": "*bf16", "M": "i32", "N": "i32",
+           "K": "i32", **{n: "constexpr" for n in const}}
+    src = GluonASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(n),): v for n, v in const.items()})
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": lg.MAX_REGISTERS,
+                                                                       **EAGER_NUMERICS})
+    ptx = ck.asm["ptx"]
+    print(f"linear_gelu: {cubin_registers(ck)} registers, {ck.metadata.shared} bytes of shared memory")
+    assert ck.metadata.num_warps == 12 and "setmaxnreg" in ptx and ptx.count("wgmma.mma_async") == 16
+    assert {b for b in re.findall(r"bar\.sync\s+\d+, (\d+)", ptx)} == {"128"}
+    assert cubin_stack_bytes(ck) == 0 and ck.metadata.shared <= 232448  # an H200 SM's 227 KB
+    assert "tanh" not in ptx and "ld.shared" in ptx

@@ -1,0 +1,234 @@
+"""Gluon kernel for ``diffusion_fuse::linear_gelu``: ``gelu(x @ w.T + b)`` as one warp-specialized GEMM.
+
+Numerics contract (lossless tier), per output element::
+
+    acc = sum over K of x[m, k] * w[n, k]     # fp32, one accumulator, sm_90 ``wgmma ... k16`` steps in K order
+    y   = bf16(acc + float(b[n]))             # eager's addmm: cuBLAS's bias epilogue
+    out = table[y]                            # eager's gelu of every bf16 value (kernels/lut16.py)
+
+cuBLAS's non-split-K Hopper GEMMs accumulate in the same K order through the same instruction, so ``y`` is
+eager's addmm bit for bit: benchmarks/probe_gemm_exact.py and probe_gemm_ws.py found every variant exact at
+FLUX.1-dev's linear shapes (results/h200-2026-11-30k). The gelu is eager's own outputs looked up, exact by
+construction. The verifier still compares every site on the first call: a shape where cuBLAS picked a
+split-K kernel would be put back, not kept.
+
+Schedule ("ping-pong", as cuBLAS's Hopper kernels): a 1-warp TMA loader fills a ring of STAGES shared-memory
+stages for every tile of the program in order; two consumer warpgroups take alternate 128x128 tiles and take
+turns on the ring; each runs its epilogue (bias, the table, stores) through a shared-memory tile buffer while
+the other runs its main loop, so the gelu costs the tensor cores nothing. Measured on an H200 (run 10): 0.89-1.00x
+the time of cuBLAS's GEMM followed by the lookup gelu kernel the pointwise pass runs.
+
+Inputs (``can_use_linear_gelu``): CUDA sm_90, bf16 x [..., K] contiguous with at least MIN_ROWS rows, w [N, K]
+contiguous, bias [N] or None, K % 64 == 0, N % 8 == 0.
+Verified shapes: tests/gpu/test_linear_gelu_gpu.py.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+import triton
+
+try:  # Gluon (Triton's Hopper dialect) arrived in Triton 3.4; without it the op keeps its reference path
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    GLUON_ERROR = ""
+except Exception as e:  # noqa: BLE001 - any import failure means no kernel, said by the guard
+    GLUON_ERROR = f"Gluon unavailable ({type(e).__name__}: {e})"
+
+from .launch import EAGER_NUMERICS
+
+BM, BN, BK, STAGES, GROUP_M = 128, 128, 64, 4, 8
+MAX_REGISTERS = 168  # 12 warps (2 consumer warpgroups + the loader's) x 32 threads x 168 <= 64K registers
+MIN_ROWS = 128  # smaller GEMMs are cuBLAS's split-K territory: another summation order
+
+
+if not GLUON_ERROR:
+
+    @gluon.constexpr_function
+    def _smem_layout(rows, cols):
+        return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.bfloat16)
+
+    @gluon.jit
+    def _tile_ids(tile, num_pid_m, num_pid_n, GROUP: gl.constexpr):
+        width = GROUP * num_pid_n
+        first_m = (tile // width) * GROUP
+        size_m = gl.minimum(num_pid_m - first_m, GROUP)
+        return first_m + (tile % width) % size_m, (tile % width) // size_m
+
+    @gluon.jit
+    def _consume(J0: gl.constexpr, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid,
+                 NUM_PROGS: gl.constexpr, HAS_BIAS: gl.constexpr, TBM: gl.constexpr, TBN: gl.constexpr,
+                 TBK: gl.constexpr, GROUP: gl.constexpr, LO: gl.constexpr, SPAN: gl.constexpr,
+                 SPECIAL: gl.constexpr, TABLE: gl.constexpr):
+        """Tiles J0, J0 + 2, ... of this program: K steps through the ring, then the epilogue.
+
+        The consumers take turns on the ring (``turn``): one starts waiting on its tile's stages only after
+        the other waited on all of its previous tile's. A ``ready`` wait is by phase parity: a consumer a
+        whole tile ahead would take the other's data."""
+        layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, TBN, 16])
+        CHUNK: gl.constexpr = 32  # epilogue rows at a time: 8 contiguous bf16 per thread, a warp over 2 rows
+        out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+        lut_layout: gl.constexpr = gl.BlockedLayout([TABLE // 128], [32], [4], [0])
+        STG: gl.constexpr = a_bufs.type.shape[0]
+        SLOTS: gl.constexpr = 256 + 2 + SPAN + (0x8000 - SPECIAL)  # kernels/lut16.py: a sign's slots
+        epi_smem = epi_bufs.index(J0)
+        lut = gl.load(LUT + gl.arange(0, TABLE, layout=lut_layout))
+        num_pid_m = gl.cdiv(M, TBM)
+        num_pid_n = gl.cdiv(N, TBN)
+        n_local = gl.cdiv(num_pid_m * num_pid_n - pid, NUM_PROGS)
+        k_tiles = K // TBK
+        t = 0
+        for j in range(J0, n_local, 2):
+            pid_m, pid_n = _tile_ids(pid + j * NUM_PROGS, num_pid_m, num_pid_n, GROUP)
+            mbarrier.wait(turn.index(J0), (t + J0 + 1) & 1, pred=(J0 == 1) | (t > 0))
+            acc = gl.zeros([TBM, TBN], gl.float32, layout=layout)
+            base = j * k_tiles
+            for k in range(k_tiles):
+                step = base + k
+                s = step % STG
+                mbarrier.wait(ready.index(s), (step // STG) & 1)
+                acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))  # the previous step's stage is free
+                mbarrier.arrive(empty.index((step + STG - 1) % STG), count=1, pred=k > 0)
+            mbarrier.arrive(turn.index(1 - J0), count=1)
+            t += 1
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(empty.index((base + k_tiles - 1) % STG), count=1)
+            if HAS_BIAS:
+                cols = pid_n * TBN + gl.arange(0, TBN, layout=gl.SliceLayout(0, layout))
+                acc = acc + gl.expand_dims(gl.load(BIAS + cols, mask=cols < N, other=0.0).to(gl.float32), 0)
+            gl.thread_barrier()  # every thread is done reading the buffer's previous tile
+            epi_smem.store(acc.to(gl.bfloat16))
+            gl.thread_barrier()
+            for r0 in gl.static_range(0, TBM, CHUNK):
+                xb = epi_smem.slice(r0, CHUNK, dim=0).load(out_layout)
+                b = gl.reshape(xb.to(gl.uint16, bitcast=True).to(gl.int32), [CHUNK * TBN])
+                m = b & 0x7FFF  # kernels/lut16.py's lut16_slot and lut16_apply
+                top = SPAN + 1 + gl.maximum(m - (SPECIAL - 1), 0)
+                inner = gl.maximum(gl.minimum(m - (LO - 1), top), 0)
+                entry = gl.gather(lut, gl.minimum(m, 256 + inner) + (b >> 15) * SLOTS, 0)
+                r = gl.convert_layout(gl.reshape((b & (entry >> 16)) + entry, [CHUNK, TBN]), out_layout)
+                rows = pid_m * TBM + r0 + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, out_layout))
+                ocols = pid_n * TBN + gl.arange(0, TBN, layout=gl.SliceLayout(0, out_layout))
+                mask = (gl.expand_dims(rows, 1) < M) & (gl.expand_dims(ocols, 0) < N)
+                gl.store(C + gl.expand_dims(rows, 1).to(gl.int64) * N + gl.expand_dims(ocols, 0),
+                         r.to(gl.uint16).to(gl.bfloat16, bitcast=True), mask=mask)
+
+    @gluon.jit
+    def _consumer0(a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid,
+                   NUM_PROGS: gl.constexpr, HAS_BIAS: gl.constexpr, TBM: gl.constexpr, TBN: gl.constexpr,
+                   TBK: gl.constexpr, GROUP: gl.constexpr, LO: gl.constexpr, SPAN: gl.constexpr,
+                   SPECIAL: gl.constexpr, TABLE: gl.constexpr):
+        _consume(0, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid, NUM_PROGS, HAS_BIAS,
+                 TBM, TBN, TBK, GROUP, LO, SPAN, SPECIAL, TABLE)
+
+    # The two workers share one signature (Gluon's rule for worker partitions).
+    @gluon.jit
+    def _consumer1(a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid,
+                   NUM_PROGS: gl.constexpr, HAS_BIAS: gl.constexpr, TBM: gl.constexpr, TBN: gl.constexpr,
+                   TBK: gl.constexpr, GROUP: gl.constexpr, LO: gl.constexpr, SPAN: gl.constexpr,
+                   SPECIAL: gl.constexpr, TABLE: gl.constexpr):
+        _consume(1, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid, NUM_PROGS, HAS_BIAS,
+                 TBM, TBN, TBK, GROUP, LO, SPAN, SPECIAL, TABLE)
+
+    @gluon.jit
+    def _loader(a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid,
+                NUM_PROGS: gl.constexpr, HAS_BIAS: gl.constexpr, TBM: gl.constexpr, TBN: gl.constexpr,
+                TBK: gl.constexpr, GROUP: gl.constexpr, LO: gl.constexpr, SPAN: gl.constexpr,
+                SPECIAL: gl.constexpr, TABLE: gl.constexpr):
+        """Every tile of this program in order, each K step into the next free stage of the ring."""
+        STG: gl.constexpr = a_bufs.type.shape[0]
+        num_pid_m = gl.cdiv(M, TBM)
+        num_pid_n = gl.cdiv(N, TBN)
+        n_local = gl.cdiv(num_pid_m * num_pid_n - pid, NUM_PROGS)
+        k_tiles = K // TBK
+        for j in range(n_local):
+            pid_m, pid_n = _tile_ids(pid + j * NUM_PROGS, num_pid_m, num_pid_n, GROUP)
+            for k in range(k_tiles):
+                step = j * k_tiles + k
+                s = step % STG
+                mbarrier.wait(empty.index(s), ((step // STG) & 1) ^ 1)  # a fresh barrier counts as released
+                mbarrier.expect(ready.index(s), TBM * TBK * 2 + TBN * TBK * 2)
+                tma.async_copy_global_to_shared(a_desc, [pid_m * TBM, k * TBK], ready.index(s), a_bufs.index(s))
+                tma.async_copy_global_to_shared(w_desc, [pid_n * TBN, k * TBK], ready.index(s), b_bufs.index(s))
+
+    @gluon.jit
+    def _linear_gelu_kernel(a_desc, w_desc, LUT, BIAS, C, M, N, K, NUM_PROGS: gl.constexpr, HAS_BIAS: gl.constexpr,
+                            TBM: gl.constexpr, TBN: gl.constexpr, TBK: gl.constexpr, GROUP: gl.constexpr,
+                            STG: gl.constexpr, LO: gl.constexpr, SPAN: gl.constexpr, SPECIAL: gl.constexpr,
+                            TABLE: gl.constexpr):
+        a_bufs = gl.allocate_shared_memory(gl.bfloat16, [STG, TBM, TBK], _smem_layout(TBM, TBK))
+        b_bufs = gl.allocate_shared_memory(gl.bfloat16, [STG, TBN, TBK], _smem_layout(TBN, TBK))
+        ready = gl.allocate_shared_memory(gl.int64, [STG, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STG, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        epi_bufs = gl.allocate_shared_memory(gl.bfloat16, [2, TBM, TBN],
+                                             gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0]))
+        for i in gl.static_range(STG):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        for i in gl.static_range(2):
+            mbarrier.init(turn.index(i), count=1)
+        pid = gl.program_id(0)
+        # The tuples are written out in the call: bound to a name first, their constexprs reach the workers
+        # as tensors (Triton 3.6).
+        gl.warp_specialize([
+            (_consumer0, (a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid, NUM_PROGS,
+                          HAS_BIAS, TBM, TBN, TBK, GROUP, LO, SPAN, SPECIAL, TABLE)),
+            (_consumer1, (a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid,
+                          NUM_PROGS, HAS_BIAS, TBM, TBN, TBK, GROUP, LO, SPAN, SPECIAL, TABLE)),
+            (_loader, (a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid,
+                       NUM_PROGS, HAS_BIAS, TBM, TBN, TBK, GROUP, LO, SPAN, SPECIAL, TABLE)),
+        ], [4, 1], [232, 40])
+
+
+_tables: dict[tuple[str, str], object] = {}
+_tables_lock = threading.Lock()
+
+
+def gelu_table(approximate: str, device: torch.device):
+    """kernels/lut16.py's table of eager's bf16 gelu on ``device``, built once (None when none fits)."""
+    from .lut16 import build_lut16
+
+    key = (approximate, str(device))
+    with _tables_lock:
+        if key not in _tables:
+            lut, _why = build_lut16(lambda t: torch.nn.functional.gelu(t, approximate=approximate), torch.bfloat16,
+                                    device)
+            _tables[key] = lut
+        return _tables[key]
+
+
+def plan_linear_gelu(x, weight, bias, approximate):
+    """A launch for inputs of this layout (they must satisfy ``can_use_linear_gelu``)."""
+    K = x.shape[-1]
+    M, N = x.numel() // K, weight.shape[0]
+    lut = gelu_table(approximate, x.device)
+    progs = min(torch.cuda.get_device_properties(x.device).multi_processor_count, triton.cdiv(M, BM) * triton.cdiv(N, BN))
+    a_layout = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
+    w_layout = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
+    const = dict(NUM_PROGS=progs, HAS_BIAS=bias is not None, TBM=BM, TBN=BN, TBK=BK, GROUP=GROUP_M, STG=STAGES,
+                 **lut.constexprs())
+    out_shape = (*x.shape[:-1], N)
+
+    def launch(x, weight, bias, approximate):
+        x2 = x.view(M, K)
+        out = torch.empty(out_shape, dtype=torch.bfloat16, device=x.device)
+        a_desc = TensorDescriptor(x2, [M, K], [K, 1], [BM, BK], a_layout)
+        w_desc = TensorDescriptor(weight, [N, K], [K, 1], [BN, BK], w_layout)
+        _linear_gelu_kernel[(progs,)](a_desc, w_desc, lut.table, bias if bias is not None else lut.table, out, M, N, K,
+                                      **const, num_warps=4, maxnreg=MAX_REGISTERS, **EAGER_NUMERICS)
+        return out
+
+    return launch
+
+
+def linear_gelu_gluon(x, weight, bias, approximate="tanh"):
+    """Plan and launch once (tests, benchmarks)."""
+    return plan_linear_gelu(x, weight, bias, approximate)(x, weight, bias, approximate)

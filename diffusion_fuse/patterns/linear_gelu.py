@@ -1,0 +1,87 @@
+"""Family ``linear_gelu``: a linear layer's output read only by a gelu (the feed-forward's up-projection).
+
+Becomes ``diffusion_fuse::linear_gelu`` (lowering/linear_gelu.py): one warp-specialized GEMM whose epilogue
+looks eager's gelu up, so the [M, N] pre-activation is never written and read back (FLUX's image FF: a
+[4096, 12288] bf16 tensor per double block).
+
+Covered ATen form (nn.Linear then diffusers' ``GELU(approximate=...)``, as AOTAutograd traces them)::
+
+    gelu(view(addmm(bias, x2d, t(weight)), [..., N]), approximate)      # or mm(x2d, t(weight)) without bias
+
+(no view for a 2-D input) with ``addmm`` and the view each read by the next op only, default ``beta``/``alpha``.
+
+Off by default (``Options(patterns={"linear_gelu": True})`` turns it on). Exactness holds where cuBLAS runs a
+non-split-K kernel (benchmarks/probe_gemm_exact.py: every FLUX.1-dev shape), and the verifier checks each
+site. Speed: 0.89-1.00x cuBLAS + the lookup kernel alone (results/h200-2026-11-30k/run10); no end-to-end
+run has measured it in a model yet.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from .match_utils import aten, is_op, single_user, val
+from .registry import NearMiss, PatternFamily, Site, register_family
+
+
+def _linear_of(y: object) -> tuple[fx.Node, fx.Node | None, fx.Node, fx.Node, fx.Node | None] | None:
+    """``(mm, view, x2d, weight, bias)`` of ``[view](addmm(bias, x2d, t(w)))`` or ``[view](mm(x2d, t(w)))``
+    (a 2-D input's linear has no view)."""
+    view = y if is_op(y, aten.view.default, aten._unsafe_view.default) else None
+    mm = view.args[0] if view is not None else y
+    if is_op(mm, aten.addmm.default) and not mm.kwargs and len(mm.args) == 3:
+        bias, x2d, wt = mm.args
+    elif is_op(mm, aten.mm.default) and not mm.kwargs:
+        bias, (x2d, wt) = None, mm.args
+    else:
+        return None
+    if not is_op(wt, aten.t.default, aten.permute.default) or (
+            is_op(wt, aten.permute.default) and list(wt.args[1]) != [1, 0]):
+        return None
+    return mm, view, x2d, wt.args[0], bias
+
+
+@register_family
+class LinearGelu(PatternFamily):
+    name = "linear_gelu"
+    tier = "lossless"
+    anchors = (aten.gelu.default,)
+    default_on = False
+    description = "gelu(x @ W.T + b): the FF up-projection and its activation as one GEMM with a looked-up gelu"
+    variants = (
+        "gelu(view(addmm(b, x2d, t(W)), [..., N]), approximate='tanh' | 'none')",
+        "gelu(view(mm(x2d, t(W)), [..., N]), approximate='tanh' | 'none')",
+        "gelu(addmm(b, x, t(W)), approximate=...)  (2-D input)",
+    )
+
+    def match(self, node: fx.Node) -> Site | NearMiss | None:
+        pieces = _linear_of(node.args[0])
+        if pieces is None:
+            return None
+        mm, view, x2d, weight, bias = pieces
+        approximate = node.kwargs.get("approximate", "none")
+        for n in (mm, view) if view is not None else (mm,):
+            if single_user(n) is None:
+                return NearMiss(self.name, node, f"{n.name} has {len(n.users)} users (needs 1: the gelu)")
+        xv, wv = val(x2d), val(weight)
+        if not isinstance(xv, torch.Tensor) or xv.dtype != torch.bfloat16 or wv is None or wv.dtype != torch.bfloat16:
+            return NearMiss(self.name, node, "not a bf16 linear (the kernel takes bf16)")
+        inputs = [x2d, weight] + ([bias] if bias is not None else [])
+        out_shape = list(val(node).shape)
+
+        def emit(graph: fx.Graph, ins):
+            x_n, w_n = ins[0], ins[1]
+            b_n = ins[2] if bias is not None else None
+            y = graph.call_function(torch.ops.diffusion_fuse.linear_gelu.default, (x_n, w_n, b_n, approximate))
+            return [graph.call_function(aten.view.default, (y, out_shape))]
+
+        return Site(
+            pattern=self.name,
+            anchor=node,
+            nodes=[mm, view, node] if view is not None else [mm, node],
+            inputs=inputs,
+            outputs=[node],
+            emit=emit,
+            op="diffusion_fuse::linear_gelu",
+        )

@@ -1,0 +1,96 @@
+"""patterns/linear_gelu.py and lowering/linear_gelu.py on the CPU: the pattern, its default, the reference.
+
+The kernel itself (kernels/linear_gelu.py, Gluon, sm_90 only) is built for sm_90 in
+tests/kernels/test_compile_sm90.py and checked bitwise against eager in tests/gpu/test_linear_gelu_gpu.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import bitwise_equal, compile_and_run
+
+from diffusion_fuse.kernels.linear_gelu import GLUON_ERROR
+from diffusion_fuse.lowering import counters
+from diffusion_fuse.lowering.linear_gelu import can_use_linear_gelu, linear_gelu_reference
+from diffusion_fuse.testing.tiny_models import build
+
+ON = {"patterns": {"linear_gelu": True}}
+
+
+def _sites(report, status=None):
+    return [v for g in report.graphs for k, v in g.sites.items()
+            if k.startswith("linear_gelu") and (status is None or v.status == status)]
+
+
+def test_off_by_default():
+    model, kwargs = build("flux")
+    ref, out, report = compile_and_run(model, kwargs)
+    assert bitwise_equal(ref, out) and not _sites(report)
+
+
+@pytest.mark.parametrize("name, n_sites", [("flux", 3), ("wan22_ti2v", 2), ("sd35", 3), ("qwen_image", 1)])
+def test_feed_forward_up_projections_become_one_op_and_equal_eager(name, n_sites):
+    # FLUX: the double block's image and text FF and the single block's proj_mlp + act_mlp
+    torch._dynamo.reset()
+    model, kwargs = build(name)
+    ref, out, report = compile_and_run(model, kwargs, options=ON)
+    assert bitwise_equal(ref, out)
+    assert len(_sites(report, "kept")) == n_sites, [s.status for s in _sites(report)]
+
+
+class _Linear(torch.nn.Module):
+    def __init__(self, approximate="tanh", bias=True, extra_user=False, dtype=torch.bfloat16):
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 96, bias=bias, dtype=dtype)
+        self.approximate, self.extra_user = approximate, extra_user
+
+    def forward(self, x):
+        y = self.fc(x)
+        g = F.gelu(y, approximate=self.approximate)
+        return g + y if self.extra_user else g
+
+
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(2, 5, 64), (7, 64)])  # a 2-D input's linear has no view
+def test_both_gelus_with_and_without_bias(approximate, bias, shape):
+    torch._dynamo.reset()
+    model = _Linear(approximate, bias)
+    ref, out, report = compile_and_run(model, {"x": torch.randn(*shape, dtype=torch.bfloat16)}, options=ON)
+    assert bitwise_equal(ref, out) and len(_sites(report, "kept")) == 1
+
+
+def test_a_linear_read_by_more_than_the_gelu_is_a_near_miss():
+    torch._dynamo.reset()
+    ref, out, report = compile_and_run(_Linear(extra_user=True), {"x": torch.randn(2, 3, 64, dtype=torch.bfloat16)},
+                                       options=ON)
+    assert bitwise_equal(ref, out) and not _sites(report)
+    reasons = [n.reason for g in report.graphs for n in g.near_misses if n.pattern == "linear_gelu"]
+    assert reasons and "users (needs 1: the gelu)" in reasons[0]
+
+
+def test_fp32_is_left_alone():
+    torch._dynamo.reset()
+    ref, out, report = compile_and_run(_Linear(dtype=torch.float32), {"x": torch.randn(3, 64)}, options=ON)
+    assert bitwise_equal(ref, out) and not _sites(report)
+
+
+def test_reference_is_eagers_chain():
+    g = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(*s, generator=g).bfloat16() for s in ((4, 7, 64), (96, 64), (96,)))
+    for approximate in ("tanh", "none"):
+        assert torch.equal(linear_gelu_reference(x, w, b, approximate), F.gelu(F.linear(x, w, b), approximate=approximate))
+    assert torch.equal(linear_gelu_reference(x, w, None), F.gelu(F.linear(x, w), approximate="tanh"))
+
+
+def test_the_cpu_takes_the_reference_path_and_says_why():
+    x, w, b = torch.randn(256, 64).bfloat16(), torch.randn(96, 64).bfloat16(), torch.randn(96).bfloat16()
+    ok, why = can_use_linear_gelu(x, w, b, "tanh")
+    assert not ok and why == (GLUON_ERROR or "device is cpu")
+    counters.reset()
+    out = torch.ops.diffusion_fuse.linear_gelu(x, w, b, "tanh")
+    assert torch.equal(out, linear_gelu_reference(x, w, b, "tanh"))
+    ((reason, n),) = counters.snapshot()["fallback"]["linear_gelu"].items()
+    assert reason == why and n == 1
