@@ -94,3 +94,21 @@ def test_the_cpu_takes_the_reference_path_and_says_why():
     assert torch.equal(out, linear_gelu_reference(x, w, b, "tanh"))
     ((reason, n),) = counters.snapshot()["fallback"]["linear_gelu"].items()
     assert reason == why and n == 1
+
+
+def test_the_plan_takes_the_call_the_dispatcher_makes(monkeypatch):
+    # The dispatcher leaves out an argument equal to its schema default (approximate="tanh"): the guard, the
+    # layout key, the plan and its launch are all called with 3 arguments then (the H200 run caught the plan).
+    import inspect
+
+    from diffusion_fuse.kernels.linear_gelu import plan_linear_gelu
+    from diffusion_fuse.lowering import linear_gelu as lowering
+
+    for fn in (plan_linear_gelu, lowering.can_use_linear_gelu, lowering.layout_key, lowering.linear_gelu_reference):
+        assert inspect.signature(fn).parameters["approximate"].default == "tanh", fn.__name__
+    seen = []
+    monkeypatch.setattr(lowering._dispatch, "guard", lambda *a: (seen.append(len(a)) or (False, "test")))
+    x, w = torch.randn(4, 64).bfloat16(), torch.randn(8, 64).bfloat16()
+    torch.ops.diffusion_fuse.linear_gelu(x, w, None, "tanh")
+    torch.ops.diffusion_fuse.linear_gelu(x, w, None, "none")
+    assert seen == [3, 4]

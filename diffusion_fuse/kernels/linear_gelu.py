@@ -205,7 +205,8 @@ def gelu_table(approximate: str, device: torch.device):
         return _tables[key]
 
 
-def plan_linear_gelu(x, weight, bias, approximate):
+def plan_linear_gelu(x, weight, bias, approximate="tanh"):
+    # (the dispatcher leaves out an argument equal to its schema default: approximate may be missing)
     """A launch for inputs of this layout (they must satisfy ``can_use_linear_gelu``)."""
     K = x.shape[-1]
     M, N = x.numel() // K, weight.shape[0]
@@ -217,7 +218,7 @@ def plan_linear_gelu(x, weight, bias, approximate):
                  **lut.constexprs())
     out_shape = (*x.shape[:-1], N)
 
-    def launch(x, weight, bias, approximate):
+    def launch(x, weight, bias, approximate="tanh"):
         x2 = x.view(M, K)
         out = torch.empty(out_shape, dtype=torch.bfloat16, device=x.device)
         a_desc = TensorDescriptor(x2, [M, K], [K, 1], [BM, BK], a_layout)
