@@ -14,6 +14,9 @@ that take turns ("ping-pong"). This probe builds that schedule in Gluon (Triton 
   (EPI 2: the recipe; EPI 3: looked up in eager's table, kernels/lut16.py), stored to global memory. While
   one warpgroup runs its epilogue, the ring already holds the other's tile, so the tensor cores keep working.
 
+The kernel now lives in kernels/linear_gelu.py (``launch_gemm``; ``EPI`` 0/2/3), behind the opt-in ``linear_gelu``
+family; runs 6-10 of results/h200-2026-11-30k ran it as it stood in this file at the commits COMMANDS.md names.
+
 It prints and writes ($OUT/probe_gemm_ws.json), for FLUX's up-projections: whether the GEMM and the
 GEMM + gelu equal eager's (``F.linear``, ``F.gelu(approximate="tanh")``) bitwise, and their times against
 cuBLAS, cuBLAS + the lookup gelu kernel the pointwise pass runs (kernels/lut16.py) and cuBLAS + eager's gelu.
@@ -30,185 +33,17 @@ import os
 
 import torch
 import torch.nn.functional as F
-import triton
 from tabulate import tabulate
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from diffusion_fuse.kernels.launch import EAGER_NUMERICS
-from diffusion_fuse.kernels.pointwise_ops import GELU_TANH_BETA, GELU_TANH_KAPPA
-
-KAPPA = gl.constexpr(float(GELU_TANH_KAPPA))
-BETA = gl.constexpr(float(GELU_TANH_BETA))
+from diffusion_fuse.kernels.linear_gelu import BK, GROUP_M, STAGES, launch_gemm
 
 
-@gluon.constexpr_function
-def smem_layout(rows, cols):
-    return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.bfloat16)
-
-
-@gluon.jit
-def _tile_ids(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
-    width = GROUP_M * num_pid_n
-    first_m = (tile // width) * GROUP_M
-    size_m = gl.minimum(num_pid_m - first_m, GROUP_M)
-    return first_m + (tile % width) % size_m, (tile % width) // size_m
-
-
-@gluon.jit
-def _consume(J0: gl.constexpr, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, ldc, pid,
-             NUM_PROGS: gl.constexpr, EPI: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-             GROUP_M: gl.constexpr, LO: gl.constexpr, SPAN: gl.constexpr, SPECIAL: gl.constexpr,
-             TABLE: gl.constexpr):
-    """Tiles J0, J0 + 2, ... of this program: K steps through the ring, then the epilogue.
-
-    The two consumers take turns on the ring (``turn`` mbarriers): a consumer starts waiting on its tile's
-    stages only after the other has waited on all of its previous tile's. A ``ready`` wait is by phase parity,
-    so a consumer that waited a whole tile ahead would take the other's data for its own."""
-    # one warpgroup: warps along M ([4, 1]), one wgmma n of the tile's width (BN <= 256)
-    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
-    # the epilogue's chunks: 8 contiguous bf16 (16 bytes) per thread, a warp over 2 rows of 128
-    CHUNK: gl.constexpr = 32
-    out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
-    epi_smem = epi_bufs.index(J0)
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
-    num_pid_m = gl.cdiv(M, BM)
-    num_pid_n = gl.cdiv(N, BN)
-    n_local = gl.cdiv(num_pid_m * num_pid_n - pid, NUM_PROGS)
-    k_tiles = gl.cdiv(K, BK)
-    if EPI == 3:  # eager's gelu as a table (kernels/lut16.py), read once per consumer
-        lut_layout: gl.constexpr = gl.BlockedLayout([TABLE // 128], [32], [4], [0])
-        lut = gl.load(LUT + gl.arange(0, TABLE, layout=lut_layout))
-    t = 0  # this consumer's tiles so far
-    for j in range(J0, n_local, 2):
-        pid_m, pid_n = _tile_ids(pid + j * NUM_PROGS, num_pid_m, num_pid_n, GROUP_M)
-        # consumer 0's first tile needs no turn; every other tile waits for the other's previous main loop
-        mbarrier.wait(turn.index(J0), (t + J0 + 1) & 1, pred=(J0 == 1) | (t > 0))
-        acc = gl.zeros([BM, BN], gl.float32, layout=layout)
-        base = j * k_tiles
-        for k in range(k_tiles):
-            step = base + k
-            s = step % STAGES
-            mbarrier.wait(ready.index(s), (step // STAGES) & 1)
-            acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
-            # the previous step's wgmma is done: its stage goes back to the loader
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-            mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), count=1, pred=k > 0)
-        mbarrier.arrive(turn.index(1 - J0), count=1)  # every ready wait of this tile is done: the other's turn
-        t += 1
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES), count=1)
-        # epilogue through shared memory: bf16(acc + bias) into this consumer's tile buffer (the accumulator's
-        # registers free), then row chunks in a coalescing layout: eager's gelu on each, stored to global memory
-        cols = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
-        bias = gl.load(BIAS + cols, mask=cols < N, other=0.0).to(gl.float32)
-        gl.thread_barrier()  # every thread is done reading the buffer's previous tile
-        epi_smem.store((acc + gl.expand_dims(bias, 0)).to(gl.bfloat16))
-        gl.thread_barrier()
-        for r0 in gl.static_range(0, BM, CHUNK):
-            xb = epi_smem.slice(r0, CHUNK, dim=0).load(out_layout)
-            x = xb.to(gl.float32)
-            if EPI == 3:  # kernels/lut16.py's lut16_apply on the chunk's bf16 patterns
-                b = gl.reshape(xb.to(gl.uint16, bitcast=True).to(gl.int32), [CHUNK * BN])
-                m = b & 0x7FFF
-                top = SPAN + 1 + gl.maximum(m - (SPECIAL - 1), 0)
-                inner = gl.maximum(gl.minimum(m - (LO - 1), top), 0)
-                idx = gl.minimum(m, 256 + inner) + (b >> 15) * (256 + 2 + SPAN + (0x8000 - SPECIAL))
-                entry = gl.gather(lut, idx, 0)
-                r = gl.reshape((b & (entry >> 16)) + entry, [CHUNK, BN])
-                x = gl.convert_layout(r, out_layout).to(gl.uint16).to(gl.bfloat16, bitcast=True).to(gl.float32)
-            if EPI == 2:  # eager's gelu-tanh on the rounded output (pointwise_ops' recipe)
-                s_ = gl.fma(KAPPA, (x * x) * x, x)
-                th = gl.extra.libdevice.tanh(BETA * s_)
-                x = (0.5 * x) * (1.0 + th)
-            rows = pid_m * BM + r0 + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, out_layout))
-            ocols = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, out_layout))
-            ptrs = C + gl.expand_dims(rows, 1) * ldc + gl.expand_dims(ocols, 0)
-            mask = (gl.expand_dims(rows, 1) < M) & (gl.expand_dims(ocols, 0) < N)
-            gl.store(ptrs, x.to(gl.bfloat16), mask=mask)
-
-
-@gluon.jit
-def _consumer0(a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, ldc, pid, NUM_PROGS: gl.constexpr,
-               EPI: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
-               LO: gl.constexpr, SPAN: gl.constexpr, SPECIAL: gl.constexpr, TABLE: gl.constexpr):
-    _consume(0, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK, GROUP_M, LO, SPAN, SPECIAL, TABLE)
-
-
-@gluon.jit
-def _consumer1(a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, ldc, pid, NUM_PROGS: gl.constexpr,
-               EPI: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
-               LO: gl.constexpr, SPAN: gl.constexpr, SPECIAL: gl.constexpr, TABLE: gl.constexpr):
-    _consume(1, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK, GROUP_M, LO, SPAN, SPECIAL, TABLE)
-
-
-@gluon.jit
-def _loader(a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, ldc, pid, NUM_PROGS: gl.constexpr,
-            EPI: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
-            LO: gl.constexpr, SPAN: gl.constexpr, SPECIAL: gl.constexpr, TABLE: gl.constexpr):
-    """Every tile of this program in order, each K step into the next free stage of the ring."""
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
-    num_pid_m = gl.cdiv(M, BM)
-    num_pid_n = gl.cdiv(N, BN)
-    n_local = gl.cdiv(num_pid_m * num_pid_n - pid, NUM_PROGS)
-    k_tiles = gl.cdiv(K, BK)
-    for j in range(n_local):
-        pid_m, pid_n = _tile_ids(pid + j * NUM_PROGS, num_pid_m, num_pid_n, GROUP_M)
-        for k in range(k_tiles):
-            step = j * k_tiles + k
-            s = step % STAGES
-            mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)  # a fresh barrier counts as released
-            mbarrier.expect(ready.index(s), BM * BK * 2 + BN * BK * 2)
-            tma.async_copy_global_to_shared(a_desc, [pid_m * BM, k * BK], ready.index(s), a_bufs.index(s))
-            tma.async_copy_global_to_shared(w_desc, [pid_n * BN, k * BK], ready.index(s), b_bufs.index(s))
-
-
-@gluon.jit
-def _gemm_ws_kernel(a_desc, w_desc, LUT, BIAS, C, M, N, K, ldc, NUM_PROGS: gl.constexpr, EPI: gl.constexpr,
-                    BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                    LO: gl.constexpr, SPAN: gl.constexpr, SPECIAL: gl.constexpr, TABLE: gl.constexpr):
-    a_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], smem_layout(BM, BK))
-    b_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, BK], smem_layout(BN, BK))
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    epi_bufs = gl.allocate_shared_memory(gl.bfloat16, [2, BM, BN],
-                                         gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0]))
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(turn.index(i), count=1)
-    pid = gl.program_id(0)
-    # (the argument tuples are written out: one bound to a name first hands the workers its constexprs as tensors)
-    gl.warp_specialize([
-        (_consumer0, (a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK,
-                      GROUP_M, LO, SPAN, SPECIAL, TABLE)),
-        (_consumer1, (a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK,
-                      GROUP_M, LO, SPAN, SPECIAL, TABLE)),
-        (_loader, (a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, ldc, pid, NUM_PROGS, EPI, BM, BN, BK,
-                   GROUP_M, LO, SPAN, SPECIAL, TABLE)),
-    ], [4, 1], [232, 40])
-
-
-def gemm_ws(x, w, b, epi=0, bm=128, bn=128, bk=64, stages=4, group_m=8, maxnreg=168, lut=None):
-    """``bf16(x @ w.T + b)`` [then eager's gelu-tanh]: x [M, K], w [N, K] bf16 contiguous, K % bk == 0."""
-    M, K = x.shape
-    N = w.shape[0]
-    assert K % bk == 0 and x.is_contiguous() and w.is_contiguous()
-    c = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    progs = min(torch.cuda.get_device_properties(x.device).multi_processor_count, tiles)
-    a_desc = TensorDescriptor.from_tensor(x, [bm, bk], gl.NVMMASharedLayout.get_default_for([bm, bk], gl.bfloat16))
-    w_desc = TensorDescriptor.from_tensor(w, [bn, bk], gl.NVMMASharedLayout.get_default_for([bn, bk], gl.bfloat16))
-    lut_c = lut.constexprs() if lut is not None else dict(LO=0, SPAN=0, SPECIAL=0x7F80, TABLE=4096)
-    table = lut.table if lut is not None else b
-    _gemm_ws_kernel[(progs,)](a_desc, w_desc, table, b, c, M, N, K, c.stride(0), NUM_PROGS=progs, EPI=epi, BM=bm, BN=bn, BK=bk,
-                              GROUP_M=group_m, STAGES=stages, num_warps=4, maxnreg=maxnreg, **lut_c,
-                              **EAGER_NUMERICS)
-    return c
+def gemm_ws(x, w, b, epi=0, stages=STAGES, group_m=GROUP_M, lut=None):
+    """``bf16(x @ w.T + b)`` [then eager's gelu-tanh: epi 2 computed, 3 looked up in ``lut``] with the kernel of
+    kernels/linear_gelu.py: x [M, K], w [N, K] bf16 contiguous, K % 64 == 0."""
+    assert x.shape[1] % BK == 0 and x.is_contiguous() and w.is_contiguous()
+    out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
+    return launch_gemm(x, w, b, out, lut, epi, stages, group_m)
 
 
 SHAPES = {"small (256 x 128 x 384)": (256, 128, 384),

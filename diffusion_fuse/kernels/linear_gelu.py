@@ -48,6 +48,10 @@ MIN_ROWS = 128  # smaller GEMMs are cuBLAS's split-K territory: another summatio
 
 
 if not GLUON_ERROR:
+    from .pointwise_ops import GELU_TANH_BETA, GELU_TANH_KAPPA
+
+    GELU_BETA = gl.constexpr(float(GELU_TANH_BETA))
+    GELU_KAPPA = gl.constexpr(float(GELU_TANH_KAPPA))
 
     @gluon.constexpr_function
     def _smem_layout(rows, cols):
@@ -62,7 +66,7 @@ if not GLUON_ERROR:
 
     @gluon.jit
     def _consume(J0: gl.constexpr, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid,
-                 NUM_PROGS: gl.constexpr, HAS_BIAS: gl.constexpr, TBM: gl.constexpr, TBN: gl.constexpr,
+                 NUM_PROGS: gl.constexpr, HAS_BIAS: gl.constexpr, EPI: gl.constexpr, TBM: gl.constexpr, TBN: gl.constexpr,
                  TBK: gl.constexpr, GROUP: gl.constexpr, LO: gl.constexpr, SPAN: gl.constexpr,
                  SPECIAL: gl.constexpr, TABLE: gl.constexpr):
         """Tiles J0, J0 + 2, ... of this program: K steps through the ring, then the epilogue.
@@ -78,7 +82,8 @@ if not GLUON_ERROR:
         STG: gl.constexpr = a_bufs.type.shape[0]
         SLOTS: gl.constexpr = 256 + 2 + SPAN + (0x8000 - SPECIAL)  # kernels/lut16.py: a sign's slots
         epi_smem = epi_bufs.index(J0)
-        lut = gl.load(LUT + gl.arange(0, TABLE, layout=lut_layout))
+        if EPI == 3:
+            lut = gl.load(LUT + gl.arange(0, TABLE, layout=lut_layout))
         num_pid_m = gl.cdiv(M, TBM)
         num_pid_n = gl.cdiv(N, TBN)
         n_local = gl.cdiv(num_pid_m * num_pid_n - pid, NUM_PROGS)
@@ -108,38 +113,45 @@ if not GLUON_ERROR:
             gl.thread_barrier()
             for r0 in gl.static_range(0, TBM, CHUNK):
                 xb = epi_smem.slice(r0, CHUNK, dim=0).load(out_layout)
-                b = gl.reshape(xb.to(gl.uint16, bitcast=True).to(gl.int32), [CHUNK * TBN])
-                m = b & 0x7FFF  # kernels/lut16.py's lut16_slot and lut16_apply
-                top = SPAN + 1 + gl.maximum(m - (SPECIAL - 1), 0)
-                inner = gl.maximum(gl.minimum(m - (LO - 1), top), 0)
-                entry = gl.gather(lut, gl.minimum(m, 256 + inner) + (b >> 15) * SLOTS, 0)
-                r = gl.convert_layout(gl.reshape((b & (entry >> 16)) + entry, [CHUNK, TBN]), out_layout)
+                if EPI == 3:  # eager's gelu looked up: kernels/lut16.py's lut16_slot and lut16_apply
+                    b = gl.reshape(xb.to(gl.uint16, bitcast=True).to(gl.int32), [CHUNK * TBN])
+                    m = b & 0x7FFF
+                    top = SPAN + 1 + gl.maximum(m - (SPECIAL - 1), 0)
+                    inner = gl.maximum(gl.minimum(m - (LO - 1), top), 0)
+                    entry = gl.gather(lut, gl.minimum(m, 256 + inner) + (b >> 15) * SLOTS, 0)
+                    r = gl.convert_layout(gl.reshape((b & (entry >> 16)) + entry, [CHUNK, TBN]), out_layout)
+                    yb = r.to(gl.uint16).to(gl.bfloat16, bitcast=True)
+                elif EPI == 2:  # eager's gelu-tanh computed (pointwise_ops' recipe): benchmarks only
+                    x = xb.to(gl.float32)
+                    th = gl.extra.libdevice.tanh(GELU_BETA * gl.fma(GELU_KAPPA, (x * x) * x, x))
+                    yb = ((0.5 * x) * (1.0 + th)).to(gl.bfloat16)
+                else:  # the linear alone: benchmarks only
+                    yb = xb
                 rows = pid_m * TBM + r0 + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, out_layout))
                 ocols = pid_n * TBN + gl.arange(0, TBN, layout=gl.SliceLayout(0, out_layout))
                 mask = (gl.expand_dims(rows, 1) < M) & (gl.expand_dims(ocols, 0) < N)
-                gl.store(C + gl.expand_dims(rows, 1).to(gl.int64) * N + gl.expand_dims(ocols, 0),
-                         r.to(gl.uint16).to(gl.bfloat16, bitcast=True), mask=mask)
+                gl.store(C + gl.expand_dims(rows, 1).to(gl.int64) * N + gl.expand_dims(ocols, 0), yb, mask=mask)
 
     @gluon.jit
     def _consumer0(a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid,
-                   NUM_PROGS: gl.constexpr, HAS_BIAS: gl.constexpr, TBM: gl.constexpr, TBN: gl.constexpr,
+                   NUM_PROGS: gl.constexpr, HAS_BIAS: gl.constexpr, EPI: gl.constexpr, TBM: gl.constexpr, TBN: gl.constexpr,
                    TBK: gl.constexpr, GROUP: gl.constexpr, LO: gl.constexpr, SPAN: gl.constexpr,
                    SPECIAL: gl.constexpr, TABLE: gl.constexpr):
         _consume(0, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid, NUM_PROGS, HAS_BIAS,
-                 TBM, TBN, TBK, GROUP, LO, SPAN, SPECIAL, TABLE)
+                 EPI, TBM, TBN, TBK, GROUP, LO, SPAN, SPECIAL, TABLE)
 
     # The two workers share one signature (Gluon's rule for worker partitions).
     @gluon.jit
     def _consumer1(a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid,
-                   NUM_PROGS: gl.constexpr, HAS_BIAS: gl.constexpr, TBM: gl.constexpr, TBN: gl.constexpr,
+                   NUM_PROGS: gl.constexpr, HAS_BIAS: gl.constexpr, EPI: gl.constexpr, TBM: gl.constexpr, TBN: gl.constexpr,
                    TBK: gl.constexpr, GROUP: gl.constexpr, LO: gl.constexpr, SPAN: gl.constexpr,
                    SPECIAL: gl.constexpr, TABLE: gl.constexpr):
         _consume(1, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid, NUM_PROGS, HAS_BIAS,
-                 TBM, TBN, TBK, GROUP, LO, SPAN, SPECIAL, TABLE)
+                 EPI, TBM, TBN, TBK, GROUP, LO, SPAN, SPECIAL, TABLE)
 
     @gluon.jit
     def _loader(a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid,
-                NUM_PROGS: gl.constexpr, HAS_BIAS: gl.constexpr, TBM: gl.constexpr, TBN: gl.constexpr,
+                NUM_PROGS: gl.constexpr, HAS_BIAS: gl.constexpr, EPI: gl.constexpr, TBM: gl.constexpr, TBN: gl.constexpr,
                 TBK: gl.constexpr, GROUP: gl.constexpr, LO: gl.constexpr, SPAN: gl.constexpr,
                 SPECIAL: gl.constexpr, TABLE: gl.constexpr):
         """Every tile of this program in order, each K step into the next free stage of the ring."""
@@ -160,7 +172,7 @@ if not GLUON_ERROR:
 
     @gluon.jit
     def _linear_gelu_kernel(a_desc, w_desc, LUT, BIAS, C, M, N, K, NUM_PROGS: gl.constexpr, HAS_BIAS: gl.constexpr,
-                            TBM: gl.constexpr, TBN: gl.constexpr, TBK: gl.constexpr, GROUP: gl.constexpr,
+                            EPI: gl.constexpr, TBM: gl.constexpr, TBN: gl.constexpr, TBK: gl.constexpr, GROUP: gl.constexpr,
                             STG: gl.constexpr, LO: gl.constexpr, SPAN: gl.constexpr, SPECIAL: gl.constexpr,
                             TABLE: gl.constexpr):
         a_bufs = gl.allocate_shared_memory(gl.bfloat16, [STG, TBM, TBK], _smem_layout(TBM, TBK))
@@ -180,11 +192,11 @@ if not GLUON_ERROR:
         # as tensors (Triton 3.6).
         gl.warp_specialize([
             (_consumer0, (a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid, NUM_PROGS,
-                          HAS_BIAS, TBM, TBN, TBK, GROUP, LO, SPAN, SPECIAL, TABLE)),
+                          HAS_BIAS, EPI, TBM, TBN, TBK, GROUP, LO, SPAN, SPECIAL, TABLE)),
             (_consumer1, (a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid,
-                          NUM_PROGS, HAS_BIAS, TBM, TBN, TBK, GROUP, LO, SPAN, SPECIAL, TABLE)),
+                          NUM_PROGS, HAS_BIAS, EPI, TBM, TBN, TBK, GROUP, LO, SPAN, SPECIAL, TABLE)),
             (_loader, (a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid,
-                       NUM_PROGS, HAS_BIAS, TBM, TBN, TBK, GROUP, LO, SPAN, SPECIAL, TABLE)),
+                       NUM_PROGS, HAS_BIAS, EPI, TBM, TBN, TBK, GROUP, LO, SPAN, SPECIAL, TABLE)),
         ], [4, 1], [232, 40])
 
 
@@ -205,26 +217,36 @@ def gelu_table(approximate: str, device: torch.device):
         return _tables[key]
 
 
+def launch_gemm(x2, weight, bias, out, lut, epi=3, stages=STAGES, group_m=GROUP_M):
+    """``out[M, N] = epilogue(bf16(x2 @ weight.T + bias))`` with this kernel: ``epi`` 3 eager's gelu looked up in
+    ``lut`` (kernels/lut16.py; what the op runs), 2 eager's gelu-tanh computed, 0 the linear alone (both for
+    benchmarks/probe_gemm_ws.py). x2 [M, K], weight [N, K], out [M, N]: bf16, contiguous; K % BK == 0."""
+    M, K = x2.shape
+    N = weight.shape[0]
+    progs = min(torch.cuda.get_device_properties(x2.device).multi_processor_count, triton.cdiv(M, BM) * triton.cdiv(N, BN))
+    a_desc = TensorDescriptor(x2, [M, K], [K, 1], [BM, BK], gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16))
+    w_desc = TensorDescriptor(weight, [N, K], [K, 1], [BN, BK],
+                              gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16))
+    table = lut.table if lut is not None else out  # (not read unless epi == 3)
+    lut_c = lut.constexprs() if lut is not None else dict(LO=0, SPAN=0, SPECIAL=0x7F80, TABLE=4096)
+    _linear_gelu_kernel[(progs,)](a_desc, w_desc, table, bias if bias is not None else out, out, M, N, K,
+                                  NUM_PROGS=progs, HAS_BIAS=bias is not None, EPI=epi, TBM=BM, TBN=BN, TBK=BK,
+                                  GROUP=group_m, STG=stages, **lut_c, num_warps=4, maxnreg=MAX_REGISTERS,
+                                  **EAGER_NUMERICS)
+    return out
+
+
 def plan_linear_gelu(x, weight, bias, approximate="tanh"):
     # (the dispatcher leaves out an argument equal to its schema default: approximate may be missing)
     """A launch for inputs of this layout (they must satisfy ``can_use_linear_gelu``)."""
     K = x.shape[-1]
     M, N = x.numel() // K, weight.shape[0]
     lut = gelu_table(approximate, x.device)
-    progs = min(torch.cuda.get_device_properties(x.device).multi_processor_count, triton.cdiv(M, BM) * triton.cdiv(N, BN))
-    a_layout = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
-    w_layout = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
-    const = dict(NUM_PROGS=progs, HAS_BIAS=bias is not None, TBM=BM, TBN=BN, TBK=BK, GROUP=GROUP_M, STG=STAGES,
-                 **lut.constexprs())
     out_shape = (*x.shape[:-1], N)
 
     def launch(x, weight, bias, approximate="tanh"):
-        x2 = x.view(M, K)
         out = torch.empty(out_shape, dtype=torch.bfloat16, device=x.device)
-        a_desc = TensorDescriptor(x2, [M, K], [K, 1], [BM, BK], a_layout)
-        w_desc = TensorDescriptor(weight, [N, K], [K, 1], [BN, BK], w_layout)
-        _linear_gelu_kernel[(progs,)](a_desc, w_desc, lut.table, bias if bias is not None else lut.table, out, M, N, K,
-                                      **const, num_warps=4, maxnreg=MAX_REGISTERS, **EAGER_NUMERICS)
+        launch_gemm(x.view(M, K), weight, bias, out.view(M, N), lut)
         return out
 
     return launch

@@ -525,48 +525,13 @@ def test_gemm_probe_gelu_epilogue_spills_only_as_a_whole_tile(split, expect_spil
     assert (stack > 0) == expect_spill
 
 
-@pytest.mark.parametrize("epi", [0, 2, 3])
-def test_gemm_ws_probe_builds_three_partitions_for_sm90(epi):
-    """benchmarks/probe_gemm_ws.py: the Gluon ping-pong GEMM builds for sm_90 as 12 warps (two consumer
-    warpgroups and a loader) that rebalance registers (``setmaxnreg``), 8 wgmma per consumer K step, and a
-    consumer's barriers are named ones of its own 128 threads. The epilogue goes through shared memory in row
-    chunks, so even the gelu one does not spill within the 168-register launch (run 8's, from registers, spilled
-    552 bytes). ``-s`` prints registers and stack bytes."""
-    import sys
-    from pathlib import Path
-
-    import torch
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    from triton.runtime.jit import mangle_type
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    import probe_gemm_ws as probe
-
-    k = probe._gemm_ws_kernel
-    desc = mangle_type(TensorDescriptor.from_tensor(torch.empty(256, 128, dtype=torch.bfloat16), [128, 64],
-                                                    gl.NVMMASharedLayout.get_default_for([128, 64], gl.bfloat16)))
-    # EPI 3 looks gelu up in a table laid out as kernels/lut16.py lays out bf16 gelu-tanh's (window and size)
-    const = dict(NUM_PROGS=132, EPI=epi, BM=128, BN=128, BK=64, GROUP_M=8, STAGES=4, LO=0x3C00, SPAN=1500,
-                 SPECIAL=0x7F80, TABLE=4096)
-    sig = {"a_desc": desc, "w_desc": desc, "LUT": "*i32", "BIAS": "*bf16", "C": "*bf16", "M": "i32", "N": "i32",
-           "K": "i32", "ldc": "i32", **{n: "constexpr" for n in const}}
-    src = GluonASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(n),): v for n, v in const.items()})
-    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": 168,
-                                                                       **EAGER_NUMERICS})
-    ptx, stack = ck.asm["ptx"], cubin_stack_bytes(ck)
-    print(f"WS GEMM epilogue {epi}: {cubin_registers(ck)} registers, {stack} stack bytes")
-    assert ck.metadata.num_warps == 12 and "setmaxnreg" in ptx and ptx.count("wgmma.mma_async") == 16
-    assert {b for b in re.findall(r"bar\.sync\s+\d+, (\d+)", ptx)} == {"128"}  # within a consumer warpgroup
-    assert stack == 0
-
-
-@pytest.mark.parametrize("has_bias", [True, False])
-def test_linear_gelu_kernel_builds_for_sm90(has_bias):
-    """kernels/linear_gelu.py: three partitions (12 warps, ``setmaxnreg``), 8 wgmma per consumer K step,
-    barriers within a consumer's 128 threads, no spills within the 168-register launch, a gather (the gelu
-    table) and no libdevice tanh. ``-s`` prints registers and shared memory."""
+@pytest.mark.parametrize("epi, has_bias", [(3, True), (3, False), (2, True), (0, True)])
+def test_linear_gelu_kernel_builds_for_sm90(epi, has_bias):
+    """kernels/linear_gelu.py (EPI 3: the op's gelu looked up; 2: the recipe and 0: the linear alone, for
+    benchmarks/probe_gemm_ws.py): three partitions (12 warps, ``setmaxnreg``), 8 wgmma per consumer K step,
+    barriers within a consumer's 128 threads, no spills within the 168-register launch (run 8's epilogue, from
+    the accumulator's registers, spilled 552 bytes; it now goes through shared memory), within an SM's shared
+    memory. The looked-up gelu gathers and calls no tanh. ``-s`` prints registers and shared memory."""
     import torch
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -578,7 +543,8 @@ def test_linear_gelu_kernel_builds_for_sm90(has_bias):
     k = lg._linear_gelu_kernel
     desc = mangle_type(TensorDescriptor.from_tensor(torch.empty(256, 128, dtype=torch.bfloat16), [128, 64],
                                                     gl.NVMMASharedLayout.get_default_for([128, 64], gl.bfloat16)))
-    const = dict(NUM_PROGS=132, HAS_BIAS=has_bias, TBM=lg.BM, TBN=lg.BN, TBK=lg.BK, GROUP=lg.GROUP_M,
+    # a table laid out as kernels/lut16.py lays out bf16 gelu-tanh's (window and size)
+    const = dict(NUM_PROGS=132, HAS_BIAS=has_bias, EPI=epi, TBM=lg.BM, TBN=lg.BN, TBK=lg.BK, GROUP=lg.GROUP_M,
                  STG=lg.STAGES, LO=0x3C00, SPAN=1500, SPECIAL=0x7F80, TABLE=4096)
     sig = {"a_desc": desc, "w_desc": desc, "LUT": "*i32", "BIAS": "*bf16", "C": "*bf16", "M": "i32", "N": "i32",
            "K": "i32", **{n: "constexpr" for n in const}}
@@ -586,8 +552,11 @@ def test_linear_gelu_kernel_builds_for_sm90(has_bias):
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": lg.MAX_REGISTERS,
                                                                        **EAGER_NUMERICS})
     ptx = ck.asm["ptx"]
-    print(f"linear_gelu: {cubin_registers(ck)} registers, {ck.metadata.shared} bytes of shared memory")
+    print(f"linear_gelu EPI {epi}: {cubin_registers(ck)} registers, {cubin_stack_bytes(ck)} stack bytes, "
+          f"{ck.metadata.shared} bytes of shared memory")
     assert ck.metadata.num_warps == 12 and "setmaxnreg" in ptx and ptx.count("wgmma.mma_async") == 16
     assert {b for b in re.findall(r"bar\.sync\s+\d+, (\d+)", ptx)} == {"128"}
     assert cubin_stack_bytes(ck) == 0 and ck.metadata.shared <= 232448  # an H200 SM's 227 KB
-    assert "tanh" not in ptx and "ld.shared" in ptx
+    assert ("tanh" in ptx) == (epi == 2)
+    if epi == 3:
+        assert "ld.shared" in ptx
