@@ -183,6 +183,8 @@ VARIANTS = ("eager", "inductor", "inductor-max-autotune", "lossless", "high",
             # diagnostics (host overhead): torch's aot_eager (the ATen graph run as-is, what our executor
             # starts from), lossless with no family at all, lossless without the pointwise family
             "aot-eager", "lossless-nofuse", "lossless-nopw", "lossless-side",
+            # opt-in families: lossless with the linear_gelu family on (the FF up-projection + gelu as one GEMM)
+            "lossless-lg", "lossless-lg-cudagraphs",
             # CUDA graphs (torch's cudagraph trees) for host-bound models: mode="reduce-overhead" for Inductor,
             # options={"cudagraphs": True} (the same mode) for lossless
             "inductor-cudagraphs", "lossless-cudagraphs")
@@ -218,6 +220,9 @@ def compile_kwargs(variant: str, report) -> dict:
         opts["patterns"] = {"pointwise": False}
     elif variant == "lossless-cudagraphs":
         opts["cudagraphs"] = True
+    elif variant in ("lossless-lg", "lossless-lg-cudagraphs"):
+        opts["patterns"] = {"linear_gelu": True}
+        opts["cudagraphs"] = variant.endswith("cudagraphs")
     return dict(backend=diffusion_fuse.DiffusionFuseBackend(opts, report), dynamic=False)
 
 
@@ -225,10 +230,11 @@ def compile_kwargs(variant: str, report) -> dict:
 # time estimate only.
 COMPILE_S = {"eager": 0, "inductor": 30, "inductor-max-autotune": 240, "lossless": 8, "high": 40, "aot-eager": 8,
              "lossless-nofuse": 8, "lossless-nopw": 8, "lossless-side": 8, "inductor-cudagraphs": 30,
-             "lossless-cudagraphs": 8}
+             "lossless-cudagraphs": 8, "lossless-lg": 8, "lossless-lg-cudagraphs": 8}
 FIRST_CALL_FORWARDS = {"eager": 1, "inductor": 1, "inductor-max-autotune": 1, "lossless": 3, "high": 3,
                        "aot-eager": 1, "lossless-nofuse": 1, "lossless-nopw": 3, "lossless-side": 3,
-                       "inductor-cudagraphs": 3, "lossless-cudagraphs": 4}
+                       "inductor-cudagraphs": 3, "lossless-cudagraphs": 4, "lossless-lg": 3,
+                       "lossless-lg-cudagraphs": 4}
 BUILD_S = 10
 
 
