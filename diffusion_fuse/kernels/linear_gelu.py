@@ -52,6 +52,9 @@ if not GLUON_ERROR:
 
     GELU_BETA = gl.constexpr(float(GELU_TANH_BETA))
     GELU_KAPPA = gl.constexpr(float(GELU_TANH_KAPPA))
+    # the TMA descriptors' shared layouts: built once, not on every launch
+    A_LAYOUT = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
+    W_LAYOUT = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
 
     @gluon.constexpr_function
     def _smem_layout(rows, cols):
@@ -224,9 +227,8 @@ def launch_gemm(x2, weight, bias, out, lut, epi=3, stages=STAGES, group_m=GROUP_
     M, K = x2.shape
     N = weight.shape[0]
     progs = min(torch.cuda.get_device_properties(x2.device).multi_processor_count, triton.cdiv(M, BM) * triton.cdiv(N, BN))
-    a_desc = TensorDescriptor(x2, [M, K], [K, 1], [BM, BK], gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16))
-    w_desc = TensorDescriptor(weight, [N, K], [K, 1], [BN, BK],
-                              gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16))
+    a_desc = TensorDescriptor(x2, [M, K], [K, 1], [BM, BK], A_LAYOUT)
+    w_desc = TensorDescriptor(weight, [N, K], [K, 1], [BN, BK], W_LAYOUT)
     table = lut.table if lut is not None else out  # (not read unless epi == 3)
     lut_c = lut.constexprs() if lut is not None else dict(LO=0, SPAN=0, SPECIAL=0x7F80, TABLE=4096)
     _linear_gelu_kernel[(progs,)](a_desc, w_desc, table, bias if bias is not None else out, out, M, N, K,
@@ -237,8 +239,8 @@ def launch_gemm(x2, weight, bias, out, lut, epi=3, stages=STAGES, group_m=GROUP_
 
 
 def plan_linear_gelu(x, weight, bias, approximate="tanh"):
-    # (the dispatcher leaves out an argument equal to its schema default: approximate may be missing)
-    """A launch for inputs of this layout (they must satisfy ``can_use_linear_gelu``)."""
+    """A launch for inputs of this layout (they must satisfy ``can_use_linear_gelu``). ``approximate`` has a
+    default because the dispatcher leaves out an argument equal to its schema default."""
     K = x.shape[-1]
     M, N = x.numel() // K, weight.shape[0]
     lut = gelu_table(approximate, x.device)
