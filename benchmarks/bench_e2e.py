@@ -304,9 +304,10 @@ def main() -> None:
         if args.side_ab:  # the same tier with the (opt-in) side stream: what it is worth
             variants["lossless_side"] = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(
                 {"side_stream": True}, diffusion_fuse.Report()))
+        lg_report = diffusion_fuse.Report()
         if args.linear_gelu_ab:  # the same tier with the FF up-projection and its gelu as one GEMM
             variants["lossless_lg"] = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(
-                {"patterns": {"linear_gelu": True}}, diffusion_fuse.Report()))
+                {"patterns": {"linear_gelu": True}}, lg_report))
         if not args.skip_inductor:
             variants["inductor"] = torch.compile(model)
         if args.cudagraphs:  # the host-overhead cure: one graph replay per forward
@@ -392,6 +393,10 @@ def main() -> None:
         rec["pointwise_kept"] = report.count("pointwise", status="kept")
         rec["counters"] = report.counters()
         rec["report"] = report.table()
+        if args.linear_gelu_ab:  # which sites the family took, and whether the verifier kept them
+            rec["lossless_lg_sites"] = {k: v.status for g in lg_report.graphs for k, v in g.sites.items()
+                                        if k.startswith("linear_gelu")}
+            print("lossless_lg sites:", rec["lossless_lg_sites"])
         records.append(rec)
         ind = rec.get("inductor_ms")
         nopw = rec.get("lossless_nopw_ms")

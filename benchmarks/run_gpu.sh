@@ -79,6 +79,8 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = nosass ]; then
   want bench_pointwise && step bench_pointwise 200 python3 benchmarks/bench_pointwise.py --json "$OUT/bench_pointwise.json"
   # shellcheck disable=SC2086
   want bench_e2e && step bench_e2e "${E2E_LIMIT:-400}" python3 benchmarks/bench_e2e.py --json "$OUT/bench_e2e.json" ${BENCH_E2E_ARGS:-}
+  want bench_linear_gelu && step bench_linear_gelu 300 python3 benchmarks/bench_linear_gelu.py \
+    --json "$OUT/bench_linear_gelu.json"
   want probe_lut16 && step probe_lut16 200 python3 benchmarks/probe_lut16.py --json "$OUT/probe_lut16.json"
   # shellcheck disable=SC2086  # opt-in (BENCHES="probe_gemm_exact"): minutes of Triton builds
   [[ " ${BENCHES:-} " == *" probe_gemm_exact "* ]] && step probe_gemm_exact "${GEMM_LIMIT:-300}" python3 benchmarks/probe_gemm_exact.py \
@@ -103,6 +105,7 @@ cat "$OUT/summary.txt"
 [ -f "$OUT/bench_rms_norm.log" ] && tail -n 6 "$OUT/bench_rms_norm.log"
 [ -f "$OUT/bench_pointwise.log" ] && tail -n 12 "$OUT/bench_pointwise.log"
 [ -f "$OUT/probe_lut16.log" ] && tail -n 24 "$OUT/probe_lut16.log"
+[ -f "$OUT/bench_linear_gelu.log" ] && tail -n 10 "$OUT/bench_linear_gelu.log"
 [ -f "$OUT/probe_gemm_exact.log" ] && grep -v "^done " "$OUT/probe_gemm_exact.log" | tail -n 80
 [ -f "$OUT/bench_e2e.log" ] && tail -n 4 "$OUT/bench_e2e.log"
 [ -f "$OUT/bench_models.log" ] && grep -E "^(==|[A-Z].*  (eager|inductor|lossless|high))" "$OUT/bench_models.log"

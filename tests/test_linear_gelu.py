@@ -13,7 +13,8 @@ from helpers import bitwise_equal, compile_and_run
 
 from diffusion_fuse.kernels.linear_gelu import GLUON_ERROR
 from diffusion_fuse.lowering import counters
-from diffusion_fuse.lowering.linear_gelu import can_use_linear_gelu, linear_gelu_reference
+from diffusion_fuse.lowering.linear_gelu import (can_use_linear_gelu, can_use_linear_gelu_cat,
+                                                 linear_gelu_cat_reference, linear_gelu_reference)
 from diffusion_fuse.testing.tiny_models import build
 
 ON = {"patterns": {"linear_gelu": True}}
@@ -22,6 +23,10 @@ ON = {"patterns": {"linear_gelu": True}}
 def _sites(report, status=None):
     return [v for g in report.graphs for k, v in g.sites.items()
             if k.startswith("linear_gelu") and (status is None or v.status == status)]
+
+
+def _ops(report):
+    return sorted(v.after for v in _sites(report, "kept"))
 
 
 def test_off_by_default():
@@ -38,6 +43,8 @@ def test_feed_forward_up_projections_become_one_op_and_equal_eager(name, n_sites
     ref, out, report = compile_and_run(model, kwargs, options=ON)
     assert bitwise_equal(ref, out)
     assert len(_sites(report, "kept")) == n_sites, [s.status for s in _sites(report)]
+    if name == "flux":  # the single block's gelu goes straight into its cat with the attention output
+        assert _ops(report) == ["diffusion_fuse::linear_gelu"] * 2 + ["diffusion_fuse::linear_gelu_cat"]
 
 
 class _Linear(torch.nn.Module):
@@ -104,7 +111,11 @@ def test_the_plan_takes_the_call_the_dispatcher_makes(monkeypatch):
     from diffusion_fuse.kernels.linear_gelu import plan_linear_gelu
     from diffusion_fuse.lowering import linear_gelu as lowering
 
-    for fn in (plan_linear_gelu, lowering.can_use_linear_gelu, lowering.layout_key, lowering.linear_gelu_reference):
+    from diffusion_fuse.kernels.linear_gelu import plan_linear_gelu_cat
+
+    for fn in (plan_linear_gelu, lowering.can_use_linear_gelu, lowering.layout_key, lowering.linear_gelu_reference,
+               plan_linear_gelu_cat, lowering.can_use_linear_gelu_cat, lowering.cat_layout_key,
+               lowering.linear_gelu_cat_reference):
         assert inspect.signature(fn).parameters["approximate"].default == "tanh", fn.__name__
     seen = []
     monkeypatch.setattr(lowering._dispatch, "guard", lambda *a: (seen.append(len(a)) or (False, "test")))
@@ -112,3 +123,51 @@ def test_the_plan_takes_the_call_the_dispatcher_makes(monkeypatch):
     torch.ops.diffusion_fuse.linear_gelu(x, w, None, "tanh")
     torch.ops.diffusion_fuse.linear_gelu(x, w, None, "none")
     assert seen == [3, 4]
+
+
+class _LinearGeluCat(torch.nn.Module):
+    """``cat([*before, gelu(fc(x)), *after], dim)`` as FLUX's single block writes it (before = the attention)."""
+
+    def __init__(self, n_before=1, n_after=0, dim=-1, twice=False, bias=True):
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 96, bias=bias, dtype=torch.bfloat16)
+        self.n_before, self.n_after, self.dim, self.twice = n_before, n_after, dim, twice
+
+    def forward(self, x, a):
+        g = F.gelu(self.fc(x), approximate="tanh")
+        before = [a * (i + 1) for i in range(self.n_before)]
+        after = [a.transpose(-1, -2).contiguous().transpose(-1, -2)[..., :8] - i for i in range(self.n_after)]
+        return torch.cat([*before, g, *after] + ([g] if self.twice else []), dim=self.dim)
+
+
+@pytest.mark.parametrize("n_before, n_after", [(1, 0), (0, 1), (2, 1), (0, 0)])
+@pytest.mark.parametrize("shape", [(2, 5), (7,)])  # a 2-D input's linear has no view
+def test_a_last_dim_cat_of_the_gelu_is_taken_too(n_before, n_after, shape):
+    torch._dynamo.reset()
+    x, a = torch.randn(*shape, 64, dtype=torch.bfloat16), torch.randn(*shape, 16, dtype=torch.bfloat16)
+    ref, out, report = compile_and_run(_LinearGeluCat(n_before, n_after), {"x": x, "a": a}, options=ON)
+    assert bitwise_equal(ref, out) and _ops(report) == ["diffusion_fuse::linear_gelu_cat"]
+
+
+@pytest.mark.parametrize("kw", [dict(dim=0), dict(twice=True)])
+def test_other_cats_leave_the_gelu_to_the_plain_op(kw):
+    torch._dynamo.reset()
+    x, a = torch.randn(3, 64, dtype=torch.bfloat16), torch.randn(3, 96, dtype=torch.bfloat16)
+    if kw.get("dim") == 0:
+        a = torch.randn(2, 96, dtype=torch.bfloat16)
+    ref, out, report = compile_and_run(_LinearGeluCat(**kw), {"x": x, "a": a}, options=ON)
+    assert bitwise_equal(ref, out)
+    assert _ops(report) == ["diffusion_fuse::linear_gelu"]
+
+
+def test_cat_reference_and_guard():
+    g = torch.Generator().manual_seed(1)
+    x, w, b = (torch.randn(*s, generator=g).bfloat16() for s in ((4, 7, 64), (96, 64), (96,)))
+    a, c = torch.randn(4, 7, 16).bfloat16(), torch.randn(4, 7, 8).bfloat16()
+    want = torch.cat([a, F.gelu(F.linear(x, w, b), approximate="tanh"), c], -1)
+    assert torch.equal(linear_gelu_cat_reference(x, w, b, [a], [c]), want)
+    ok, why = can_use_linear_gelu_cat(x, w, b, [a], [c])
+    assert not ok and why == (GLUON_ERROR or "device is cpu")
+    counters.reset()
+    assert torch.equal(torch.ops.diffusion_fuse.linear_gelu_cat(x, w, b, [a], [c]), want)
+    assert counters.snapshot()["fallback"]["linear_gelu_cat"] == {why: 1}

@@ -18,6 +18,10 @@ turns on the ring; each runs its epilogue (bias, the table, stores) through a sh
 the other runs its main loop, so the gelu costs the tensor cores nothing. Measured on an H200 (run 10): 0.89-1.00x
 the time of cuBLAS's GEMM followed by the lookup gelu kernel the pointwise pass runs.
 
+The output's row stride is an argument (``LDC``): ``linear_gelu_cat`` has the GEMM write its columns of the
+``cat`` buffer (FLUX's single block). A layout's launch is planned once (``GemmLaunch``) and then launched
+directly (kernels/launch.CachedLaunch); only the two TMA descriptors are made per call.
+
 Inputs (``can_use_linear_gelu``): CUDA sm_90, bf16 x [..., K] contiguous with at least MIN_ROWS rows, w [N, K]
 contiguous, bias [N] or None, K % 64 == 0, N % 8 == 0.
 Verified shapes: tests/gpu/test_linear_gelu_gpu.py.
@@ -40,7 +44,7 @@ try:  # Gluon (Triton's Hopper dialect) arrived in Triton 3.4; without it the op
 except Exception as e:  # noqa: BLE001 - any import failure means no kernel, said by the guard
     GLUON_ERROR = f"Gluon unavailable ({type(e).__name__}: {e})"
 
-from .launch import EAGER_NUMERICS
+from .launch import CachedLaunch
 
 BM, BN, BK, STAGES, GROUP_M = 128, 128, 64, 4, 8
 MAX_REGISTERS = 168  # 12 warps (2 consumer warpgroups + the loader's) x 32 threads x 168 <= 64K registers
@@ -68,7 +72,7 @@ if not GLUON_ERROR:
         return first_m + (tile % width) % size_m, (tile % width) // size_m
 
     @gluon.jit
-    def _consume(J0: gl.constexpr, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid,
+    def _consume(J0: gl.constexpr, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, LDC, pid,
                  NUM_PROGS: gl.constexpr, HAS_BIAS: gl.constexpr, EPI: gl.constexpr, TBM: gl.constexpr, TBN: gl.constexpr,
                  TBK: gl.constexpr, GROUP: gl.constexpr, LO: gl.constexpr, SPAN: gl.constexpr,
                  SPECIAL: gl.constexpr, TABLE: gl.constexpr):
@@ -133,27 +137,27 @@ if not GLUON_ERROR:
                 rows = pid_m * TBM + r0 + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, out_layout))
                 ocols = pid_n * TBN + gl.arange(0, TBN, layout=gl.SliceLayout(0, out_layout))
                 mask = (gl.expand_dims(rows, 1) < M) & (gl.expand_dims(ocols, 0) < N)
-                gl.store(C + gl.expand_dims(rows, 1).to(gl.int64) * N + gl.expand_dims(ocols, 0), yb, mask=mask)
+                gl.store(C + gl.expand_dims(rows, 1).to(gl.int64) * LDC + gl.expand_dims(ocols, 0), yb, mask=mask)
 
     @gluon.jit
-    def _consumer0(a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid,
+    def _consumer0(a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, LDC, pid,
                    NUM_PROGS: gl.constexpr, HAS_BIAS: gl.constexpr, EPI: gl.constexpr, TBM: gl.constexpr, TBN: gl.constexpr,
                    TBK: gl.constexpr, GROUP: gl.constexpr, LO: gl.constexpr, SPAN: gl.constexpr,
                    SPECIAL: gl.constexpr, TABLE: gl.constexpr):
-        _consume(0, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid, NUM_PROGS, HAS_BIAS,
+        _consume(0, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, LDC, pid, NUM_PROGS, HAS_BIAS,
                  EPI, TBM, TBN, TBK, GROUP, LO, SPAN, SPECIAL, TABLE)
 
     # The two workers share one signature (Gluon's rule for worker partitions).
     @gluon.jit
-    def _consumer1(a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid,
+    def _consumer1(a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, LDC, pid,
                    NUM_PROGS: gl.constexpr, HAS_BIAS: gl.constexpr, EPI: gl.constexpr, TBM: gl.constexpr, TBN: gl.constexpr,
                    TBK: gl.constexpr, GROUP: gl.constexpr, LO: gl.constexpr, SPAN: gl.constexpr,
                    SPECIAL: gl.constexpr, TABLE: gl.constexpr):
-        _consume(1, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid, NUM_PROGS, HAS_BIAS,
+        _consume(1, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, LDC, pid, NUM_PROGS, HAS_BIAS,
                  EPI, TBM, TBN, TBK, GROUP, LO, SPAN, SPECIAL, TABLE)
 
     @gluon.jit
-    def _loader(a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid,
+    def _loader(a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, LDC, pid,
                 NUM_PROGS: gl.constexpr, HAS_BIAS: gl.constexpr, EPI: gl.constexpr, TBM: gl.constexpr, TBN: gl.constexpr,
                 TBK: gl.constexpr, GROUP: gl.constexpr, LO: gl.constexpr, SPAN: gl.constexpr,
                 SPECIAL: gl.constexpr, TABLE: gl.constexpr):
@@ -174,7 +178,7 @@ if not GLUON_ERROR:
                 tma.async_copy_global_to_shared(w_desc, [pid_n * TBN, k * TBK], ready.index(s), b_bufs.index(s))
 
     @gluon.jit
-    def _linear_gelu_kernel(a_desc, w_desc, LUT, BIAS, C, M, N, K, NUM_PROGS: gl.constexpr, HAS_BIAS: gl.constexpr,
+    def _linear_gelu_kernel(a_desc, w_desc, LUT, BIAS, C, M, N, K, LDC, NUM_PROGS: gl.constexpr, HAS_BIAS: gl.constexpr,
                             EPI: gl.constexpr, TBM: gl.constexpr, TBN: gl.constexpr, TBK: gl.constexpr, GROUP: gl.constexpr,
                             STG: gl.constexpr, LO: gl.constexpr, SPAN: gl.constexpr, SPECIAL: gl.constexpr,
                             TABLE: gl.constexpr):
@@ -194,11 +198,11 @@ if not GLUON_ERROR:
         # The tuples are written out in the call: bound to a name first, their constexprs reach the workers
         # as tensors (Triton 3.6).
         gl.warp_specialize([
-            (_consumer0, (a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid, NUM_PROGS,
+            (_consumer0, (a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, LDC, pid, NUM_PROGS,
                           HAS_BIAS, EPI, TBM, TBN, TBK, GROUP, LO, SPAN, SPECIAL, TABLE)),
-            (_consumer1, (a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid,
+            (_consumer1, (a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, LDC, pid,
                           NUM_PROGS, HAS_BIAS, EPI, TBM, TBN, TBK, GROUP, LO, SPAN, SPECIAL, TABLE)),
-            (_loader, (a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, pid,
+            (_loader, (a_desc, w_desc, a_bufs, b_bufs, ready, empty, turn, epi_bufs, LUT, BIAS, C, M, N, K, LDC, pid,
                        NUM_PROGS, HAS_BIAS, EPI, TBM, TBN, TBK, GROUP, LO, SPAN, SPECIAL, TABLE)),
         ], [4, 1], [232, 40])
 
@@ -220,22 +224,39 @@ def gelu_table(approximate: str, device: torch.device):
         return _tables[key]
 
 
+class GemmLaunch:
+    """``out[M, N] = epilogue(bf16(x2 @ weight.T + bias))`` for one layout, launched directly after the first
+    call (kernels/launch.CachedLaunch): Gluon's JIT dispatch costs ~0.1 ms of host time per call.
+
+    ``epi`` 3 is eager's gelu looked up in ``lut`` (kernels/lut16.py; what the op runs), 2 eager's gelu-tanh
+    computed, 0 the linear alone (both for benchmarks/probe_gemm_ws.py). x2 [M, K], weight [N, K] bf16
+    contiguous, K % BK == 0; out [M, N] bf16 with unit column stride and row stride ``ldc`` (a column slice
+    of a wider buffer: the single block's ``cat``)."""
+
+    def __init__(self, M, N, K, ldc, device, has_bias, lut, epi=3, stages=STAGES, group_m=GROUP_M):
+        self.M, self.N, self.K, self.ldc = M, N, K, ldc
+        progs = min(torch.cuda.get_device_properties(device).multi_processor_count,
+                    triton.cdiv(M, BM) * triton.cdiv(N, BN))
+        self.lut = lut
+        lut_c = lut.constexprs() if lut is not None else dict(LO=0, SPAN=0, SPECIAL=0x7F80, TABLE=4096)
+        self.launch = CachedLaunch(_linear_gelu_kernel, (progs,), dict(
+            NUM_PROGS=progs, HAS_BIAS=has_bias, EPI=epi, TBM=BM, TBN=BN, TBK=BK, GROUP=group_m, STG=stages,
+            **lut_c), num_warps=4, maxnreg=MAX_REGISTERS)
+
+    def __call__(self, x2, weight, bias, out):
+        M, N, K = self.M, self.N, self.K
+        a_desc = TensorDescriptor(x2, [M, K], [K, 1], [BM, BK], A_LAYOUT)
+        w_desc = TensorDescriptor(weight, [N, K], [K, 1], [BN, BK], W_LAYOUT)
+        table = self.lut.table if self.lut is not None else out  # (not read unless epi == 3)
+        self.launch(a_desc, w_desc, table, bias if bias is not None else out, out, M, N, K, self.ldc)
+        return out
+
+
 def launch_gemm(x2, weight, bias, out, lut, epi=3, stages=STAGES, group_m=GROUP_M):
-    """``out[M, N] = epilogue(bf16(x2 @ weight.T + bias))`` with this kernel: ``epi`` 3 eager's gelu looked up in
-    ``lut`` (kernels/lut16.py; what the op runs), 2 eager's gelu-tanh computed, 0 the linear alone (both for
-    benchmarks/probe_gemm_ws.py). x2 [M, K], weight [N, K], out [M, N]: bf16, contiguous; K % BK == 0."""
-    M, K = x2.shape
-    N = weight.shape[0]
-    progs = min(torch.cuda.get_device_properties(x2.device).multi_processor_count, triton.cdiv(M, BM) * triton.cdiv(N, BN))
-    a_desc = TensorDescriptor(x2, [M, K], [K, 1], [BM, BK], A_LAYOUT)
-    w_desc = TensorDescriptor(weight, [N, K], [K, 1], [BN, BK], W_LAYOUT)
-    table = lut.table if lut is not None else out  # (not read unless epi == 3)
-    lut_c = lut.constexprs() if lut is not None else dict(LO=0, SPAN=0, SPECIAL=0x7F80, TABLE=4096)
-    _linear_gelu_kernel[(progs,)](a_desc, w_desc, table, bias if bias is not None else out, out, M, N, K,
-                                  NUM_PROGS=progs, HAS_BIAS=bias is not None, EPI=epi, TBM=BM, TBN=BN, TBK=BK,
-                                  GROUP=group_m, STG=stages, **lut_c, num_warps=4, maxnreg=MAX_REGISTERS,
-                                  **EAGER_NUMERICS)
-    return out
+    """One call of ``GemmLaunch`` (benchmarks/probe_gemm_ws.py)."""
+    (M, K), N = x2.shape, weight.shape[0]
+    return GemmLaunch(M, N, K, out.stride(0), x2.device, bias is not None, lut, epi, stages, group_m)(
+        x2, weight, bias, out)
 
 
 def plan_linear_gelu(x, weight, bias, approximate="tanh"):
@@ -243,12 +264,39 @@ def plan_linear_gelu(x, weight, bias, approximate="tanh"):
     default because the dispatcher leaves out an argument equal to its schema default."""
     K = x.shape[-1]
     M, N = x.numel() // K, weight.shape[0]
-    lut = gelu_table(approximate, x.device)
+    gemm = GemmLaunch(M, N, K, N, x.device, bias is not None, gelu_table(approximate, x.device))
     out_shape = (*x.shape[:-1], N)
 
     def launch(x, weight, bias, approximate="tanh"):
         out = torch.empty(out_shape, dtype=torch.bfloat16, device=x.device)
-        launch_gemm(x.view(M, K), weight, bias, out.view(M, N), lut)
+        gemm(x.view(M, K), weight, bias, out.view(M, N))
+        return out
+
+    return launch
+
+
+def plan_linear_gelu_cat(x, weight, bias, before, after, approximate="tanh"):
+    """``cat([*before, gelu(x @ weight.T + bias), *after], -1)``: the GEMM writes its columns of the ``cat``
+    buffer straight (row stride the buffer's width), the other pieces are copied into theirs. Inputs as
+    ``can_use_linear_gelu_cat`` accepts them."""
+    K = x.shape[-1]
+    M, N = x.numel() // K, weight.shape[0]
+    col = sum(t.shape[-1] for t in before)
+    width = col + N + sum(t.shape[-1] for t in after)
+    gemm = GemmLaunch(M, N, K, width, x.device, bias is not None, gelu_table(approximate, x.device))
+    out_shape = (*x.shape[:-1], width)
+
+    def launch(x, weight, bias, before, after, approximate="tanh"):
+        out = torch.empty(out_shape, dtype=torch.bfloat16, device=x.device)
+        c = 0
+        for t in before:
+            out[..., c:c + t.shape[-1]].copy_(t)
+            c += t.shape[-1]
+        gemm(x.view(M, K), weight, bias, out.view(M, width)[:, col:col + N])
+        c = col + N
+        for t in after:
+            out[..., c:c + t.shape[-1]].copy_(t)
+            c += t.shape[-1]
         return out
 
     return launch

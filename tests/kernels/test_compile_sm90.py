@@ -547,7 +547,7 @@ def test_linear_gelu_kernel_builds_for_sm90(epi, has_bias):
     const = dict(NUM_PROGS=132, HAS_BIAS=has_bias, EPI=epi, TBM=lg.BM, TBN=lg.BN, TBK=lg.BK, GROUP=lg.GROUP_M,
                  STG=lg.STAGES, LO=0x3C00, SPAN=1500, SPECIAL=0x7F80, TABLE=4096)
     sig = {"a_desc": desc, "w_desc": desc, "LUT": "*i32", "BIAS": "*bf16", "C": "*bf16", "M": "i32", "N": "i32",
-           "K": "i32", **{n: "constexpr" for n in const}}
+           "K": "i32", "LDC": "i32", **{n: "constexpr" for n in const}}
     src = GluonASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(n),): v for n, v in const.items()})
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": lg.MAX_REGISTERS,
                                                                        **EAGER_NUMERICS})
