@@ -14,6 +14,10 @@ that take turns ("ping-pong"). This probe builds that schedule in Gluon (Triton 
   (EPI 2: the recipe; EPI 3: looked up in eager's table, kernels/lut16.py), stored to global memory. While
   one warpgroup runs its epilogue, the ring already holds the other's tile, so the tensor cores keep working.
 
+``schedule="coop"`` runs the other kernel there: both MMA warpgroups on one 128 x 256 tile (sharing its B tile,
+loading their own ring ahead) and the epilogue in a third warpgroup, for half the L2 and shared-memory traffic
+per flop of a 128 x 128 tile.
+
 The kernel now lives in kernels/linear_gelu.py (``launch_gemm``; ``EPI`` 0/2/3), behind the opt-in ``linear_gelu``
 family; runs 6-10 of results/h200-2026-11-30k ran it as it stood in this file at the commits COMMANDS.md names.
 
@@ -35,22 +39,23 @@ import torch
 import torch.nn.functional as F
 from tabulate import tabulate
 
-from diffusion_fuse.kernels.linear_gelu import BK, GROUP_M, STAGES, launch_gemm
+from diffusion_fuse.kernels.linear_gelu import BK, GROUP_M, launch_gemm
 
 
-def gemm_ws(x, w, b, epi=0, stages=STAGES, group_m=GROUP_M, lut=None):
+def gemm_ws(x, w, b, epi=0, stages=None, group_m=GROUP_M, lut=None, schedule="pingpong"):
     """``bf16(x @ w.T + b)`` [then eager's gelu-tanh: epi 2 computed, 3 looked up in ``lut``] with the kernel of
     kernels/linear_gelu.py: x [M, K], w [N, K] bf16 contiguous, K % 64 == 0."""
     assert x.shape[1] % BK == 0 and x.is_contiguous() and w.is_contiguous()
     out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
-    return launch_gemm(x, w, b, out, lut, epi, stages, group_m)
+    return launch_gemm(x, w, b, out, lut, epi, stages, group_m, schedule)
 
 
 SHAPES = {"small (256 x 128 x 384)": (256, 128, 384),
           "img ff up (4096 x 3072 x 12288)": (4096, 3072, 12288),
           "single proj_mlp (4608 x 3072 x 12288)": (4608, 3072, 12288),
           "img to_q (4096 x 3072 x 3072)": (4096, 3072, 3072)}
-VARIANTS = [dict(stages=4), dict(stages=3), dict(stages=4, group_m=16)]
+VARIANTS = [dict(schedule="pingpong"), dict(schedule="coop"), dict(schedule="coop", group_m=16),
+            dict(schedule="pingpong", stages=3)]
 
 
 def main() -> None:
@@ -89,7 +94,7 @@ def main() -> None:
                 v["gemm_ms"] = ms_per_call(lambda: gemm_ws(x, w, b, 0, **var))  # noqa: B023
                 v["gelu_ms"] = ms_per_call(lambda: gemm_ws(x, w, b, 2, **var))  # noqa: B023
                 v["lut_ms"] = ms_per_call(lambda: gemm_ws(x, w, b, 3, lut=lut, **var))  # noqa: B023
-                rows.append(["", f"WS ping-pong 128x128x64, {label}",
+                rows.append(["", label,
                              " / ".join("exact" if v[f"exact_{e}"] else f"DIFF {v[f'ndiff_{e}']}"
                                         for e in ("gemm", "gelu", "lut")),
                              f"{v['gemm_ms']:.3f}", f"{v['gelu_ms']:.3f}", f"{v['lut_ms']:.3f}"])

@@ -85,6 +85,13 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = nosass ]; then
   # shellcheck disable=SC2086  # opt-in (BENCHES="probe_gemm_exact"): minutes of Triton builds
   [[ " ${BENCHES:-} " == *" probe_gemm_exact "* ]] && step probe_gemm_exact "${GEMM_LIMIT:-300}" python3 benchmarks/probe_gemm_exact.py \
     --json "$OUT/probe_gemm_exact.json" ${PROBE_GEMM_ARGS:-}
+  # opt-in (BENCHES="probe_gemm_ws"): each variant in its own process (a kernel that faults or hangs takes only
+  # its own run with it); PROBE_WS_VARIANTS picks them (indices into probe_gemm_ws.VARIANTS)
+  if [[ " ${BENCHES:-} " == *" probe_gemm_ws "* ]]; then
+    for v in ${PROBE_WS_VARIANTS:-0 1 2 3}; do
+      step "probe_gemm_ws_$v" 150 python3 benchmarks/probe_gemm_ws.py --variant "$v" --json "$OUT/probe_gemm_ws_$v.json"
+    done
+  fi
   want bench_wan_temb && step bench_wan_temb 400 python3 benchmarks/bench_wan_temb.py --json "$OUT/bench_wan_temb.json"
 fi
 [ "$what" = all ] && step sass 240 bash benchmarks/sass_layer_norm.sh
@@ -105,6 +112,7 @@ cat "$OUT/summary.txt"
 [ -f "$OUT/bench_rms_norm.log" ] && tail -n 6 "$OUT/bench_rms_norm.log"
 [ -f "$OUT/bench_pointwise.log" ] && tail -n 12 "$OUT/bench_pointwise.log"
 [ -f "$OUT/probe_lut16.log" ] && tail -n 24 "$OUT/probe_lut16.log"
+for f in "$OUT"/probe_gemm_ws_*.log; do [ -f "$f" ] && grep -v "^done " "$f" | tail -n 20; done
 [ -f "$OUT/bench_linear_gelu.log" ] && tail -n 10 "$OUT/bench_linear_gelu.log"
 [ -f "$OUT/probe_gemm_exact.log" ] && grep -v "^done " "$OUT/probe_gemm_exact.log" | tail -n 80
 [ -f "$OUT/bench_e2e.log" ] && tail -n 4 "$OUT/bench_e2e.log"
