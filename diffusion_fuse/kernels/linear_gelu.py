@@ -48,10 +48,6 @@ from .launch import CachedLaunch
 
 BM, BN, BK, STAGES, GROUP_M = 128, 128, 64, 4, 8
 MAX_REGISTERS = 168  # 12 warps (2 consumer warpgroups + the loader's) x 32 threads x 168 <= 64K registers
-SCHEDULES = ("pingpong", "coop")
-SCHEDULE = "pingpong"  # what the op runs
-COOP_BN, COOP_STAGES = 256, 3  # the cooperative kernel's tile is BM x COOP_BN
-COOP_MAX_REGISTERS = 168  # 12 warps (8 MMA, 4 epilogue) x 32 threads x 168 <= 64K
 MIN_ROWS = 128  # smaller GEMMs are cuBLAS's split-K territory: another summation order
 
 
@@ -63,7 +59,6 @@ if not GLUON_ERROR:
     # the TMA descriptors' shared layouts: built once, not on every launch
     A_LAYOUT = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
     W_LAYOUT = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
-    W_LAYOUT_COOP = gl.NVMMASharedLayout.get_default_for([COOP_BN, BK], gl.bfloat16)
 
     @gluon.constexpr_function
     def _smem_layout(rows, cols):
@@ -221,112 +216,6 @@ if not GLUON_ERROR:
         ], [4, 1], [232, 40])
 
 
-    # Cooperative schedule: both MMA warpgroups on one 128 x 256 tile (64 rows each, one B tile shared), loading
-    # their own ring ahead (Triton's software pipeline), the epilogue in a third warpgroup of its own. A 128 x 128
-    # ping-pong tile reads A and B through L2 and shared memory for half the math of this one's (cuBLAS's
-    # 256 x 128 ratio). 12 warps: a separate loader warp would make 16, too many for the MMA's 154+ registers.
-    @gluon.jit
-    def _coop_load(a_desc, w_desc, a_bufs, b_bufs, ready, step, n_local, k_tiles, pid, num_pid_m, num_pid_n,
-                   NUM_PROGS: gl.constexpr, TBM: gl.constexpr, TBN: gl.constexpr, TBK: gl.constexpr,
-                   GROUP: gl.constexpr):
-        """TMA loads of this program's K step ``step`` (counted over all its tiles) into its ring stage."""
-        STG: gl.constexpr = a_bufs.type.shape[0]
-        j = step // k_tiles
-        pid_m, pid_n = _tile_ids(pid + j * NUM_PROGS, num_pid_m, num_pid_n, GROUP)
-        s = step % STG
-        live = j < n_local
-        mbarrier.expect(ready.index(s), TBM * TBK * 2 + TBN * TBK * 2, pred=live)
-        k = (step % k_tiles) * TBK
-        tma.async_copy_global_to_shared(a_desc, [pid_m * TBM, k], ready.index(s), a_bufs.index(s), pred=live)
-        tma.async_copy_global_to_shared(w_desc, [pid_n * TBN, k], ready.index(s), b_bufs.index(s), pred=live)
-
-    @gluon.jit
-    def _coop_mma(a_desc, w_desc, a_bufs, b_bufs, ready, handoff, epi_bufs, LUT, BIAS, C, M, N, K, LDC, pid,
-                  NUM_PROGS: gl.constexpr, HAS_BIAS: gl.constexpr, EPI: gl.constexpr, TBM: gl.constexpr,
-                  TBN: gl.constexpr, TBK: gl.constexpr, GROUP: gl.constexpr, LO: gl.constexpr, SPAN: gl.constexpr,
-                  SPECIAL: gl.constexpr, TABLE: gl.constexpr):
-        """Every tile of this program: K steps through the ring (each step's wait on its predecessor's MMA frees
-        a stage for the load STG - 1 steps ahead, next tile's included), then ``bf16(acc + bias)`` into the tile
-        buffer once the epilogue partition has read the previous tile out of it (``handoff`` 1); 0 signals it."""
-        layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
-                                                         instr_shape=[16, TBN, 16])
-        STG: gl.constexpr = a_bufs.type.shape[0]
-        epi_smem = epi_bufs.index(0)
-        num_pid_m = gl.cdiv(M, TBM)
-        num_pid_n = gl.cdiv(N, TBN)
-        n_local = gl.cdiv(num_pid_m * num_pid_n - pid, NUM_PROGS)
-        k_tiles = K // TBK
-        for p in gl.static_range(STG - 1):
-            _coop_load(a_desc, w_desc, a_bufs, b_bufs, ready, p, n_local, k_tiles, pid, num_pid_m, num_pid_n,
-                       NUM_PROGS, TBM, TBN, TBK, GROUP)
-        for j in range(n_local):
-            pid_m, pid_n = _tile_ids(pid + j * NUM_PROGS, num_pid_m, num_pid_n, GROUP)
-            acc = gl.zeros([TBM, TBN], gl.float32, layout=layout)
-            base = j * k_tiles
-            for k in range(k_tiles):
-                step = base + k
-                s = step % STG
-                mbarrier.wait(ready.index(s), (step // STG) & 1)
-                acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))  # the previous step's stage is free
-                gl.thread_barrier()  # in both warpgroups
-                _coop_load(a_desc, w_desc, a_bufs, b_bufs, ready, step + STG - 1, n_local, k_tiles, pid, num_pid_m,
-                           num_pid_n, NUM_PROGS, TBM, TBN, TBK, GROUP)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            if HAS_BIAS:
-                cols = pid_n * TBN + gl.arange(0, TBN, layout=gl.SliceLayout(0, layout))
-                acc = acc + gl.expand_dims(gl.load(BIAS + cols, mask=cols < N, other=0.0).to(gl.float32), 0)
-            mbarrier.wait(handoff.index(1), (j & 1) ^ 1)  # a fresh barrier counts as released
-            epi_smem.store(acc.to(gl.bfloat16))
-            mbarrier.arrive(handoff.index(0), count=1)  # (after a barrier over this partition's warps)
-
-    @gluon.jit
-    def _coop_epilogue(handoff, epi_bufs, LUT, BIAS, C, M, N, K, LDC, pid, NUM_PROGS: gl.constexpr, HAS_BIAS: gl.constexpr, EPI: gl.constexpr, TBM: gl.constexpr,
-                       TBN: gl.constexpr, TBK: gl.constexpr, GROUP: gl.constexpr, LO: gl.constexpr,
-                       SPAN: gl.constexpr, SPECIAL: gl.constexpr, TABLE: gl.constexpr):
-        """Each tile the MMA partition hands over: out of the tile buffer in CHUNK-row pieces, through the
-        epilogue, to C; then the buffer is released (``handoff`` 1)."""
-        CHUNK: gl.constexpr = 8
-        out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
-        lut_layout: gl.constexpr = gl.BlockedLayout([TABLE // 128], [32], [4], [0])
-        SLOTS: gl.constexpr = 256 + 2 + SPAN + (0x8000 - SPECIAL)  # kernels/lut16.py: a sign's slots
-        epi_smem = epi_bufs.index(0)
-        lut = gl.load(LUT + gl.arange(0, TABLE, layout=lut_layout)) if EPI == 3 else 0
-        num_pid_m = gl.cdiv(M, TBM)
-        num_pid_n = gl.cdiv(N, TBN)
-        n_local = gl.cdiv(num_pid_m * num_pid_n - pid, NUM_PROGS)
-        for j in range(n_local):
-            pid_m, pid_n = _tile_ids(pid + j * NUM_PROGS, num_pid_m, num_pid_n, GROUP)
-            mbarrier.wait(handoff.index(0), j & 1)
-            for r0 in gl.static_range(0, TBM, CHUNK):
-                _store_chunk(epi_smem, r0, CHUNK, out_layout, lut, C, M, N, LDC, pid_m * TBM, pid_n * TBN, EPI, LO,
-                             SPAN, SPECIAL, SLOTS)
-            mbarrier.arrive(handoff.index(1), count=1)
-
-    @gluon.jit
-    def _linear_gelu_coop_kernel(a_desc, w_desc, LUT, BIAS, C, M, N, K, LDC, NUM_PROGS: gl.constexpr,
-                                 HAS_BIAS: gl.constexpr, EPI: gl.constexpr, TBM: gl.constexpr, TBN: gl.constexpr,
-                                 TBK: gl.constexpr, GROUP: gl.constexpr, STG: gl.constexpr, LO: gl.constexpr,
-                                 SPAN: gl.constexpr, SPECIAL: gl.constexpr, TABLE: gl.constexpr):
-        a_bufs = gl.allocate_shared_memory(gl.bfloat16, [STG, TBM, TBK], _smem_layout(TBM, TBK))
-        b_bufs = gl.allocate_shared_memory(gl.bfloat16, [STG, TBN, TBK], _smem_layout(TBN, TBK))
-        ready = gl.allocate_shared_memory(gl.int64, [STG, 1], mbarrier.MBarrierLayout())
-        handoff = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        epi_bufs = gl.allocate_shared_memory(gl.bfloat16, [1, TBM, TBN],
-                                             gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0]))
-        for i in gl.static_range(STG):
-            mbarrier.init(ready.index(i), count=1)
-        for i in gl.static_range(2):
-            mbarrier.init(handoff.index(i), count=1)
-        pid = gl.program_id(0)
-        gl.warp_specialize([
-            (_coop_mma, (a_desc, w_desc, a_bufs, b_bufs, ready, handoff, epi_bufs, LUT, BIAS, C, M, N, K, LDC, pid,
-                         NUM_PROGS, HAS_BIAS, EPI, TBM, TBN, TBK, GROUP, LO, SPAN, SPECIAL, TABLE)),
-            (_coop_epilogue, (handoff, epi_bufs, LUT, BIAS, C, M, N, K, LDC, pid, NUM_PROGS, HAS_BIAS, EPI, TBM, TBN,
-                              TBK, GROUP, LO, SPAN, SPECIAL, TABLE)),
-        ], [4], [112])  # the epilogue warpgroup: 112 registers, the rest to the MMA's
-
-
 _tables: dict[tuple[str, str], object] = {}
 _tables_lock = threading.Lock()
 
@@ -353,21 +242,18 @@ class GemmLaunch:
     contiguous, K % BK == 0; out [M, N] bf16 with unit column stride and row stride ``ldc`` (a column slice
     of a wider buffer: the single block's ``cat``)."""
 
-    def __init__(self, M, N, K, ldc, device, has_bias, lut, epi=3, stages=None, group_m=GROUP_M, schedule=SCHEDULE):
-        if schedule not in SCHEDULES:
-            raise ValueError(f"schedule={schedule!r}; allowed: {', '.join(SCHEDULES)}")
-        coop = schedule == "coop"
-        self.M, self.N, self.K, self.ldc = M, N, K, ldc
-        self.bn, self.w_layout = (COOP_BN, W_LAYOUT_COOP) if coop else (BN, W_LAYOUT)
+    def __init__(self, M, N, K, ldc, device, has_bias, lut, epi=3, stages=STAGES, group_m=GROUP_M, kernel=None, bn=BN,
+                 num_warps=4, maxnreg=MAX_REGISTERS):
+        # kernel, bn, num_warps, maxnreg: another kernel of this one's signature (benchmarks/probe_gemm_ws.py)
+        self.M, self.N, self.K, self.ldc, self.bn = M, N, K, ldc, bn
+        self.w_layout = W_LAYOUT if bn == BN else gl.NVMMASharedLayout.get_default_for([bn, BK], gl.bfloat16)
         progs = min(torch.cuda.get_device_properties(device).multi_processor_count,
-                    triton.cdiv(M, BM) * triton.cdiv(N, self.bn))
+                    triton.cdiv(M, BM) * triton.cdiv(N, bn))
         self.lut = lut
         lut_c = lut.constexprs() if lut is not None else dict(LO=0, SPAN=0, SPECIAL=0x7F80, TABLE=4096)
-        kernel = _linear_gelu_coop_kernel if coop else _linear_gelu_kernel
-        self.launch = CachedLaunch(kernel, (progs,), dict(
-            NUM_PROGS=progs, HAS_BIAS=has_bias, EPI=epi, TBM=BM, TBN=self.bn, TBK=BK, GROUP=group_m,
-            STG=stages or (COOP_STAGES if coop else STAGES), **lut_c),
-            num_warps=8 if coop else 4, maxnreg=COOP_MAX_REGISTERS if coop else MAX_REGISTERS)
+        self.launch = CachedLaunch(kernel or _linear_gelu_kernel, (progs,), dict(
+            NUM_PROGS=progs, HAS_BIAS=has_bias, EPI=epi, TBM=BM, TBN=bn, TBK=BK, GROUP=group_m, STG=stages, **lut_c),
+            num_warps=num_warps, maxnreg=maxnreg)
 
     def __call__(self, x2, weight, bias, out):
         M, N, K = self.M, self.N, self.K
@@ -378,10 +264,10 @@ class GemmLaunch:
         return out
 
 
-def launch_gemm(x2, weight, bias, out, lut, epi=3, stages=None, group_m=GROUP_M, schedule=SCHEDULE):
+def launch_gemm(x2, weight, bias, out, lut, epi=3, stages=STAGES, group_m=GROUP_M, **kernel):
     """One call of ``GemmLaunch`` (benchmarks/probe_gemm_ws.py)."""
     (M, K), N = x2.shape, weight.shape[0]
-    return GemmLaunch(M, N, K, out.stride(0), x2.device, bias is not None, lut, epi, stages, group_m, schedule)(
+    return GemmLaunch(M, N, K, out.stride(0), x2.device, bias is not None, lut, epi, stages, group_m, **kernel)(
         x2, weight, bias, out)
 
 
