@@ -13,7 +13,7 @@ lossless with the family on (the Gluon GEMM with the gelu in its epilogue), Indu
 eager. ``gemm alone`` is cuBLAS's ``F.linear`` with no activation: a fused op's lower bound. Times are
 ``benchmarks/steady.py``'s (calls back to back in one CUDA graph, medians of replays); every compiled output
 is compared bitwise with eager's. The host column is µs per call of the family's op on a small shape, planned
-(direct launch) against going through Gluon's JIT each call.
+(direct launch) against building the launch and going through Gluon's JIT on each call (``launch_gemm``).
 
     python benchmarks/bench_linear_gelu.py [--json PATH]
 """
@@ -121,7 +121,7 @@ def main() -> None:
     out = torch.empty(256, 1024, device="cuda", dtype=torch.bfloat16)
     lut = gelu_table("tanh", x.device)
     host = {"op (planned, direct launch)": host_us(lambda: torch.ops.diffusion_fuse.linear_gelu(x, w, b)),
-            "Gluon JIT each call": host_us(lambda: launch_gemm(x, w, b, out, lut)),
+            "launch built, Gluon JIT, each call": host_us(lambda: launch_gemm(x, w, b, out, lut)),
             "F.linear + F.gelu": host_us(lambda: F.gelu(F.linear(x, w, b), approximate="tanh"))}
     print(json.dumps(host))
     with open(args.json, "w") as f:

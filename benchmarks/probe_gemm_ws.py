@@ -159,7 +159,8 @@ if not GLUON_ERROR:
 
 def gemm_ws(x, w, b, epi=0, stages=None, group_m=GROUP_M, lut=None, schedule="pingpong"):
     """``bf16(x @ w.T + b)`` [then eager's gelu-tanh: epi 2 computed, 3 looked up in ``lut``] with the kernel of
-    kernels/linear_gelu.py: x [M, K], w [N, K] bf16 contiguous, K % 64 == 0."""
+    kernels/linear_gelu.py (``schedule="coop"``: this file's cooperative one): x [M, K], w [N, K] bf16 contiguous,
+    K % 64 == 0."""
     assert x.shape[1] % BK == 0 and x.is_contiguous() and w.is_contiguous()
     out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
     kernel = dict(COOP, kernel=_linear_gelu_coop_kernel) if schedule == "coop" else {}

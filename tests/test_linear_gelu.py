@@ -123,6 +123,12 @@ def test_the_plan_takes_the_call_the_dispatcher_makes(monkeypatch):
     torch.ops.diffusion_fuse.linear_gelu(x, w, None, "tanh")
     torch.ops.diffusion_fuse.linear_gelu(x, w, None, "none")
     assert seen == [3, 4]
+    seen.clear()
+    monkeypatch.setattr(lowering._dispatch_cat, "guard", lambda *a: (seen.append(len(a)) or (False, "test")))
+    a = torch.randn(4, 16).bfloat16()
+    torch.ops.diffusion_fuse.linear_gelu_cat(x, w, None, [a], [], "tanh")
+    torch.ops.diffusion_fuse.linear_gelu_cat(x, w, None, [a], [], "none")
+    assert seen == [5, 6]
 
 
 class _LinearGeluCat(torch.nn.Module):
@@ -158,6 +164,27 @@ def test_other_cats_leave_the_gelu_to_the_plain_op(kw):
     ref, out, report = compile_and_run(_LinearGeluCat(**kw), {"x": x, "a": a}, options=ON)
     assert bitwise_equal(ref, out)
     assert _ops(report) == ["diffusion_fuse::linear_gelu"]
+
+
+class _ReshapedGeluCat(torch.nn.Module):
+    """The linear's [M, N] output viewed to other rows and columns before its gelu and the cat (review finding:
+    the cat form's op would have had the wrong shapes)."""
+
+    def __init__(self, view):
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 96, dtype=torch.bfloat16)
+        self.view = view
+
+    def forward(self, x, a):
+        return torch.cat([a, F.gelu(self.fc(x).view(*self.view), approximate="tanh")], dim=-1)
+
+
+@pytest.mark.parametrize("view, a_shape", [((8, 48), (8, 16)), ((4, 2, 48), (4, 2, 16))])
+def test_a_gelu_of_a_reshaped_linear_leaves_the_cat_to_aten(view, a_shape):
+    torch._dynamo.reset()
+    x, a = torch.randn(4, 64, dtype=torch.bfloat16), torch.randn(*a_shape, dtype=torch.bfloat16)
+    ref, out, report = compile_and_run(_ReshapedGeluCat(view), {"x": x, "a": a}, options=ON)
+    assert bitwise_equal(ref, out) and _ops(report) == ["diffusion_fuse::linear_gelu"]
 
 
 def test_cat_reference_and_guard():

@@ -235,7 +235,8 @@ def gelu_table(approximate: str, device: torch.device):
 
 class GemmLaunch:
     """``out[M, N] = epilogue(bf16(x2 @ weight.T + bias))`` for one layout, launched directly after the first
-    call (kernels/launch.CachedLaunch): Gluon's JIT dispatch costs ~0.1 ms of host time per call.
+    call (kernels/launch.CachedLaunch), not through Gluon's JIT binding every argument on every call (an op call
+    takes 66.6 µs of host time planned, 122.1 when each call builds its launch: benchmarks/bench_linear_gelu.py).
 
     ``epi`` 3 is eager's gelu looked up in ``lut`` (kernels/lut16.py; what the op runs), 2 eager's gelu-tanh
     computed, 0 the linear alone (both for benchmarks/probe_gemm_ws.py). x2 [M, K], weight [N, K] bf16
@@ -295,20 +296,22 @@ def plan_linear_gelu_cat(x, weight, bias, before, after, approximate="tanh"):
     M, N = x.numel() // K, weight.shape[0]
     col = sum(t.shape[-1] for t in before)
     width = col + N + sum(t.shape[-1] for t in after)
+    starts, c = [], 0
+    for t in [*before, None, *after]:  # each piece's first column (None: the GEMM's)
+        if t is None:
+            c += N
+        else:
+            starts.append(c)
+            c += t.shape[-1]
     gemm = GemmLaunch(M, N, K, width, x.device, bias is not None, gelu_table(approximate, x.device))
     out_shape = (*x.shape[:-1], width)
 
     def launch(x, weight, bias, before, after, approximate="tanh"):
         out = torch.empty(out_shape, dtype=torch.bfloat16, device=x.device)
-        c = 0
-        for t in before:
+        # the pieces first: a GEMM store outside its columns would then show as a wrong piece
+        for c, t in zip(starts, [*before, *after]):
             out[..., c:c + t.shape[-1]].copy_(t)
-            c += t.shape[-1]
         gemm(x.view(M, K), weight, bias, out.view(M, width)[:, col:col + N])
-        c = col + N
-        for t in after:
-            out[..., c:c + t.shape[-1]].copy_(t)
-            c += t.shape[-1]
         return out
 
     return launch

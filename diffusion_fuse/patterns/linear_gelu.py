@@ -75,7 +75,7 @@ class LinearGelu(PatternFamily):
             return NearMiss(self.name, node, "not a bf16 linear (the kernel takes bf16)")
         inputs = [x2d, weight] + ([bias] if bias is not None else [])
         nodes = [mm, view, node] if view is not None else [mm, node]
-        cat = _last_dim_cat(node, xv)
+        cat = _last_dim_cat(node, xv, wv.shape[0])
         if cat is not None:
             return self._cat_site(node, cat, nodes, inputs, bias is not None, approximate)
         out_shape = list(val(node).shape)
@@ -109,11 +109,12 @@ class LinearGelu(PatternFamily):
                     outputs=[cat], emit=emit, op="diffusion_fuse::linear_gelu_cat")
 
 
-def _last_dim_cat(gelu: fx.Node, x2d_val: torch.Tensor) -> fx.Node | None:
+def _last_dim_cat(gelu: fx.Node, x2d_val: torch.Tensor, n: int) -> fx.Node | None:
     """The ``cat`` along the last dim that is ``gelu``'s only user, holding it once among bf16 pieces of its
-    leading dims, when the GEMM's input can be viewed to those dims (contiguous); else None."""
+    leading dims, when the GEMM's input can be viewed to those dims (contiguous) and the gelu's last dim is the
+    linear's N (a view to other rows / columns, e.g. [M, N] as [2M, N/2], leaves the cat to ATen); else None."""
     cat = single_user(gelu)
-    if not is_op(cat, aten.cat.default) or not x2d_val.is_contiguous():
+    if not is_op(cat, aten.cat.default) or not x2d_val.is_contiguous() or val(gelu).shape[-1] != n:
         return None
     pieces = cat.args[0]
     ndim = val(gelu).dim()

@@ -26,6 +26,7 @@ CASES = [  # (M, K, N, bias, approximate)
     (1000, 3072, 3072, True, "tanh"),  # rows not a multiple of 128
     (2048, 1536, 6144, False, "tanh"),
     (1024, 3072, 12288, True, "none"),  # erf's gelu (its table is exact too)
+    (640, 1024, 1000, True, "tanh"),  # N not a multiple of the tile: the last tile's columns masked
 ]
 
 
@@ -52,6 +53,7 @@ CAT_CASES = [  # (M, K, N, widths before, widths after)
     (1000, 1024, 4096, [], [72]),  # rows not a multiple of 128, a piece after, a column offset of 0
     (384, 1024, 2048, [8, 3072], [16]),  # column offsets 8 and 3080 (16-byte aligned stores)
     (384, 1024, 2048, [12], []),  # offset 12 (a row's start 8-byte aligned only)
+    (384, 1024, 1000, [12], [72]),  # N not a multiple of the tile: the last tile's masked columns, pieces on both sides
 ]
 
 
