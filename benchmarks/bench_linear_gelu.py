@@ -23,10 +23,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 
 import torch
 import torch.nn.functional as F
+from bench_pointwise import host_us_per_call
 from steady import steady_us
 from tabulate import tabulate
 
@@ -57,17 +57,6 @@ WORKLOADS = {  # name: (module, rows, K, N, with the attention piece)
 
 def _bits(t):
     return t.view(torch.int16)
-
-
-def host_us(fn, n=200) -> float:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n * 1e6
 
 
 def main() -> None:
@@ -120,9 +109,10 @@ def main() -> None:
     b = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(256, 1024, device="cuda", dtype=torch.bfloat16)
     lut = gelu_table("tanh", x.device)
-    host = {"op (planned, direct launch)": host_us(lambda: torch.ops.diffusion_fuse.linear_gelu(x, w, b)),
-            "launch built, Gluon JIT, each call": host_us(lambda: launch_gemm(x, w, b, out, lut)),
-            "F.linear + F.gelu": host_us(lambda: F.gelu(F.linear(x, w, b), approximate="tanh"))}
+    calls = {"op (planned, direct launch)": lambda: torch.ops.diffusion_fuse.linear_gelu(x, w, b),
+             "launch built, Gluon JIT, each call": lambda: launch_gemm(x, w, b, out, lut),
+             "F.linear + F.gelu": lambda: F.gelu(F.linear(x, w, b), approximate="tanh")}
+    host = {k: host_us_per_call(fn, (), n=200) for k, fn in calls.items()}
     print(json.dumps(host))
     with open(args.json, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "records": records,
