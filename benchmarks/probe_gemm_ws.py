@@ -46,7 +46,7 @@ if not GLUON_ERROR:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-    from diffusion_fuse.kernels.linear_gelu import _smem_layout, _store_chunk, _tile_ids
+    from diffusion_fuse.kernels.linear_gelu import _alloc_ring, _store_chunk, _tile_ids
 
 COOP = dict(bn=256, stages=3, num_warps=8, maxnreg=168)  # 12 warps (8 MMA, 4 epilogue) x 32 x 168 <= 64K registers
 
@@ -138,16 +138,7 @@ if not GLUON_ERROR:
                                  HAS_BIAS: gl.constexpr, EPI: gl.constexpr, TBM: gl.constexpr, TBN: gl.constexpr,
                                  TBK: gl.constexpr, GROUP: gl.constexpr, STG: gl.constexpr, LO: gl.constexpr,
                                  SPAN: gl.constexpr, SPECIAL: gl.constexpr, TABLE: gl.constexpr):
-        a_bufs = gl.allocate_shared_memory(gl.bfloat16, [STG, TBM, TBK], _smem_layout(TBM, TBK))
-        b_bufs = gl.allocate_shared_memory(gl.bfloat16, [STG, TBN, TBK], _smem_layout(TBN, TBK))
-        ready = gl.allocate_shared_memory(gl.int64, [STG, 1], mbarrier.MBarrierLayout())
-        handoff = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        epi_bufs = gl.allocate_shared_memory(gl.bfloat16, [1, TBM, TBN],
-                                             gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0]))
-        for i in gl.static_range(STG):
-            mbarrier.init(ready.index(i), count=1)
-        for i in gl.static_range(2):
-            mbarrier.init(handoff.index(i), count=1)
+        a_bufs, b_bufs, ready, handoff, epi_bufs = _alloc_ring(STG, TBM, TBN, TBK, 1)
         pid = gl.program_id(0)
         gl.warp_specialize([
             (_coop_mma, (a_desc, w_desc, a_bufs, b_bufs, ready, handoff, epi_bufs, LUT, BIAS, C, M, N, K, LDC, pid,

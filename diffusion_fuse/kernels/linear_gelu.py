@@ -65,6 +65,25 @@ if not GLUON_ERROR:
         return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.bfloat16)
 
     @gluon.jit
+    def _alloc_barriers(n: gl.constexpr):
+        bars = gl.allocate_shared_memory(gl.int64, [n, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(n):
+            mbarrier.init(bars.index(i), count=1)
+        return bars
+
+    @gluon.jit
+    def _alloc_ring(STG: gl.constexpr, TBM: gl.constexpr, TBN: gl.constexpr, TBK: gl.constexpr, EPI_BUFS: gl.constexpr):
+        """A program's shared memory: the STG-stage A and B ring with its ``ready`` barriers, two more barriers
+        (the ping-pong's turns, or the cooperative kernel's hand-off) and EPI_BUFS epilogue tile buffers."""
+        a_bufs = gl.allocate_shared_memory(gl.bfloat16, [STG, TBM, TBK], _smem_layout(TBM, TBK))
+        b_bufs = gl.allocate_shared_memory(gl.bfloat16, [STG, TBN, TBK], _smem_layout(TBN, TBK))
+        ready = _alloc_barriers(STG)
+        pair = _alloc_barriers(2)
+        epi_bufs = gl.allocate_shared_memory(gl.bfloat16, [EPI_BUFS, TBM, TBN],
+                                             gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0]))
+        return a_bufs, b_bufs, ready, pair, epi_bufs
+
+    @gluon.jit
     def _tile_ids(tile, num_pid_m, num_pid_n, GROUP: gl.constexpr):
         width = GROUP * num_pid_n
         first_m = (tile // width) * GROUP
@@ -191,18 +210,8 @@ if not GLUON_ERROR:
                             EPI: gl.constexpr, TBM: gl.constexpr, TBN: gl.constexpr, TBK: gl.constexpr, GROUP: gl.constexpr,
                             STG: gl.constexpr, LO: gl.constexpr, SPAN: gl.constexpr, SPECIAL: gl.constexpr,
                             TABLE: gl.constexpr):
-        a_bufs = gl.allocate_shared_memory(gl.bfloat16, [STG, TBM, TBK], _smem_layout(TBM, TBK))
-        b_bufs = gl.allocate_shared_memory(gl.bfloat16, [STG, TBN, TBK], _smem_layout(TBN, TBK))
-        ready = gl.allocate_shared_memory(gl.int64, [STG, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STG, 1], mbarrier.MBarrierLayout())
-        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        epi_bufs = gl.allocate_shared_memory(gl.bfloat16, [2, TBM, TBN],
-                                             gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0]))
-        for i in gl.static_range(STG):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
-        for i in gl.static_range(2):
-            mbarrier.init(turn.index(i), count=1)
+        a_bufs, b_bufs, ready, turn, epi_bufs = _alloc_ring(STG, TBM, TBN, TBK, 2)
+        empty = _alloc_barriers(STG)
         pid = gl.program_id(0)
         # The tuples are written out in the call: bound to a name first, their constexprs reach the workers
         # as tensors (Triton 3.6).
