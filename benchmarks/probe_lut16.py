@@ -7,8 +7,9 @@
    kernel, the pointwise pass's fused kernel (``gelu + clone``, libdevice ``tanhf``), the table kernel at a
    few block sizes, and an SM copy of the same bytes; each output compared bitwise with eager.
 
-3. FLUX's gelu chains (single block ``gelu + cat``, FF ``gelu + clone``) through the pass's generated kernel with the
-   lookup on and off (``Variants.lut16``), twice each, interleaved.
+3. FLUX's gelu chains (single block ``gelu + cat``, FF ``gelu + clone``) through the pass's generated kernel: the
+   default (the cat walked in row tiles with the lookup), ``Variants(row_tiles=False)`` (the cat's 1024-element
+   programs, recipe) and the lookup off (``Variants.lut16``), twice each, interleaved.
 
     python benchmarks/probe_lut16.py [--json PATH] [--chains-only]
 """
@@ -114,12 +115,14 @@ def chains() -> list[dict]:
         key = program_of(fn, *ins)
         moved = sum(t.numel() * t.element_size() for t in (*ins, ref))
         sets = input_sets(ins, moved)
-        for lut in (True, False, True, False):  # twice each, interleaved
-            call, src = launcher(key, ins, Variants(lut16=lut))
+        # twice each, interleaved: the default, the cat's 1024-element recipe programs instead of row tiles, no table
+        for v in (Variants(), Variants(row_tiles=False), Variants(lut16=False)) * 2:
+            call, src = launcher(key, ins, v)
             out = call(ins)[0]
             us = steady_us([lambda a=a: call(a) for a in sets])
-            rows.append({"chain": name, "lut16": lut, "tables": len(src.tables), "block": src.constexprs.get("BLOCK"),
-                         "warps": src.num_warps, "branches": src.source.count("if c0"), "us": us,
+            rows.append({"chain": name, "lut16": v.lut16, "row_tiles": "CAT_ROWS" in src.constexprs,
+                         "tables": len(src.tables), "block": src.constexprs.get("BLOCK"), "warps": src.num_warps,
+                         "branches": src.source.count("if c0"), "us": us,
                          "exact": bool(torch.equal(bits(out), bits(ref)))})
     return rows
 
@@ -131,9 +134,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.chains_only:
         ch = chains()
-        print(tabulate([[r["chain"], r["lut16"], r["tables"], r["block"], r["warps"], r["branches"], f"{r['us']:.1f}",
+        print(tabulate([[r["chain"], r["lut16"], r["row_tiles"], r["tables"], r["block"], r["warps"], r["branches"], f"{r['us']:.1f}",
                          r["exact"]] for r in ch],
-                       headers=["chain", "lut16", "tables", "BLOCK", "warps", "cat branches", "steady µs", "== eager"]))
+                       headers=["chain", "lut16", "row tiles", "tables", "BLOCK", "warps", "cat branches", "steady µs", "== eager"]))
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "chains": ch}, f, indent=2)
         return
@@ -144,9 +147,9 @@ def main() -> None:
     print(tabulate([[r["variant"], f"{r['us']:.1f}", f"{r['over_sm_copy']:.2f}", r["exact"]] for r in tm],
                    headers=["gelu-tanh [4096, 12288] bf16", "steady µs", "/ SM copy", "== eager"]))
     ch = chains()
-    print(tabulate([[r["chain"], r["lut16"], r["tables"], r["block"], r["warps"], r["branches"], f"{r['us']:.1f}",
+    print(tabulate([[r["chain"], r["lut16"], r["row_tiles"], r["tables"], r["block"], r["warps"], r["branches"], f"{r['us']:.1f}",
                      r["exact"]] for r in ch],
-                   headers=["chain", "lut16", "tables", "BLOCK", "warps", "cat branches", "steady µs", "== eager"]))
+                   headers=["chain", "lut16", "row tiles", "tables", "BLOCK", "warps", "cat branches", "steady µs", "== eager"]))
     with open(args.json, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "exhaustive": ex,
                    "timing": tm, "chains": ch}, f, indent=2)

@@ -81,7 +81,9 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = nosass ]; then
   want bench_e2e && step bench_e2e "${E2E_LIMIT:-400}" python3 benchmarks/bench_e2e.py --json "$OUT/bench_e2e.json" ${BENCH_E2E_ARGS:-}
   want bench_linear_gelu && step bench_linear_gelu 300 python3 benchmarks/bench_linear_gelu.py \
     --json "$OUT/bench_linear_gelu.json"
-  want probe_lut16 && step probe_lut16 200 python3 benchmarks/probe_lut16.py --json "$OUT/probe_lut16.json"
+  # shellcheck disable=SC2086  # PROBE_LUT16_ARGS: e.g. --chains-only
+  want probe_lut16 && step probe_lut16 200 python3 benchmarks/probe_lut16.py --json "$OUT/probe_lut16.json" \
+    ${PROBE_LUT16_ARGS:-}
   # shellcheck disable=SC2086  # opt-in (BENCHES="probe_gemm_exact"): minutes of Triton builds
   [[ " ${BENCHES:-} " == *" probe_gemm_exact "* ]] && step probe_gemm_exact "${GEMM_LIMIT:-300}" python3 benchmarks/probe_gemm_exact.py \
     --json "$OUT/probe_gemm_exact.json" ${PROBE_GEMM_ARGS:-}

@@ -123,7 +123,7 @@ class DiffusionFuseBackend:
         def on_context(graph: fx.Graph, ctx) -> None:
             greport.inductor_sites = sorted(s.id for s in ctx.sites)
 
-        keep = {a for fam in REGISTRY.enabled(self.options.pattern_enabled) for a in fam.anchors}
+        keep = {a for fam in REGISTRY.searched(self.options) for a in fam.anchors}
         decomps = {op: fn for op, fn in select_decomp_table().items() if op not in keep}
         _lower_kept_anchors_as_fallbacks(keep & set(select_decomp_table()))
         patches: dict[str, Any] = dict(list_mode_options(self.options.mode) if self.options.mode else {})

@@ -4,8 +4,9 @@ The CLI runs in subprocesses (started together, read by the tests below): tiny F
 (exact counts, HTML and JSON), and a script with one AdaLN site and one LayerNorm whose output
 has an extra user (a near miss), run with a wrong kernel injected (``--fault``).
 Counts are summed over the AdaLN pattern families the report lists, so another family taking
-some of these sites (e.g. one that folds the residual add in) leaves them unchanged; family
-``pointwise`` (the groups of pointwise ops the others left) is counted on its own.
+some of these sites (e.g. one that folds the residual add in) leaves them unchanged; families
+``pointwise`` (the groups of pointwise ops the others left) and ``linear_cat`` (the joint attention's value cat)
+are counted on their own.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ WAN21 = {"matched": 4, "kept": 4, "rejected": 0, "unverified": 0, "kernel hits":
          "kernel errors": 0}
 # tests/test_models_lossless.py POINTWISE_SITES: tiny FLUX bf16, tiny Wan 2.1 fp32
 FLUX_POINTWISE, WAN21_POINTWISE = 17, 6
+# tests/test_models_lossless.py LINEAR_CAT_SITES: FLUX's joint-attention value cat; its op runs the GEMMs on the CPU too
+FLUX_LINEAR_CAT = 1
+OWN_ROWS = ("pointwise", "linear_cat")  # families counted on their own
 FAULT_INDEX = 37  # element 37 of a [2, 8, 32] output is [0, 1, 5]
 
 SCRIPT = '''
@@ -115,8 +119,8 @@ def summary_from_text(out: str) -> tuple[dict[str, dict[str, int]], dict[str, in
 
 
 def totals(rows: dict[str, dict[str, int]]) -> dict[str, int]:
-    """Column sums over the AdaLN families (family pointwise left out)."""
-    return {c: sum(r[c] for name, r in rows.items() if name != "pointwise") for c in SUMMARY_COLUMNS}
+    """Column sums over the AdaLN families (OWN_ROWS left out)."""
+    return {c: sum(r[c] for name, r in rows.items() if name not in OWN_ROWS) for c in SUMMARY_COLUMNS}
 
 
 def pointwise_row(n_sites: int) -> dict[str, int]:
@@ -136,23 +140,25 @@ def test_cli_flux_table_has_the_expected_counts(cli):
     assert "norm_modulate" in rows
     assert totals(rows) == FLUX, run["out"]
     assert rows["pointwise"] == pointwise_row(FLUX_POINTWISE), run["out"]
-    assert total is None or total == {c: FLUX[c] + rows["pointwise"][c] for c in SUMMARY_COLUMNS}
+    assert rows["linear_cat"] == {"matched": 1, "kept": 1, "rejected": 0, "unverified": 0, "kernel hits": 2,
+                                  "guard fallbacks": 0, "kernel errors": 0}, run["out"]
+    assert total is None or total == {c: FLUX[c] + sum(rows[f][c] for f in OWN_ROWS) for c in SUMMARY_COLUMNS}
     assert "output: bit-identical to eager" in run["out"]
     # every site is listed with its source line and verdict
     site_lines = [ln for ln in run["out"].splitlines() if re.match(r"\S+@\S+\.py:\d+#\d+\s", ln)]
-    assert len(site_lines) == 6 + FLUX_POINTWISE and all(" kept " in ln and "bitwise equal" in ln for ln in site_lines)
+    assert len(site_lines) == 6 + FLUX_POINTWISE + FLUX_LINEAR_CAT and all(" kept " in ln and "bitwise equal" in ln for ln in site_lines)
 
 
 def test_cli_flux_html_and_json(cli):
     run = cli["flux"]
     els = html_of(run, "flux.html")
     sites = select(els, "tr", "site")
-    n_sites = 6 + FLUX_POINTWISE
+    n_sites = 6 + FLUX_POINTWISE + FLUX_LINEAR_CAT
     assert len(sites) == n_sites and {s.data("status") for s in sites} == {"kept"}
     assert all(re.search(r"\.py:\d+$", s.data("location")) for s in sites)
     fams = select(els, "tr", "family")
     assert {f.data("family") for f in fams} >= {"norm_modulate", "pointwise"}
-    assert {c: sum(int(f.data(c.replace(" ", "-"))) for f in fams if f.data("family") != "pointwise")
+    assert {c: sum(int(f.data(c.replace(" ", "-"))) for f in fams if f.data("family") not in OWN_ROWS)
             for c in SUMMARY_COLUMNS} == FLUX
     # per-site before/after: node lists, edges, two drawings, a code diff with the new op
     details = select(els, "section", "site-detail")
@@ -169,7 +175,7 @@ def test_cli_flux_html_and_json(cli):
     assert "diffusion_fuse.ln_modulate.default" in code.text and "-    native_layer_norm" in code.text
     assert not select(els, "tr", "near-miss")
     data = json.loads((run["dir"] / "flux.json").read_text())
-    assert {c: sum(r[c] for r in data["summary"] if r["family"] != "pointwise") for c in SUMMARY_COLUMNS} == FLUX
+    assert {c: sum(r[c] for r in data["summary"] if r["family"] not in OWN_ROWS) for c in SUMMARY_COLUMNS} == FLUX
     (g,) = data["graphs"]
     assert len(g["sites"]) == n_sites and g["ref_code"] and g["final_code"] and g["ref_graph"]["edges"]
 

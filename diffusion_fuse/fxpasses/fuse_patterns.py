@@ -119,10 +119,7 @@ class FusePatternsPass(GraphPass):
         return "|".join(parts)
 
     def __call__(self, graph: fx.Graph, ctx: PassContext) -> None:
-        families = REGISTRY.enabled(ctx.options.pattern_enabled)
-        if ctx.options.quality == "lossless":
-            families = [f for f in families if f.tier == "lossless"]
-        by_anchor = REGISTRY.by_anchor(families)
+        by_anchor = REGISTRY.by_anchor(REGISTRY.searched(ctx.options))
         if not by_anchor:
             return
         claimed: set[fx.Node] = set()

@@ -75,6 +75,7 @@ BLOCK = 1024
 # program: larger programs amortize it (H200, gelu-tanh [4096, 12288]: 8192 elements / 16 warps 50.7 µs, an SM
 # copy's time; 2048 / 4 64.3; results/h200-2026-11-30j/run1/probe_lut16.json)
 LUT_BLOCK, LUT_WARPS = 8192, 16
+CAT_ROWS = LUT_BLOCK // BLOCK  # rows of a row-tiled program (Generator._cat_row_tiles): LUT_BLOCK elements
 NUM_WARPS = 4
 TILE_X, TILE_Y = 64, 32  # tiled kernels: 2048 elements per program; a row of 64 bf16 / 32 fp32 is 128 bytes
 _MIN_RUN = 16  # elements an access must have contiguous along the fast index to count as coalesced
@@ -312,6 +313,9 @@ class Generator(Emit):
         self.accesses: list[tuple[Lin, int]] = []  # (offset, bytes per element) of every load and store
         self.device = device
         self.block = BLOCK  # LUT_BLOCK in a flat kernel that looks an op up (generate decides)
+        # A flat kernel over row tiles: programs of CAT_ROWS rows x BLOCK columns of a last-dim cat's output, each
+        # inside one input (generate decides; see _cat_row_tiles)
+        self.row_tiles = False
         self.tables: list[tuple[tuple, object]] = []  # (table key, Lut16) of the lut{i} parameters
 
     # --- emission --------------------------------------------------------------------------
@@ -518,7 +522,7 @@ class Generator(Emit):
 
     def _lut16(self, n: fx.Node, idx: list[Lin], mask: str) -> Val | None:
         """``n`` looked up in eager's table (kernels/lut16.py), in a flat kernel; None: the recipe computes it."""
-        if self.block != LUT_BLOCK or not self._lut16_candidate(n):
+        if (self.block != LUT_BLOCK and not self.row_tiles) or not self._lut16_candidate(n):
             return None
         a = n.args[0]
         v = self.value(a, self._broadcast(a, idx, self.meta(n).shape), mask)
@@ -531,8 +535,14 @@ class Generator(Emit):
             i = len(self.tables)
             self.tables.append((key, lut))
         c = lut.constexprs()
-        b = self.tmp(f"tl.broadcast_to({v.code}, [BLOCK]).to(tl.bfloat16).to(tl.uint16, bitcast=True).to(tl.int32)")
-        r = self.tmp(f"lut16_apply({b}, lut{i}_t, {c['LO']}, {c['SPAN']}, {c['SPECIAL']})")
+        b = self.tmp(f"tl.broadcast_to({v.code}, {self.block_shape}).to(tl.bfloat16).to(tl.uint16, bitcast=True)"
+                     ".to(tl.int32)")
+        if self.row_tiles:  # tl.gather takes an index of the table's rank: the tile's lanes as one row
+            flat = self.tmp(f"tl.reshape({b}, [CAT_ROWS * BLOCK])")
+            r1 = self.tmp(f"lut16_apply({flat}, lut{i}_t, {c['LO']}, {c['SPAN']}, {c['SPECIAL']})")
+            r = self.tmp(f"tl.reshape({r1}, [CAT_ROWS, BLOCK])")
+        else:
+            r = self.tmp(f"lut16_apply({b}, lut{i}_t, {c['LO']}, {c['SPAN']}, {c['SPECIAL']})")
         return Val(self.tmp(f"{r}.to(tl.uint16).to(tl.bfloat16, bitcast=True).to(tl.float32)"), torch.bfloat16)
 
     def _uniform_cat(self, o: fx.Node, idx: list[Lin]) -> tuple[Term, list] | None:
@@ -568,13 +578,27 @@ class Generator(Emit):
         self.block = saved
         return branches[0] and not branches[1]
 
+    def _cat_row_tiles(self, outs: list[fx.Node], shape: Sequence[int]) -> bool:
+        """Whether the one output is a cat along its last dim whose inputs' widths ``BLOCK`` divides, with a lookup
+        in it: then programs of ``CAT_ROWS`` rows x ``BLOCK`` columns each lie in one input (one branch per program)
+        and are as large as LUT_BLOCK, which amortizes the table (FLUX's single block: ``cat([attn, gelu(mlp)], 2)``
+        of widths 3072 + 12288, where flat LUT_BLOCK programs straddle the inputs and 1024-element ones would fill
+        the table once per 1024 elements)."""
+        if not self.variants.row_tiles or len(outs) != 1 or len(shape) < 2 or shape[-1] % BLOCK:
+            return False
+        if any(n.target is aten.unbind.int for n in self.gm.graph.nodes):
+            return False  # the pair rotation (RoPE) reshapes flat [BLOCK] lanes
+        uniform = self._uniform_cat(outs[0], self.unravel(Lin.of(Term("f", 1, 0)), shape))
+        return uniform is not None and uniform[0].div == 1
+
     def _branch_per_program(self, spec: TensorSpec, idx: list[Lin], uniform: tuple[Term, list],
                             i64: bool) -> list[str]:
         """The store of a ``_uniform_cat`` output: ``if c0 < hi: <that input's chain, stored>`` per input, where
         ``c0`` is the cat index of the program's first element. Each branch has its own temporaries."""
         t, branches = uniform
         pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
-        self.lines.append(f"c0 = {Term('f0', t.div, t.mod).code()}".replace("f0", f"({pid} * BLOCK)", 1))
+        first = "b0" if self.row_tiles else f"({pid} * BLOCK)"  # the flat index of the program's first element
+        self.lines.append(f"c0 = {Term('f0', t.div, t.mod).code()}".replace("f0", first, 1))
         flat_off = flatten(idx, spec.stride, spec.shape)
         self.accesses.append((flat_off, spec.dtype.itemsize))
         ptr = self.block_ptr("out0", flat_off)
@@ -709,15 +733,30 @@ class Generator(Emit):
             raise Unsupported("empty output")
         i64 = self.index_dtype != "int32"
         if tile is None:
-            if any(self._lut16_candidate(n) for n in self.gm.graph.nodes) and not self._cat_branches_only_at(
-                    BLOCK, outs, specs[0].shape):
-                self.block = LUT_BLOCK
+            if any(self._lut16_candidate(n) for n in self.gm.graph.nodes):
+                if not self._cat_branches_only_at(BLOCK, outs, specs[0].shape):
+                    self.block = LUT_BLOCK
+                else:
+                    self.row_tiles = self._cat_row_tiles(outs, specs[0].shape)
             self.bounds = {"f": numel}
             pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
-            head = [f"f = {pid} * BLOCK + tl.arange(0, BLOCK)", "m = f < numel"]
             index_of = lambda shape: self.unravel(Lin.of(Term("f", 1, 0)), shape)  # noqa: E731
-            grid, constexprs = (triton.cdiv(numel, self.block),), {"BLOCK": self.block}
-            tparams = ["BLOCK: tl.constexpr"]
+            if self.row_tiles:
+                width = specs[0].shape[-1]
+                rows = numel // width
+                pid1 = "tl.program_id(1).to(tl.int64)" if i64 else "tl.program_id(1)"
+                head = [f"r = {pid} * CAT_ROWS + tl.arange(0, CAT_ROWS)[:, None]",
+                        f"f = r * {width} + ({pid1} * BLOCK + tl.arange(0, BLOCK)[None, :])",
+                        f"m = tl.broadcast_to(r < {rows}, [CAT_ROWS, BLOCK])",
+                        f"b0 = {pid} * (CAT_ROWS * {width}) + {pid1} * BLOCK"]
+                grid = (triton.cdiv(rows, CAT_ROWS), width // BLOCK)
+                constexprs = {"BLOCK": self.block, "CAT_ROWS": CAT_ROWS}
+                tparams = ["BLOCK: tl.constexpr", "CAT_ROWS: tl.constexpr"]
+                self.block_shape = "[CAT_ROWS, BLOCK]"
+            else:
+                head = [f"f = {pid} * BLOCK + tl.arange(0, BLOCK)", "m = f < numel"]
+                grid, constexprs = (triton.cdiv(numel, self.block),), {"BLOCK": self.block}
+                tparams = ["BLOCK: tl.constexpr"]
         else:
             shape = specs[0].shape
             if any(s.shape != shape for s in specs):

@@ -105,6 +105,10 @@ class Variants:
     # (kernels/lut16.py): exact by construction, 17.5 instead of 33 sm_90 instructions per gelu-tanh element
     # (tests/kernels/test_compile_sm90.py::test_lut16_gelu_takes_fewer_instructions_than_its_recipe)
     lut16: bool = True
+    # a last-dim cat with a looked-up op in it, whose inputs' widths BLOCK divides, walked in programs of rows x
+    # BLOCK columns, each inside one input (pointwise_codegen.Generator._cat_row_tiles); off: 1024-element flat
+    # programs with the recipe
+    row_tiles: bool = True
 
 
 DEFAULT_VARIANTS = Variants()

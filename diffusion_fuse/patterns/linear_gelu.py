@@ -26,25 +26,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from .match_utils import aten, is_op, single_user, val
+from .match_utils import aten, is_op, linear_of, single_user, val
 from .registry import NearMiss, PatternFamily, Site, register_family
-
-
-def _linear_of(y: object) -> tuple[fx.Node, fx.Node | None, fx.Node, fx.Node, fx.Node | None] | None:
-    """``(mm, view, x2d, weight, bias)`` of ``[view](addmm(bias, x2d, t(w)))`` or ``[view](mm(x2d, t(w)))``
-    (a 2-D input's linear has no view)."""
-    view = y if is_op(y, aten.view.default, aten._unsafe_view.default) else None
-    mm = view.args[0] if view is not None else y
-    if is_op(mm, aten.addmm.default) and not mm.kwargs and len(mm.args) == 3:
-        bias, x2d, wt = mm.args
-    elif is_op(mm, aten.mm.default) and not mm.kwargs:
-        bias, (x2d, wt) = None, mm.args
-    else:
-        return None
-    if not is_op(wt, aten.t.default, aten.permute.default) or (
-            is_op(wt, aten.permute.default) and list(wt.args[1]) != [1, 0]):
-        return None
-    return mm, view, x2d, wt.args[0], bias
 
 
 @register_family
@@ -62,7 +45,7 @@ class LinearGelu(PatternFamily):
     )
 
     def match(self, node: fx.Node) -> Site | NearMiss | None:
-        pieces = _linear_of(node.args[0])
+        pieces = linear_of(node.args[0])
         if pieces is None:
             return None
         mm, view, x2d, weight, bias = pieces

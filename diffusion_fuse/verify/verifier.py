@@ -90,8 +90,7 @@ def site_record(site: Site, tier: str) -> SiteRecord:
 
 def searched_families(options: Options) -> list[str]:
     """The families the fuse pass looks for under ``options`` (registry order)."""
-    return [f.name for f in REGISTRY.enabled(options.pattern_enabled)
-            if options.quality != "lossless" or f.tier == "lossless"]
+    return [f.name for f in REGISTRY.searched(options)]
 
 
 def mutated_placeholders(gm: fx.GraphModule) -> list[int]:

@@ -126,10 +126,10 @@ CASES = ["rope", "rope_cat", "gated_residual", "gelu_cat", "swiglu", "wan_residu
          "sana_key_relu_fp32", "bias_add", "cat_per_program", "gelu_cat_branches", "cat_three_chains", "cat_rows"]
 # cats whose kernel branches once per program on the input its BLOCK lies in (number of branches)
 BRANCHES = {"gelu_cat_branches": 2, "cat_three_chains": 3, "cat_rows": 2, "gelu_cat": 0}
-# bf16 gelu chains: gelu through eager's own output table (kernels/lut16.py): (lookups, tables) in the kernel.
-# Not gelu_cat_branches: a cat whose inputs split on BLOCK but not on LUT_BLOCK multiples keeps its branch per
-# program and the recipe (BRANCHES checks it with the default variants)
-LUT_CASES = {"gelu_cat": (1, 1), "gelu_clone": (1, 1)}
+# bf16 gelu chains: gelu through eager's own output table (kernels/lut16.py): (lookups, tables, row tiles) in the
+# kernel. gelu_cat_branches: a last-dim cat whose inputs split on BLOCK but not on LUT_BLOCK multiples walks row
+# tiles of CAT_ROWS x BLOCK, each program inside one input (its branch per program: BRANCHES)
+LUT_CASES = {"gelu_cat": (1, 1, False), "gelu_clone": (1, 1, False), "gelu_cat_branches": (1, 1, True)}
 # fp32 cases whose ops eager computes alike on CPU and CUDA, and the interpreter exactly: bitwise
 EXACT = {"fp32_chain", "where_mask", "strided_in", "permuted_out", "sana_query_relu", "sana_key_relu",
          "sana_value_float", "sana_key_relu_fp32", "cat_per_program", "cat_three_chains", "cat_rows"}
@@ -226,8 +226,10 @@ def worker() -> dict:
                                if "tl.load(" in ln and "mask=" not in ln] if src else None,
             "branches": [ln.strip() for ln in src.source.splitlines()
                          if ln.strip().startswith(("if c0", "elif c0", "else:"))] if src else None,
-            "loads": [ln.strip() for ln in src.source.splitlines() if "tl.load(" in ln] if src else None,
+            "loads": [ln.strip() for ln in src.source.splitlines()  # the inputs' (not a lookup table's)
+                      if "tl.load(" in ln and not ln.strip().startswith("lut")] if src else None,
             "lut": {"lookups": lut_src.source.count("lut16_apply("), "block": lut_src.constexprs.get("BLOCK"),
+                    "rows": lut_src.constexprs.get("CAT_ROWS"), "grid": list(lut_src.grid),
                     "warps": lut_src.num_warps, "tables": len(lut_src.tables)} if lut_src else None,
         }
     res["random_layouts"] = random_layouts()
@@ -285,11 +287,15 @@ def test_layout_reads_and_writes_contiguously(results, case):
 def test_bf16_gelu_is_looked_up_in_eagers_table(results, case):
     """gelu (tanh) from bf16 to bf16 is a lookup in a table of CPU eager's outputs here (the GPU's eager on the
     GPU), in programs of LUT_BLOCK elements and LUT_WARPS warps; the chain's output is then CPU eager's, bitwise."""
-    from diffusion_fuse.kernels.pointwise_codegen import LUT_BLOCK, LUT_WARPS
+    from diffusion_fuse.kernels.pointwise_codegen import BLOCK, CAT_ROWS, LUT_BLOCK, LUT_WARPS
 
     r = results[case]
-    lookups, tables = LUT_CASES[case]
-    assert r["lut"] == {"lookups": lookups, "block": LUT_BLOCK, "warps": LUT_WARPS, "tables": tables}, r["lut"]
+    lookups, tables, row_tiles = LUT_CASES[case]
+    want = {"lookups": lookups, "block": LUT_BLOCK, "rows": None, "warps": LUT_WARPS, "tables": tables}
+    if row_tiles:  # [1, 3, 1024 + 3072]: one program of CAT_ROWS rows per BLOCK columns
+        assert CAT_ROWS * BLOCK == LUT_BLOCK and r["lut"]["grid"] == [1, 4], r["lut"]
+        want.update(block=BLOCK, rows=CAT_ROWS)
+    assert {k: v for k, v in r["lut"].items() if k != "grid"} == want, r["lut"]
     assert r["equal"], r
 
 
