@@ -374,7 +374,7 @@ def compile_pointwise(fn, *args):
     """Generate the kernel for ``fn`` (as one program) at these inputs' layout and compile it for sm_90."""
     import torch
 
-    from diffusion_fuse.kernels.pointwise_codegen import NUM_WARPS, load_kernel
+    from diffusion_fuse.kernels.pointwise_codegen import load_kernel
     from diffusion_fuse.lowering.pointwise import generate_source
     from diffusion_fuse.testing.pointwise import program_of
 
@@ -383,13 +383,14 @@ def compile_pointwise(fn, *args):
     k = load_kernel(src)
     sig = {**{f"in{i}": ptr[t.dtype] for i, t in enumerate(args)},
            **{f"out{j}": ptr[o.dtype] for j, o in enumerate(src.outputs)}, "numel": "i32",
+           **{f"lut{i}": "*i32" for i in range(len(src.tables))},  # lookup tables (kernels/lut16.py)
            **{c: "constexpr" for c in src.constexprs}}
     # what Triton's JIT specializes at runtime for aligned pointers and a numel divisible by 16
-    attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(args) + len(src.outputs) + 1)}
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(args) + len(src.outputs) + 1 + len(src.tables))}
     ast = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(c),): v for c, v in src.constexprs.items()},
                     attrs=attrs)
     return src, triton.compile(ast, target=GPUTarget("cuda", 90, 32),
-                               options={"num_warps": NUM_WARPS, **EAGER_NUMERICS})
+                               options={"num_warps": src.num_warps, **EAGER_NUMERICS})
 
 
 def _pointwise_case(name):
@@ -435,6 +436,9 @@ def test_pointwise_kernels_compile_for_sm90(name):
     if name in ("gated_residual", "wan_residual", "gelu_cat"):
         # contiguous operands: the index simplifies to the flat offset, loads and stores are 16-byte vectors
         assert "ld.global.v4" in ptx and "st.global.v4" in ptx, name
+    if name == "gelu_cat":
+        # FLUX's single block: row tiles of CAT_ROWS x BLOCK, gelu looked up (one table in shared memory)
+        assert "CAT_ROWS" in src.constexprs and len(src.tables) == 1 and ck.metadata.shared >= 16384, src.constexprs
     if name == "rope_double":
         # the rotation partner is the neighbouring lane's element, swapped in registers: x is read once with
         # vector loads, no scalar partner loads, no shared memory
