@@ -4,8 +4,8 @@ FLUX.1-dev's CUDA-graph forward (results/h200-2026-12-01b/run4/profile_flux1_los
 ``Memset`` nodes, one before each of cuBLAS's cooperative ``nvjet`` GEMMs (and its split-K ones), and 282 gaps of
 2-5 µs (0.70 ms), nearly all "Memset -> nvjet ... coop". Eager and Inductor have the same memsets. A memset node
 depends on the node before it in stream order, so the GEMM waits for kernel -> memset -> GEMM, two transitions. If
-the memset instead depended on what that kernel depends on, it could run while the kernel runs, and the GEMM would
-follow the kernel directly. That is only safe when the kernel before it does not use cuBLAS's workspace (the
+the memset instead depended on what that kernel depends on (and the GEMM on both), it could run while the kernel
+runs, and the GEMM would follow the kernel directly. That is only safe when the kernel before it does not use cuBLAS's workspace (the
 memset zeroes part of it): here the kernel before each GEMM is an elementwise one, as our norm and pointwise
 kernels are in the model.
 
@@ -105,8 +105,10 @@ def hoist_memsets(edit: GraphEdit, graph: int) -> int:
     dependencies; returns how many were moved."""
     types = {n: edit.node_type(n) for n in edit.nodes(graph)}
     deps: dict[int, list[int]] = {}
+    users: dict[int, list[int]] = {}
     for a, b in edit.edges(graph):
         deps.setdefault(b, []).append(a)
+        users.setdefault(a, []).append(b)
     moved = 0
     for m, t in types.items():
         if t != MEMSET or len(deps.get(m, [])) != 1:
@@ -116,6 +118,8 @@ def hoist_memsets(edit: GraphEdit, graph: int) -> int:
             continue  # the kernel before it may be cuBLAS's (it would share the workspace): leave it
         edit.remove_edges(graph, [(k, m)])
         edit.add_edges(graph, [(d, m) for d in deps.get(k, [])])
+        # what followed the memset (the GEMM) followed the kernel through it: it must still wait for the kernel
+        edit.add_edges(graph, [(k, g) for g in users.get(m, [])])
         moved += 1
     return moved
 
