@@ -15,7 +15,8 @@ Covered ATen form (nn.Linear as AOTAutograd traces it, default ``beta``/``alpha`
 where every dim of the ``cat`` before ``d`` has size 1 (batch 1: a larger batch interleaves the pieces'
 rows, left to ATen with a near-miss note), each linear and its view are read only by the ``cat``, and all
 pieces share the ``cat``'s dtype. Tier lossless only: in tier high, Inductor plans a ``cat``'s inputs into its
-buffer itself.
+buffer itself. With ``options={"side_stream": True}`` the op runs on the main stream, the text projection
+with it (the side-stream pass sees one GEMM op of all the rows).
 """
 
 from __future__ import annotations
