@@ -7,7 +7,7 @@ import diffusion_fuse
 from diffusion_fuse.fxpasses.inductor_pass import InductorFusePass
 from diffusion_fuse.testing.tiny_models import build
 from helpers import compile_and_run
-from test_models_lossless import EXPECTED_SITES
+from test_models_lossless import EXPECTED_SITES, LINEAR_CAT_SITES
 from test_rms_norm_patterns import CHAIN_SITES
 from test_verifier import SigmoidModulate, inputs, search
 
@@ -19,8 +19,10 @@ def test_high_tier_compiles_through_inductor_with_the_pattern_applied(name):
     g = report.graphs[0]
     assert g.quality == "high"
     # The pass ran inside Inductor and took the same sites the verifier judged: the lossless
-    # families' and, tier high only, every RMSNorm chain (not exact, judged within tolerance).
-    assert sorted(g.inductor_sites) == sorted(g.sites) and len(g.sites) == EXPECTED_SITES[name] + CHAIN_SITES[name]
+    # families' (the AdaLN ones and linear_cat's) and, tier high only, every RMSNorm chain (not exact, judged
+    # within tolerance).
+    n_sites = EXPECTED_SITES[name] + LINEAR_CAT_SITES.get(name, 0) + CHAIN_SITES[name]
+    assert sorted(g.inductor_sites) == sorted(g.sites) and len(g.sites) == n_sites
     assert all(s.status == "kept" for s in g.sites.values())
     assert sorted(s.exact for s in g.sites.values() if s.pattern == "rms_norm_chain") == [False] * CHAIN_SITES[name]
     assert g.verifications[-1]["inductor_within_tolerance"], g.verifications

@@ -565,9 +565,10 @@ class Generator(Emit):
 
     def _cat_branches_only_at(self, block: int, outs: list[fx.Node], shape: Sequence[int]) -> bool:
         """The one output is a cat whose programs each lie in one input at ``block`` elements, not at LUT_BLOCK.
-        Such a kernel keeps its branch per program and the recipe: FLUX's gelu + cat at 3072 + 12288 took
-        77.0-77.5 µs so, 78.1-78.7 looked up in LUT_BLOCK programs whose lanes select their input
-        (results/h200-2026-11-30j/run3/probe_lut16_chains.json)."""
+        Such a kernel keeps its branch per program: in row tiles with the lookup where ``_cat_row_tiles`` allows
+        (FLUX's gelu + cat at 3072 + 12288: 72.5-72.9 µs, results/h200-2026-12-01b/run1/probe_lut16.json), else
+        flat ``block``-element programs with the recipe (77.0-77.5 µs, against 78.1-78.7 looked up in LUT_BLOCK
+        programs whose lanes select their input, results/h200-2026-11-30j/run3/probe_lut16_chains.json)."""
         if len(outs) != 1:
             return False
         flat_idx = self.unravel(Lin.of(Term("f", 1, 0)), shape)
@@ -745,10 +746,14 @@ class Generator(Emit):
                 width = specs[0].shape[-1]
                 rows = numel // width
                 pid1 = "tl.program_id(1).to(tl.int64)" if i64 else "tl.program_id(1)"
-                head = [f"r = {pid} * CAT_ROWS + tl.arange(0, CAT_ROWS)[:, None]",
+                # the last program's rows past the end address the last row (masked): no index runs past the
+                # tensors, so lowering/pointwise.py's int32 margin holds. b0: the first column's flat index in a
+                # row, all the cat's branch needs (its index is f % width)
+                head = [f"ri = {pid} * CAT_ROWS + tl.arange(0, CAT_ROWS)[:, None]",
+                        f"r = tl.minimum(ri, {rows - 1})",
                         f"f = r * {width} + ({pid1} * BLOCK + tl.arange(0, BLOCK)[None, :])",
-                        f"m = tl.broadcast_to(r < {rows}, [CAT_ROWS, BLOCK])",
-                        f"b0 = {pid} * (CAT_ROWS * {width}) + {pid1} * BLOCK"]
+                        f"m = tl.broadcast_to(ri < {rows}, [CAT_ROWS, BLOCK])",
+                        f"b0 = {pid1} * BLOCK"]
                 grid = (triton.cdiv(rows, CAT_ROWS), width // BLOCK)
                 constexprs = {"BLOCK": self.block, "CAT_ROWS": CAT_ROWS}
                 tparams = ["BLOCK: tl.constexpr", "CAT_ROWS: tl.constexpr"]

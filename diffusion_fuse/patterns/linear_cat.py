@@ -14,8 +14,8 @@ Covered ATen form (nn.Linear as AOTAutograd traces it, default ``beta``/``alpha`
 
 where every dim of the ``cat`` before ``d`` has size 1 (batch 1: a larger batch interleaves the pieces'
 rows, left to ATen with a near-miss note), each linear and its view are read only by the ``cat``, and all
-pieces share the ``cat``'s dtype. Tier lossless only: in tier high, Inductor plans a ``cat``'s inputs into its
-buffer itself. With ``options={"side_stream": True}`` the op runs on the main stream, the text projection
+pieces share the ``cat``'s dtype. Both tiers: Inductor (tier high) does not do this itself (its ``cat`` copies GEMM
+outputs, whose layouts are fixed, into the buffer), and it runs the op as an external kernel. With ``options={"side_stream": True}`` the op runs on the main stream, the text projection
 with it (the side-stream pass sees one GEMM op of all the rows).
 """
 
@@ -47,7 +47,6 @@ class LinearCat(PatternFamily):
     name = "linear_cat"
     tier = "lossless"
     anchors = (aten.cat.default,)
-    lossless_tier_only = True  # Inductor writes a cat's GEMM inputs into the cat buffer itself
     description = "cat of linears along the token dim (joint attention's value): each GEMM writes its rows"
     variants = (
         "cat([view(addmm(b, x2d, t(W)), [1, S_i, ...]), ...], 1)",

@@ -80,8 +80,6 @@ class PatternFamily:
     found_by_pass: ClassVar[bool] = False
     # False: off unless ``Options(patterns={name: True})`` (a family still waiting for its end-to-end measurement)
     default_on: ClassVar[bool] = True
-    # True: a rewrite Inductor makes itself, searched in tier lossless only (tier high hands the graph to Inductor)
-    lossless_tier_only: ClassVar[bool] = False
 
     def match(self, node: fx.Node) -> Site | NearMiss | None:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -120,12 +118,10 @@ class Registry:
         return [f for f in self.families() if pattern_enabled(f.name, f.tier, f.default_on)]
 
     def searched(self, options) -> list[PatternFamily]:
-        """The families the fuse pass looks for under ``options`` (an ``Options``): the enabled ones; in tier
-        lossless only the exact ones, in tier high all but those Inductor does itself (``lossless_tier_only``)."""
+        """The families the fuse pass looks for under ``options`` (an ``Options``): the enabled ones, and in tier
+        lossless only the exact ones."""
         fams = self.enabled(options.pattern_enabled)
-        if options.quality == "lossless":
-            return [f for f in fams if f.tier == "lossless"]
-        return [f for f in fams if not f.lossless_tier_only]
+        return [f for f in fams if options.quality != "lossless" or f.tier == "lossless"]
 
     def by_anchor(self, families: Iterable[PatternFamily]) -> dict[object, list[PatternFamily]]:
         table: dict[object, list[PatternFamily]] = {}

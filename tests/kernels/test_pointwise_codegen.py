@@ -76,6 +76,10 @@ def _cat_rows(a, b):
     return torch.cat([a * 3, b + 0.25], 1)
 
 
+def _cat_three_with_gelu(a, b, c):
+    return torch.cat([a * 2, torch.nn.functional.gelu(b, approximate="tanh"), -c], -1)
+
+
 def make(name, seed=0):
     from diffusion_fuse.testing import pointwise as pw
 
@@ -114,6 +118,10 @@ def make(name, seed=0):
         # cats whose every BLOCK (1024) of output lies in one input: one branch per program, no masked loads of
         # the other inputs (FLUX's single-block gelu + cat at widths 3072 + 12288)
         "gelu_cat_branches": (pw.gelu_cat, (rn(1, 3, 1024), rn(1, 3, 3072))),
+        # row tiles over several row programs (22 rows: the last program's 2 rows past the end masked), and three
+        # pieces of which the middle one is looked up (bf16 ops that round exactly elsewhere: bitwise)
+        "gelu_cat_rows": (pw.gelu_cat, (rn(2, 11, 1024), rn(2, 11, 3072))),
+        "cat_three_with_gelu": (_cat_three_with_gelu, (rn(2, 9, 1024), rn(2, 9, 2048), rn(2, 9, 1024))),
         "cat_three_chains": (_cat_three_chains, (rn(3, 1024, dtype=f32), rn(3, 2048, dtype=f32),
                                                  rn(3, 1024, dtype=f32))),
         "cat_rows": (_cat_rows, (rn(2, 3, 1024, dtype=f32), rn(2, 5, 1024, dtype=f32))),
@@ -123,16 +131,22 @@ def make(name, seed=0):
 CASES = ["rope", "rope_cat", "gated_residual", "gelu_cat", "swiglu", "wan_residual", "fp32_chain", "where_mask",
          "strided_in", "permuted_out", "stack_split", "modulate_fp16", "zero_dim", "two_outputs", "gelu_clone",
          "activations", "sana_query_relu", "sana_key_relu", "sana_value_float", "sana_attn_out", "sana_attn_out_odd",
-         "sana_key_relu_fp32", "bias_add", "cat_per_program", "gelu_cat_branches", "cat_three_chains", "cat_rows"]
+         "sana_key_relu_fp32", "bias_add", "cat_per_program", "gelu_cat_branches", "cat_three_chains", "cat_rows",
+         "gelu_cat_rows", "cat_three_with_gelu"]
 # cats whose kernel branches once per program on the input its BLOCK lies in (number of branches)
-BRANCHES = {"gelu_cat_branches": 2, "cat_three_chains": 3, "cat_rows": 2, "gelu_cat": 0}
-# bf16 gelu chains: gelu through eager's own output table (kernels/lut16.py): (lookups, tables, row tiles) in the
-# kernel. gelu_cat_branches: a last-dim cat whose inputs split on BLOCK but not on LUT_BLOCK multiples walks row
-# tiles of CAT_ROWS x BLOCK, each program inside one input (its branch per program: BRANCHES)
-LUT_CASES = {"gelu_cat": (1, 1, False), "gelu_clone": (1, 1, False), "gelu_cat_branches": (1, 1, True)}
-# fp32 cases whose ops eager computes alike on CPU and CUDA, and the interpreter exactly: bitwise
+BRANCHES = {"gelu_cat_branches": 2, "cat_three_chains": 3, "cat_rows": 2, "gelu_cat": 0, "gelu_cat_rows": 2,
+            "cat_three_with_gelu": 3}
+# bf16 gelu chains: gelu through eager's own output table (kernels/lut16.py): (lookups, tables, row-tile grid or
+# None) in the kernel. A last-dim cat whose inputs split on BLOCK but not on LUT_BLOCK multiples walks row tiles of
+# CAT_ROWS x BLOCK, each program inside one input (its branch per program: BRANCHES); the grid is (row programs,
+# column blocks)
+LUT_CASES = {"gelu_cat": (1, 1, None), "gelu_clone": (1, 1, None), "gelu_cat_branches": (1, 1, [1, 4]),
+             "gelu_cat_rows": (1, 1, [3, 4]), "cat_three_with_gelu": (1, 1, [3, 4])}
+# fp32 cases whose ops eager computes alike on CPU and CUDA, and the interpreter exactly, and a bf16 one whose ops
+# round exactly (x 2, a sign flip, a lookup of CPU eager's gelu): bitwise
 EXACT = {"fp32_chain", "where_mask", "strided_in", "permuted_out", "sana_query_relu", "sana_key_relu",
-         "sana_value_float", "sana_key_relu_fp32", "cat_per_program", "cat_three_chains", "cat_rows"}
+         "sana_value_float", "sana_key_relu_fp32", "cat_per_program", "cat_three_chains", "cat_rows",
+         "cat_three_with_gelu"}
 # the layouts choose_layout must pick: (x dim, y dim) of the outputs' shape, None for the flat kernel
 # (SANA's key: both sides contiguous along the head dim, 16 or 32 elements: flat)
 TILES = {"sana_query_relu": (3, 2), "sana_key_relu": None, "sana_value_float": (2, 3), "sana_attn_out": (2, 1),
@@ -203,7 +217,8 @@ def worker() -> dict:
         fn, args = make(name)
         # the branch checks read the recipe kernel: a table lookup (lut16) takes larger programs, whose blocks
         # straddle the cat's inputs (LUT_CASES below checks that kernel)
-        variants = Variants(lut16=False) if name in BRANCHES and name != "gelu_cat_branches" else Variants()
+        row_tiles = bool(LUT_CASES.get(name, (0, 0, None))[2])  # the branch check reads the row-tile kernel there
+        variants = Variants(lut16=False) if name in BRANCHES and not row_tiles else Variants()
         src = generate_source(list(args), program_of(fn, *args), variants) \
             if name in TILES or name in BRANCHES or name in LUT_CASES else None
         lut_src = generate_source(list(args), program_of(fn, *args)) if name in LUT_CASES else None
@@ -290,10 +305,10 @@ def test_bf16_gelu_is_looked_up_in_eagers_table(results, case):
     from diffusion_fuse.kernels.pointwise_codegen import BLOCK, CAT_ROWS, LUT_BLOCK, LUT_WARPS
 
     r = results[case]
-    lookups, tables, row_tiles = LUT_CASES[case]
+    lookups, tables, row_grid = LUT_CASES[case]
     want = {"lookups": lookups, "block": LUT_BLOCK, "rows": None, "warps": LUT_WARPS, "tables": tables}
-    if row_tiles:  # [1, 3, 1024 + 3072]: one program of CAT_ROWS rows per BLOCK columns
-        assert CAT_ROWS * BLOCK == LUT_BLOCK and r["lut"]["grid"] == [1, 4], r["lut"]
+    if row_grid:  # programs of CAT_ROWS rows per BLOCK columns
+        assert CAT_ROWS * BLOCK == LUT_BLOCK and r["lut"]["grid"] == row_grid, r["lut"]
         want.update(block=BLOCK, rows=CAT_ROWS)
     assert {k: v for k, v in r["lut"].items() if k != "grid"} == want, r["lut"]
     assert r["equal"], r
