@@ -14,9 +14,11 @@ Covered ATen form (nn.Linear as AOTAutograd traces it, default ``beta``/``alpha`
 
 where every dim of the ``cat`` before ``d`` has size 1 (batch 1: a larger batch interleaves the pieces'
 rows, left to ATen with a near-miss note), each linear and its view are read only by the ``cat``, and all
-pieces share the ``cat``'s dtype. Both tiers: Inductor (tier high) does not do this itself (its ``cat`` copies GEMM
-outputs, whose layouts are fixed, into the buffer), and it runs the op as an external kernel. With ``options={"side_stream": True}`` the op runs on the main stream, the text projection
-with it (the side-stream pass sees one GEMM op of all the rows).
+pieces share the ``cat``'s dtype.
+
+Both tiers: Inductor (tier high) does not do this itself (its ``cat`` copies GEMM outputs, whose layouts are
+fixed, into the buffer); it runs the op as an external kernel. With ``options={"side_stream": True}`` the op runs
+on the main stream, the text projection with it (the side-stream pass sees one GEMM op of all the rows).
 """
 
 from __future__ import annotations
@@ -32,14 +34,13 @@ VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 
 def _views_above_linear(piece: fx.Node) -> list[fx.Node] | None:
-    """``[piece, ..., v]``: the views from ``piece`` down to ``v``, the linear's own output or its view
-    (nn.Linear's ``view`` back to [B, S, N], then e.g. ``unflatten`` to heads); None if it is not one."""
+    """``[piece, ..., mm]``: the views from ``piece`` down to a linear's ``addmm`` / ``mm`` (nn.Linear's ``view``
+    back to [B, S, N], then e.g. ``unflatten`` to heads); None if ``piece`` is not one. Views of the GEMM's fresh
+    contiguous output keep its elements' order."""
     chain = [piece]
-    while linear_of(chain[-1]) is None or (is_op(chain[-1], *VIEWS) and linear_of(chain[-1].args[0]) is not None):
-        if not is_op(chain[-1], *VIEWS) or len(chain) > 8:
-            return None
+    while is_op(chain[-1], *VIEWS) and len(chain) <= 8:
         chain.append(chain[-1].args[0])
-    return chain
+    return chain if not is_op(chain[-1], *VIEWS) and linear_of(chain[-1]) is not None else None
 
 
 @register_family
@@ -68,8 +69,8 @@ class LinearCat(PatternFamily):
         if any(not isinstance(s, int) or s != 1 for s in out.shape[:dim]):
             return NearMiss(self.name, node, f"the cat's dims before dim {dim} are {list(out.shape[:dim])}, "
                                              "not all 1: its pieces are not contiguous blocks of rows")
-        for p, chain, (mm, *_rest) in zip(pieces, chains, linears):
-            for n in (*chain, mm):
+        for p, chain in zip(pieces, chains):
+            for n in chain:
                 if n is not p and single_user(n) is None:
                     return NearMiss(self.name, node, f"{n.name} has {len(n.users)} users (needs 1: the cat)")
             if single_user(p) is not node:
@@ -78,8 +79,8 @@ class LinearCat(PatternFamily):
                 return NearMiss(self.name, node, f"{p.name} is not of the cat's dtype {out.dtype}")
         nodes, inputs = [], []
         has_bias = [lin[4] is not None for lin in linears]
-        for chain, (mm, _view, x2d, weight, bias) in zip(chains, linears):
-            nodes += [*chain, mm] if chain[-1] is not mm else chain
+        for chain, (_mm, _view, x2d, weight, bias) in zip(chains, linears):
+            nodes += chain
             inputs += [x2d, weight] + ([bias] if bias is not None else [])
         inner = list(out.shape[dim + 1:])
         if not all(isinstance(s, int) for s in inner):
