@@ -237,6 +237,84 @@ def test_bf16_gelu_is_a_lookup_in_eagers_outputs_and_the_recipe_where_no_table_i
     assert src.constexprs["BLOCK"] == pointwise_codegen.BLOCK and src.num_warps == pointwise_codegen.NUM_WARPS
 
 
+# --- a convolution's bias added in the kernel (SANA's GLUMBConv) ------------------------------------------
+def _conv_args(depthwise=False):
+    if depthwise:
+        return pw.conv_glu, (pw.tokens_as_image(rn(2, 36, 40), 6), rn(40, 1, 3, 3, seed=1), rn(40, seed=2))
+    return pw.conv_silu, (pw.tokens_as_image(rn(2, 36, 16), 6), rn(40, 16, 1, 1, seed=1), rn(40, seed=2))
+
+
+def _cudnn_path(fn, h, w, b):
+    """What eager computes on CUDA: cuDNN's convolution without the bias, then ``output.add_(bias)``."""
+    conv = F.conv2d
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(F, "conv2d", lambda x, wt, bias, **kw: conv(x, wt, None, **kw).add_(bias.view(1, -1, 1, 1)))
+        return fn(h, w, b)
+
+
+@pytest.fixture
+def conv_bias_on_cpu(monkeypatch):
+    """Let the pass take CPU convolutions' biases (it does so for CUDA ones only: oneDNN adds the bias inside)."""
+    from diffusion_fuse.fxpasses import pointwise
+
+    monkeypatch.setattr(pointwise, "CONV_BIAS_DEVICES", {"cuda", "cpu"})
+
+
+def test_a_cpu_convolution_keeps_its_bias():
+    fn, args = _conv_args()
+    gm, sites = pw.fuse(fn, *args)
+    assert sites == []  # a lone silu: left to eager, and the convolution as it was
+
+
+@pytest.mark.parametrize("depthwise", [False, True], ids=["conv_silu", "depthwise_glu"])
+def test_a_convolution_read_only_by_the_group_adds_its_bias_in_the_kernel(conv_bias_on_cpu, depthwise):
+    fn, args = _conv_args(depthwise)
+    gm, sites = pw.fuse(fn, *args)
+    (site,) = sites
+    assert ops_of(site)[0] == "convolution" and site.n_ops == 2
+    h, w, b = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    assert [n.name for n in site.inputs] == [h.name, w.name, b.name]
+    (conv,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.convolution.default]
+    (call,) = pointwise_calls(gm)
+    assert conv.args[:3] == (h, w, None) and call.args[0] == [conv, b]
+    prog = PROGRAMS[call.args[1]].gm
+    first = [n for n in prog.graph.nodes if n.op == "call_function"][:2]
+    assert [n.target for n in first] == [torch.ops.aten.view.default, torch.ops.aten.add.Tensor]
+    assert first[0].args[1] == [1, -1, 1, 1]
+    # the CPU runs the program: eager's cuDNN path, bit for bit
+    assert bitwise_equal(_cudnn_path(fn, *args), gm(*args))
+
+
+def test_a_convolution_read_outside_the_group_keeps_its_bias(conv_bias_on_cpu):
+    def fn(h, w, b):
+        y = F.conv2d(h, w, b)
+        return F.silu(y) * 2, y
+
+    _, args = _conv_args()
+    gm, sites = pw.fuse(fn, *args)
+    (site,) = sites
+    assert "convolution" not in ops_of(site)
+    (conv,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.convolution.default]
+    assert conv.args[2] is not None
+
+
+def test_sana_on_cpu_keeps_its_convolutions_and_their_sites():
+    model, kwargs = build("sana", bf16)
+    ref, out, report = compile_and_run(model, kwargs)
+    assert bitwise_equal(ref, out)
+    assert all("convolution" not in s.before for s in report.sites())
+
+
+def test_sana_convolutions_absorbed_are_judged_by_the_verifier(conv_bias_on_cpu):
+    """On the CPU oneDNN adds a convolution's bias inside it: the sites differ from eager, and go back."""
+    model, kwargs = build("sana", bf16)
+    ref, out, report = compile_and_run(model, kwargs)
+    assert bitwise_equal(ref, out)
+    conv_sites = [s for s in report.sites() if "convolution" in s.before]
+    assert len(conv_sites) == 2 and all(s.status == "rejected" and "differ" in s.reason for s in conv_sites)
+    assert all(s.status == "kept" for s in report.sites() if s not in conv_sites)
+
+
 def test_each_program_outputs_the_strides_eager_gives():
     x = rn(2, 16, 12, dtype=f32).permute(0, 2, 1)
     key = pw.program_of(lambda t: t * 2 + 1, x)

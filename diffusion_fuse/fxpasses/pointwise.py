@@ -22,6 +22,14 @@ unlike the output (SANA's bias adds after a ``mm`` on a transposed input), or a 
 conversion of a non-contiguous input (its q/k/v ``.float()``). Measured on the H200 at SANA's
 shapes, eager's loop runs those at a third of the copy bandwidth.
 
+A biased ``convolution`` on CUDA whose output only the group reads (directly or through views) is taken
+into the site (``absorb_conv_biases``): the site runs the convolution without its bias and the kernel adds
+the bias as its first op. ATen's cuDNN path does the same (Convolution.cpp: ``cudnn_convolution``, then
+``output.add_(bias)``, a bf16 add in fp32 opmath), so the bits are eager's; what goes is that add's own pass
+over the output (SANA's GLUMBConv: two per block, [2, 11200, 32, 32] each). A backend that adds the bias
+inside the convolution (ATen's own depthwise kernel for NCHW input) gives other bits: the verifier then
+puts the site back.
+
 Each group is a ``Site`` (pattern ``pointwise``) the verifier judges like the others; its program
 (the group's own subgraph, also the reference impl) is registered under the key the op call
 carries. A site the verifier rejects is diagnosed: the report names the first op whose kernel
@@ -150,7 +158,8 @@ class PointwiseFusionPass(GraphPass):
         # goes first: a group of dead ops would be a site whose op never runs.
         graph.eliminate_dead_code()
         opaque = {n for s in ctx.skipped for n in s.nodes}  # sites the verifier put back stay as they are
-        apply_sites(graph, ctx, [s for s in (group_site(g) for g in find_groups(graph, opaque)) if s is not None])
+        sites = (group_site(g, opaque) for g in find_groups(graph, opaque))
+        apply_sites(graph, ctx, [s for s in sites if s is not None])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,7 +246,7 @@ def find_groups(graph: fx.Graph, opaque: set[fx.Node] = frozenset()) -> list[lis
     return [sorted(g.nodes, key=index.__getitem__) for g in groups]
 
 
-def group_site(group: list[fx.Node]) -> Site | None:
+def group_site(group: list[fx.Node], opaque: set[fx.Node] = frozenset()) -> Site | None:
     """The site of one group: outputs, the nodes it replaces, its program; None if not worth it."""
     members = set(group)
     kinds = {n: classify(n) for n in group}
@@ -284,45 +293,133 @@ def group_site(group: list[fx.Node]) -> Site | None:
         stack.extend(a for a in n.all_input_nodes if a in members)
     replaced = [n for n in group if n not in kept]
     compute = [n for n in replaced if kinds[n] == "compute"]
-    if len(compute) < 2 and not (len(compute) == 1 and lone_op_worth_fusing(compute[0])):
-        return None
     body = [n for n in group if n in live]
     inputs: list[fx.Node] = []
     for n in body:
         for a in n.all_input_nodes:
             if a not in members and a not in inputs:
                 inputs.append(a)
+    convs = absorb_conv_biases(inputs, members - kept, kept | opaque)
+    if len(compute) + len(convs) < 2 and not (len(compute) == 1 and lone_op_worth_fusing(compute[0])):
+        return None
     if not inputs:
         return None  # nothing read from outside (constants only): leave it to eager
-    ops = describe([n for n in replaced if kinds[n] == "compute"])
-    key = register_program(_program(body, inputs, outputs), ops)
+    absorbed = [v for c in convs for v in c.views]
+    others = [a for a in inputs if a not in absorbed and all(a is not c.conv for c in convs)]
+    ops = describe([c.conv for c in convs] + [n for n in replaced if kinds[n] == "compute"])
+    key = register_program(_program(body, others, outputs, convs), ops)
     op = torch.ops.diffusion_fuse.pointwise.default
+    site_inputs = [a for c in convs for a in c.conv.args[:3]] + others
+
+    def program_inputs(graph_or_none, ins):
+        """The program's inputs from the site's: each absorbed convolution run without its bias, and the bias."""
+        vals = []
+        for k, c in enumerate(convs):
+            x, w, b = ins[3 * k:3 * k + 3]
+            args = (x, w, None, *c.conv.args[3:])
+            vals += [graph_or_none.call_function(_CONV, args) if graph_or_none is not None else _CONV(*args), b]
+        return vals + list(ins[3 * len(convs):])
 
     def emit(graph: fx.Graph, ins):
-        call = graph.call_function(op, (list(ins), key))
+        call = graph.call_function(op, (program_inputs(graph, ins), key))
         return [graph.call_function(operator.getitem, (call, i)) for i in range(len(outputs))]
 
     return Site(
         pattern=PATTERN,
         anchor=outputs[-1],
-        nodes=replaced,
-        inputs=inputs,
+        nodes=[c.conv for c in convs] + [v for c in convs for v in c.views if v not in members] + replaced,
+        inputs=site_inputs,
         outputs=outputs,
         emit=emit,
         op="diffusion_fuse::pointwise",  # the report lists the ATen ops it replaced
-        n_ops=1,
-        diagnose=lambda ins: diagnose(key, ins),
+        n_ops=1 + len(convs),
+        diagnose=lambda ins: diagnose(key, program_inputs(None, ins)),
     )
 
 
-def _program(body: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node]) -> fx.GraphModule:
-    """The group as its own graph, with canonical names (equal groups give equal code and keys)."""
+_CONV = torch.ops.aten.convolution.default
+# Devices whose convolutions add their bias after the fact (ATen's cuDNN path); tests add "cpu" to check the
+# grouping on CPU, where the bits then differ (oneDNN adds the bias inside) and only closeness is checked.
+CONV_BIAS_DEVICES = {"cuda"}
+
+
+@dataclasses.dataclass
+class _AbsorbedConv:
+    conv: fx.Node  # aten.convolution with a bias
+    views: list[fx.Node]  # the views of its output the group reads through (graph order)
+
+
+def absorb_conv_biases(inputs: list[fx.Node], inside: set[fx.Node], blocked: set[fx.Node]) -> list[_AbsorbedConv]:
+    """The biased convolutions among the group's inputs (or what they view) that only ``inside`` reads, with the
+    views of their outputs it reads them through. ``blocked``: nodes that stay in the graph (a group's kept
+    views, sites the verifier put back); one of them reading the output keeps the bias where it is."""
+    found: dict[fx.Node, _AbsorbedConv] = {}
+    for a in inputs:
+        root = a
+        while classify(root) in ("view", "multi") and root not in blocked:
+            root = root.args[0]
+        if root in found or not _absorbable(root, blocked):
+            continue
+        # every reader of the output, through views, is in the group
+        closure, stack, ok = [], [root], True
+        while stack and ok:
+            n = stack.pop()
+            for u in n.users:
+                if u in inside:
+                    continue
+                if u not in blocked and classify(u) in ("view", "multi"):
+                    closure.append(u)
+                    stack.append(u)
+                else:
+                    ok = False
+                    break
+        if ok:
+            found[root] = _AbsorbedConv(root, closure)
+    order = {n: i for i, n in enumerate(inputs[0].graph.nodes)} if found else {}
+    for c in found.values():
+        c.views.sort(key=order.__getitem__)
+    return sorted(found.values(), key=lambda c: order[c.conv])
+
+
+def _absorbable(n: fx.Node, blocked: set[fx.Node]) -> bool:
+    if n.op != "call_function" or n.target is not _CONV or n in blocked or len(n.args) != 9:
+        return False
+    x, w, b, transposed = n.args[0], n.args[1], n.args[2], n.args[6]
+    v = n.meta.get("val")
+    if not isinstance(b, fx.Node) or transposed or not _tensor(v) or v.device.type not in CONV_BIAS_DEVICES:
+        return False
+    return all(_tensor(t.meta.get("val")) and t.meta["val"].dtype == v.dtype for t in (x, w, b))
+
+
+def _program(body: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node],
+             convs: list[_AbsorbedConv] = ()) -> fx.GraphModule:
+    """The group as its own graph, with canonical names (equal groups give equal code and keys).
+
+    An absorbed convolution's output comes in as two inputs, the output without bias and the bias, and its
+    first nodes add them as eager's cuDNN path does (``output.add_(bias.reshape(1, -1, 1, ...))``); the views
+    the group read of the output follow."""
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
+    k = 0
+    for i, c in enumerate(convs):
+        conv = g.placeholder(f"conv_{i}")
+        bias = g.placeholder(f"bias_{i}")
+        shape = [1, -1] + [1] * (c.conv.meta["val"].dim() - 2)
+        bview = g.call_function(torch.ops.aten.view.default, (bias, shape), name=f"v{k}")
+        env[c.conv] = g.call_function(torch.ops.aten.add.Tensor, (conv, bview), name=f"v{k + 1}")
+        k += 2
     for i, a in enumerate(inputs):
         env[a] = g.placeholder(f"in_{i}")
-    for k, n in enumerate(body):
+    views = [v for c in convs for v in c.views]
+    needed, stack = set(), [a for n in body for a in n.all_input_nodes]
+    while stack:  # the views the body reads, and the views they read
+        n = stack.pop()
+        if n in views and n not in needed:
+            needed.add(n)
+            stack.extend(n.all_input_nodes)
+    for n in [v for v in views if v in needed] + body:
         args, kwargs = fx.node.map_arg((n.args, n.kwargs), env.__getitem__)
         env[n] = g.create_node(n.op, n.target, args, kwargs, name=f"v{k}")
+        k += 1
     g.output(tuple(env[o] for o in outputs))
     return fx.GraphModule(torch.nn.Module(), g)

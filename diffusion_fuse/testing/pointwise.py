@@ -133,9 +133,22 @@ def bias_add(x, bias):  # a linear's bias added alone (at::linear on a non-conti
     return x + bias
 
 
+def tokens_as_image(x, height: int):  # SANA's GLUMBConv input: [B, N, C] tokens as an NCHW view (NHWC memory)
+    return x.unflatten(1, (height, x.shape[1] // height)).permute(0, 3, 1, 2)
+
+
+def conv_silu(h, w, b):  # GLUMBConv: the 1x1 inverted conv (cuDNN, then its bias added), then SiLU
+    return torch.nn.functional.silu(torch.nn.functional.conv2d(h, w, b))
+
+
+def conv_glu(h, w, b):  # GLUMBConv: the depthwise 3x3 conv (bias), chunked in two: x * silu(gate)
+    x, gate = torch.chunk(torch.nn.functional.conv2d(h, w, b, padding=1, groups=h.shape[1]), 2, dim=1)
+    return x * torch.nn.functional.silu(gate)
+
+
 CHAINS = ("flux_rope_single", "flux_rope_double", "flux_gated_residual", "flux_gelu_cat", "flux_residual_split_cat",
           "flux_gelu_clone", "swiglu", "wan_fp32_residual", "sana_query_relu", "sana_key_relu", "sana_value_float",
-          "sana_attn_out", "sana_bias_add")
+          "sana_attn_out", "sana_bias_add", "sana_conv_silu", "sana_conv_glu")
 
 
 # Unary ops a bf16 table of eager's outputs can stand for (kernels/lut16.py): the lookup tests and the probe
@@ -174,4 +187,9 @@ def chain(name: str, device="cuda", seed: int = 0):
         "sana_value_float": (functools.partial(sana_value_float, heads=70), (rn(2, 1024, 2240),)),
         "sana_attn_out": (sana_attn_out, (rn(2, 70, 33, 1024, dtype=f32),)),
         "sana_bias_add": (bias_add, (rn(2, 1024, 2240), rn(2240))),
+        # GLUMBConv (mlp ratio 2.5: 2 x 5600 channels), its convs' biases added in the kernel
+        "sana_conv_silu": (conv_silu, (tokens_as_image(rn(2, 1024, 2240), 32), rn(11200, 2240, 1, 1) * 0.02,
+                                       rn(11200))),
+        "sana_conv_glu": (conv_glu, (tokens_as_image(rn(2, 1024, 11200), 32), rn(11200, 1, 3, 3) * 0.3,
+                                     rn(11200))),
     }[name]

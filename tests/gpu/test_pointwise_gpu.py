@@ -7,8 +7,10 @@
    and the default must be one of the exact ones. A mismatch names the op: that op's recipe is what to fix.
 2. Chains as the pass groups them, at FLUX-dev / FLUX.2 / Wan shapes (testing/pointwise.py
    CHAINS: RoPE with and without the txt/img cat, gated residual, gelu + cat, residual + split
-   + cat, gelu + clone, SwiGLU, Wan's fp32 residual): through the registered op (kernel hits
-   counted), repeated calls, CUDA-graph replay.
+   + cat, gelu + clone, SwiGLU, Wan's fp32 residual, SANA's GLUMBConv with its convolutions' biases added in
+   the kernel): through the registered op (kernel hits counted), repeated calls, CUDA-graph replay; and
+   through the backend, a depthwise conv on NCHW input (ATen's own kernel adds the bias inside): the verifier
+   decides, and the output is eager's either way.
 3. Exhaustively: ``tanh`` on all 2**32 fp32 patterns (normal and subnormal inputs reported apart),
    gelu-tanh on every bf16/fp16 value, every libdevice op on every fp32 subnormal input with libdevice's
    flush-to-zero reflect off (the default, ``Variants.reflect_ftz``) and, recorded beside it, on (Triton's
@@ -285,6 +287,26 @@ def test_fused_chain_is_bitwise_eager(name):
     _record(kind="chain", op=name, site=",".join(site_ops(sites[0])), ndiff={"default": sum(nd)},
             numel=refs[0].numel(), hits=hits)
     assert hits == 2, counters.snapshot()
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "contiguous"])
+def test_conv_bias_in_the_kernel_through_the_verifier(layout):
+    import diffusion_fuse
+    from diffusion_fuse.testing.pointwise import conv_glu
+
+    fn, (h, w, b) = chain("sana_conv_glu")
+    if layout == "contiguous":
+        h = h.contiguous()
+    report = diffusion_fuse.Report()
+    compiled = torch.compile(conv_glu, backend=diffusion_fuse.DiffusionFuseBackend(None, report))
+    ref, got = conv_glu(h, w, b), compiled(h, w, b)
+    (site,) = report.sites()
+    _record(kind="conv", op=f"conv_glu {layout}", site=site.status, ndiff={"default": ndiff(ref, got)},
+            numel=ref.numel(), reason=site.reason)
+    assert ndiff(ref, got) == 0
+    assert "convolution" in site.before
+    if layout == "channels_last":  # cuDNN: convolution, then output.add_(bias), as the kernel does
+        assert site.status == "kept", site.reason
 
 
 def test_cuda_graph_capture_and_replay_after_input_mutation():

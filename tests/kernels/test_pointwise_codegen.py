@@ -125,6 +125,11 @@ def make(name, seed=0):
         "cat_three_chains": (_cat_three_chains, (rn(3, 1024, dtype=f32), rn(3, 2048, dtype=f32),
                                                  rn(3, 1024, dtype=f32))),
         "cat_rows": (_cat_rows, (rn(2, 3, 1024, dtype=f32), rn(2, 5, 1024, dtype=f32))),
+        # SANA's GLUMBConv: a biased conv's output read only by the chain, the bias added in the kernel (the conv
+        # runs without it; CONV_BIAS_CASES lets the pass do that on the CPU, whose eager conv adds the bias inside
+        # it: close, not bitwise)
+        "conv_silu": (pw.conv_silu, (pw.tokens_as_image(rn(2, 36, 16), 6), rn(40, 16, 1, 1) * 0.2, rn(40))),
+        "conv_glu": (pw.conv_glu, (pw.tokens_as_image(rn(2, 36, 40), 6), rn(40, 1, 3, 3) * 0.3, rn(40))),
     }[name]
 
 
@@ -132,7 +137,8 @@ CASES = ["rope", "rope_cat", "gated_residual", "gelu_cat", "swiglu", "wan_residu
          "strided_in", "permuted_out", "stack_split", "modulate_fp16", "zero_dim", "two_outputs", "gelu_clone",
          "activations", "sana_query_relu", "sana_key_relu", "sana_value_float", "sana_attn_out", "sana_attn_out_odd",
          "sana_key_relu_fp32", "bias_add", "cat_per_program", "gelu_cat_branches", "cat_three_chains", "cat_rows",
-         "gelu_cat_rows", "cat_three_with_gelu"]
+         "gelu_cat_rows", "cat_three_with_gelu", "conv_silu", "conv_glu"]
+CONV_BIAS_CASES = {"conv_silu": "convolution,silu", "conv_glu": "convolution,silu,mul"}
 # cats whose kernel branches once per program on the input its BLOCK lies in (number of branches)
 BRANCHES = {"gelu_cat_branches": 2, "cat_three_chains": 3, "cat_rows": 2, "gelu_cat": 0, "gelu_cat_rows": 2,
             "cat_three_with_gelu": 3}
@@ -212,9 +218,15 @@ def worker() -> dict:
     from diffusion_fuse.lowering.pointwise import generate_source
     from diffusion_fuse.testing.pointwise import program_of
 
+    from diffusion_fuse.fxpasses.pointwise import CONV_BIAS_DEVICES
+
     res = {}
     for name in CASES:
         fn, args = make(name)
+        if name in CONV_BIAS_CASES:
+            CONV_BIAS_DEVICES.add("cpu")
+        else:
+            CONV_BIAS_DEVICES.discard("cpu")
         # the branch checks read the recipe kernel: a table lookup (lut16) takes larger programs, whose blocks
         # straddle the cat's inputs (LUT_CASES below checks that kernel)
         row_tiles = bool(LUT_CASES.get(name, (0, 0, None))[2])  # the branch check reads the row-tile kernel there
@@ -280,6 +292,7 @@ def test_generated_kernel_matches_eager(results, case):
 
 
 @pytest.mark.parametrize("case, ops", [
+    *CONV_BIAS_CASES.items(),
     ("rope", "neg,stack,_to_copy,mul,_to_copy,mul,add,_to_copy"),
     ("rope_cat", "cat,neg,stack,_to_copy,mul,_to_copy,mul,add,_to_copy"),
     ("gelu_cat", "gelu,cat"),
