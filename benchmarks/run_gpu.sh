@@ -87,6 +87,9 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = nosass ]; then
   # opt-in (BENCHES="probe_graph_memsets"): cuBLAS's memset nodes in a CUDA graph, as captured and hoisted
   [[ " ${BENCHES:-} " == *" probe_graph_memsets "* ]] && step probe_graph_memsets 120 python3 \
     benchmarks/probe_graph_memsets.py --json "$OUT/probe_graph_memsets.json"
+  # opt-in (BENCHES="probe_gemv_exact"): the modulation linears' GEMV against cuBLAS, bits and time
+  [[ " ${BENCHES:-} " == *" probe_gemv_exact "* ]] && step probe_gemv_exact 300 python3 benchmarks/probe_gemv_exact.py \
+    --json "$OUT/probe_gemv_exact.json"
   # shellcheck disable=SC2086  # opt-in (BENCHES="probe_gemm_exact"): minutes of Triton builds
   [[ " ${BENCHES:-} " == *" probe_gemm_exact "* ]] && step probe_gemm_exact "${GEMM_LIMIT:-300}" python3 benchmarks/probe_gemm_exact.py \
     --json "$OUT/probe_gemm_exact.json" ${PROBE_GEMM_ARGS:-}
@@ -118,6 +121,7 @@ cat "$OUT/summary.txt"
 [ -f "$OUT/bench_pointwise.log" ] && tail -n 12 "$OUT/bench_pointwise.log"
 [ -f "$OUT/probe_lut16.log" ] && tail -n 24 "$OUT/probe_lut16.log"
 [ -f "$OUT/probe_graph_memsets.log" ] && tail -n 8 "$OUT/probe_graph_memsets.log"
+[ -f "$OUT/probe_gemv_exact.log" ] && tail -n 8 "$OUT/probe_gemv_exact.log"
 for f in "$OUT"/probe_gemm_ws_*.log; do [ -f "$f" ] && grep -v "^done " "$f" | tail -n 20; done
 [ -f "$OUT/bench_linear_gelu.log" ] && tail -n 10 "$OUT/bench_linear_gelu.log"
 [ -f "$OUT/probe_gemm_exact.log" ] && grep -v "^done " "$OUT/probe_gemm_exact.log" | tail -n 80
