@@ -2,7 +2,8 @@
 
 lossless: cat_of_slices (a cat that rebuilds the tensor its inputs were sliced from is that tensor;
           exact by construction, noted in the report) → fuse_patterns (lossless families) →
-          pointwise (groups what the families left) → drop_clones (standalone clones of contiguous
+          interleave_scatter (even/odd halves written into empty_like are their stack: Wan's RoPE; exact by
+          construction, noted) → pointwise (groups what the families left) → drop_clones (standalone clones of contiguous
           intermediates, e.g. eval-mode Dropout's, are their input; exact by construction) → cleanup;
           the result runs as ATen + our ops. What runs after verification is that graph
           with runtime rewrites that change no kernel, only what the host does to issue them
@@ -28,6 +29,7 @@ from .cat_of_slices import CatOfSlicesPass
 from .cleanup import CleanupPass
 from .drop_clones import DropClonesPass
 from .fuse_patterns import FusePatternsPass
+from .interleave_scatter import InterleaveScatterPass
 from .pointwise import PointwiseFusionPass
 
 
@@ -46,8 +48,8 @@ def copy_graph_module(ref: fx.GraphModule) -> fx.GraphModule:
 class PassManager:
     def __init__(self, options: Options) -> None:
         self.options = options
-        self.passes: list[GraphPass] = [CatOfSlicesPass(), FusePatternsPass(), PointwiseFusionPass(), DropClonesPass(),
-                                        CleanupPass()]
+        self.passes: list[GraphPass] = [CatOfSlicesPass(), FusePatternsPass(), InterleaveScatterPass(),
+                                        PointwiseFusionPass(), DropClonesPass(), CleanupPass()]
 
     def run(self, graph: fx.Graph, exclude: frozenset[str] = frozenset()) -> PassContext:
         ctx = PassContext(options=self.options, exclude=exclude)

@@ -16,21 +16,24 @@ from ..kernels.pointwise_ops import DEFAULT_VARIANTS, Variants
 
 
 def trace(fn, *args) -> fx.GraphModule:
-    """``fn`` as an ATen graph without decompositions (what the lossless tier sees), with fake values."""
+    """``fn`` as an ATen graph without decompositions (what the lossless tier sees), with fake values; writes
+    into intermediates functionalized as AOTAutograd does (``slice_scatter``, not ``copy_`` into a view)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    return make_fx(fn, tracing_mode="fake")(*args)
+    return make_fx(torch.func.functionalize(fn, remove="mutations"), tracing_mode="fake")(*args)
 
 
 def fuse(fn, *args):
-    """(graph module rewritten by the pointwise pass, its sites)."""
+    """(graph module rewritten by the pointwise pass, its sites), after the rewrite the pipeline runs before it."""
     from ..config import Options
     from ..fxpasses.base import PassContext
     from ..fxpasses.cleanup import CleanupPass
+    from ..fxpasses.interleave_scatter import InterleaveScatterPass
     from ..fxpasses.pointwise import PointwiseFusionPass
 
     gm = trace(fn, *args)
     ctx = PassContext(options=Options())
+    InterleaveScatterPass()(gm.graph, ctx)
     PointwiseFusionPass()(gm.graph, ctx)
     CleanupPass()(gm.graph, ctx)
     gm.recompile()
@@ -133,6 +136,16 @@ def bias_add(x, bias):  # a linear's bias added alone (at::linear on a non-conti
     return x + bias
 
 
+def wan_rope(x, freqs_cos, freqs_sin):  # diffusers' WanAttnProcessor.apply_rotary_emb: halves written into empty_like
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    cos = freqs_cos[..., 0::2]
+    sin = freqs_sin[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x1 * sin + x2 * cos
+    return out.type_as(x)
+
+
 def tokens_as_image(x, height: int):  # SANA's GLUMBConv input: [B, N, C] tokens as an NCHW view (NHWC memory)
     return x.unflatten(1, (height, x.shape[1] // height)).permute(0, 3, 1, 2)
 
@@ -148,7 +161,7 @@ def conv_glu(h, w, b):  # GLUMBConv: the depthwise 3x3 conv (bias), chunked in t
 
 CHAINS = ("flux_rope_single", "flux_rope_double", "flux_gated_residual", "flux_gelu_cat", "flux_residual_split_cat",
           "flux_gelu_clone", "swiglu", "wan_fp32_residual", "sana_query_relu", "sana_key_relu", "sana_value_float",
-          "sana_attn_out", "sana_bias_add", "sana_conv_silu", "sana_conv_glu")
+          "sana_attn_out", "sana_bias_add", "sana_conv_silu", "sana_conv_glu", "wan_rope")
 
 
 # Unary ops a bf16 table of eager's outputs can stand for (kernels/lut16.py): the lookup tests and the probe
@@ -180,6 +193,9 @@ def chain(name: str, device="cuda", seed: int = 0):
         "flux_residual_split_cat": (residual_split_cat, (rn(1, 4608, 3072), rn(1, 3072), rn(1, 4608, 3072))),
         "flux_gelu_clone": (gelu_clone, (rn(1, 4096, 12288),)),
         "swiglu": (swiglu, (rn(1, 4096, 2 * 6144),)),
+        # Wan2.2-5B at 704p/121f: 27,280 tokens, 24 heads of 128; fp32 cos/sin per token
+        "wan_rope": (wan_rope, (rn(1, 27280, 24, 128), rn(1, 27280, 1, 128, dtype=f32),
+                                rn(1, 27280, 1, 128, dtype=f32))),
         "wan_fp32_residual": (wan_residual, (rn(1, 27280, 3072), rn(1, 27280, 3072), rn(1, 1, 3072, dtype=f32))),
         # SANA-1.6B at 1024², batch 2: 1024 tokens, 70 heads of 32
         "sana_query_relu": (functools.partial(sana_query_relu, heads=70), (rn(2, 1024, 2240),)),

@@ -129,6 +129,10 @@ def make(name, seed=0):
         # runs without it; CONV_BIAS_CASES lets the pass do that on the CPU, whose eager conv adds the bias inside
         # it: close, not bitwise)
         "conv_silu": (pw.conv_silu, (pw.tokens_as_image(rn(2, 36, 16), 6), rn(40, 16, 1, 1) * 0.2, rn(40))),
+        # Wan's RoPE: halves written into empty_like, which fxpasses/interleave_scatter.py makes a stack
+        "wan_rope": (pw.wan_rope, (rn(1, 12, 3, 16), rn(1, 12, 1, 16, dtype=f32), rn(1, 12, 1, 16, dtype=f32))),
+        "wan_rope_fp32": (pw.wan_rope, (rn(1, 12, 3, 16, dtype=f32), rn(1, 12, 1, 16, dtype=f32),
+                                        rn(1, 12, 1, 16, dtype=f32))),
         "conv_glu": (pw.conv_glu, (pw.tokens_as_image(rn(2, 36, 40), 6), rn(40, 1, 3, 3) * 0.3, rn(40))),
     }[name]
 
@@ -137,7 +141,8 @@ CASES = ["rope", "rope_cat", "gated_residual", "gelu_cat", "swiglu", "wan_residu
          "strided_in", "permuted_out", "stack_split", "modulate_fp16", "zero_dim", "two_outputs", "gelu_clone",
          "activations", "sana_query_relu", "sana_key_relu", "sana_value_float", "sana_attn_out", "sana_attn_out_odd",
          "sana_key_relu_fp32", "bias_add", "cat_per_program", "gelu_cat_branches", "cat_three_chains", "cat_rows",
-         "gelu_cat_rows", "cat_three_with_gelu", "conv_silu", "conv_glu"]
+         "gelu_cat_rows", "cat_three_with_gelu", "conv_silu", "conv_glu", "wan_rope",
+         "wan_rope_fp32"]
 CONV_BIAS_CASES = {"conv_silu": "convolution,silu", "conv_glu": "convolution,silu,mul"}
 # cats whose kernel branches once per program on the input its BLOCK lies in (number of branches)
 BRANCHES = {"gelu_cat_branches": 2, "cat_three_chains": 3, "cat_rows": 2, "gelu_cat": 0, "gelu_cat_rows": 2,
@@ -152,7 +157,7 @@ LUT_CASES = {"gelu_cat": (1, 1, None), "gelu_clone": (1, 1, None), "gelu_cat_bra
 # round exactly (x 2, a sign flip, a lookup of CPU eager's gelu): bitwise
 EXACT = {"fp32_chain", "where_mask", "strided_in", "permuted_out", "sana_query_relu", "sana_key_relu",
          "sana_value_float", "sana_key_relu_fp32", "cat_per_program", "cat_three_chains", "cat_rows",
-         "cat_three_with_gelu"}
+         "cat_three_with_gelu", "wan_rope_fp32"}
 # the layouts choose_layout must pick: (x dim, y dim) of the outputs' shape, None for the flat kernel
 # (SANA's key: both sides contiguous along the head dim, 16 or 32 elements: flat)
 TILES = {"sana_query_relu": (3, 2), "sana_key_relu": None, "sana_value_float": (2, 3), "sana_attn_out": (2, 1),
@@ -297,6 +302,7 @@ def test_generated_kernel_matches_eager(results, case):
     ("rope_cat", "cat,neg,stack,_to_copy,mul,_to_copy,mul,add,_to_copy"),
     ("gelu_cat", "gelu,cat"),
     ("gelu_clone", "gelu,clone"),
+    ("wan_rope", "mul,mul,sub,mul,mul,add,_to_copy,_to_copy,stack,clone"),
 ])
 def test_whole_chain_is_one_site(results, case, ops):
     assert results[case]["sites"] == [ops]
