@@ -177,3 +177,23 @@ def test_close_compare():
     n = r.clone()
     n[3] = float("nan")
     assert not compare_close(r, n, rtol=1.0, atol=1.0)
+
+
+def test_a_site_with_no_reference_value_is_rejected_not_a_crash():
+    """A rewrite that made a node the reference graph has no counterpart for (a site reading it): the site is
+    put back with the reason, and the others are judged as usual."""
+    import torch.fx as fx
+
+    from diffusion_fuse.verify.compare import Verdict
+    from diffusion_fuse.verify.verifier import SiteCheck, run_with_site_checks
+
+    gm = fx.symbolic_trace(lambda x: (x * 2) + 1)
+    names = [n.name for n in gm.graph.nodes]
+    rep = fx.symbolic_trace(lambda x: (x * 2,))
+    checks = [SiteCheck("ghost", ["no_such_node"], [names[1]], rep, True),
+              SiteCheck("real", [names[0]], [names[1]], rep, True)]
+    out, verdicts = run_with_site_checks(gm, [torch.ones(3)], checks,
+                                         lambda c, refs, got: Verdict(bitwise_equal(refs[0], got[0]), "ok"))
+    assert torch.equal(out, torch.full((3,), 3.0))
+    assert not verdicts["ghost"] and "no reference value for no_such_node" in verdicts["ghost"].detail
+    assert verdicts["real"]

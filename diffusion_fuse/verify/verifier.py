@@ -112,14 +112,18 @@ def run_with_site_checks(
     order = {n: i for i, n in enumerate(nodes)}
     pins: collections.Counter[fx.Node] = collections.Counter()
     triggers: dict[fx.Node, list[SiteCheck]] = collections.defaultdict(list)
+    verdicts: dict[str, Verdict] = {}
     for c in checks:
+        missing = [x for x in c.inputs + c.outputs if x not in by_name]
+        if missing:  # a value a rewrite made that the reference graph has no node for: nothing to compare with
+            verdicts[c.id] = Verdict(False, f"no reference value for {missing[0]}")
+            continue
         involved = [by_name[x] for x in c.inputs + c.outputs]
         for n in involved:
             pins[n] += 1
         triggers[max(involved, key=order.__getitem__)].append(c)
     remaining = {n: len(n.users) for n in nodes}
     env: dict[fx.Node, Any] = {}
-    verdicts: dict[str, Verdict] = {}
     arg_iter = iter(args)
 
     def release(n: fx.Node) -> None:
