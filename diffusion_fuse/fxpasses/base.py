@@ -17,6 +17,7 @@ import torch
 import torch.fx as fx
 
 from ..config import Options
+from ..log import get_logger
 from ..patterns.registry import NearMiss, Site
 
 
@@ -92,6 +93,15 @@ def reaches_output(n: fx.Node) -> bool:
                 seen.add(u)
                 todo.append(u)  # a view (or an op of unknown aliasing): follow it
     return False
+
+
+def note_rewrites(ctx: "PassContext", pass_name: str, names: list[str], what: str) -> None:
+    """The report note and the log line of a pass's exact-by-construction rewrites (the first four named)."""
+    if not names:
+        return
+    shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+    ctx.notes.append(f"{pass_name}: {len(names)} {what}: {shown}")
+    get_logger("fxpasses").info("%s: %d %s", pass_name, len(names), what)
 
 
 class GraphPass:

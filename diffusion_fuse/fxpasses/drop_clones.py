@@ -28,10 +28,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..log import get_logger
-from .base import GraphPass, PassContext, is_fresh, reaches_output, view_root, written_args
+from .base import GraphPass, PassContext, is_fresh, note_rewrites, reaches_output, view_root, written_args
 
-_log = get_logger("fxpasses")
 aten = torch.ops.aten
 _LAYOUT_KEEPING = (None, torch.preserve_format, torch.contiguous_format)
 # A consumer of the clone read a fresh (allocator-aligned) buffer; kernels choose their vector width and cuBLAS
@@ -87,8 +85,5 @@ class DropClonesPass(GraphPass):
                 n.replace_all_uses_with(n.args[0])
                 graph.erase_node(n)
                 done.append(n.name)
-        if done:
-            shown = ", ".join(done[:4]) + (", ..." if len(done) > 4 else "")
-            ctx.notes.append(f"drop_clones: {len(done)} clone(s) of contiguous intermediates read in place "
-                             f"(eager's eval-mode Dropout returns its input; no copy): {shown}")
-            _log.info("drop_clones: %d standalone clone(s) dropped", len(done))
+        note_rewrites(ctx, self.name, done, "clone(s) of contiguous intermediates read in place (eager's eval-mode "
+                      "Dropout returns its input; no copy)")

@@ -27,7 +27,7 @@ import torch
 import torch.fx as fx
 
 from ..log import get_logger
-from .base import GraphPass, PassContext
+from .base import GraphPass, PassContext, note_rewrites
 from .fuse_patterns import REF_NAME, _propagate_fake, ref_name
 
 _log = get_logger("fxpasses")
@@ -160,8 +160,5 @@ class InterleaveScatterPass(GraphPass):
             for n in (e2, c1, c1.args[0], e1, c0, c0.args[0], empty):  # the chain, last first
                 graph.erase_node(n)
             done.append(e2.name)
-        if done:
-            shown = ", ".join(done[:4]) + (", ..." if len(done) > 4 else "")
-            ctx.notes.append(f"interleave_scatter: {len(done)} tensor(s) written as even/odd halves into "
-                             f"empty_like are the stack of the halves (Wan's RoPE; same elements): {shown}")
-            _log.info("interleave_scatter: %d even/odd scatter chain(s) rewritten", len(done))
+        note_rewrites(ctx, self.name, done, "tensor(s) written as even/odd halves into empty_like are the stack of "
+                      "the halves (Wan's RoPE; same elements)")
