@@ -11,14 +11,14 @@ the output dtype) → ``slice_scatter``. The pointwise pass cannot group those t
 their casts and two full-size scatters stay (Wan2.1-14B: [1, 32760, 40, 128] for q and for k in each of 40
 blocks). This pass rewrites the chain to ``clone(view(stack([to(v0), to(v1)], d + 1), shape))``: the same elements
 (``copy`` casts as ``_to_copy`` does, round to nearest even; the two step-2 slices of an even-sized dim cover it,
-so nothing of ``empty_like`` is left), and the pointwise pass then takes the whole RoPE, with the norm before it,
-as one kernel.
+so nothing of ``empty_like`` is left), and the pointwise pass then takes the whole RoPE (with the QK norm's tail
+where the graph has it as pointwise ops: the CPU's composite RMSNorm) as one kernel.
 
 Taken when: the dim's size is even and static; ``empty_like``'s result is contiguous (the stack's view is then
-the same layout); each value has its slice's shape (no broadcast); each intermediate has only the next step
-as its user. Exact by construction; lossless tier only (Inductor fuses the chain itself). The new nodes that hold
-a value of the reference graph carry its name (the verifier compares sites by it): the casts ``copy`` and the
-result ``slice_scatter``.
+the same layout); each value has its slice's shape (a broadcast one arrives expanded); each intermediate has
+only the next step as its user. Exact by construction; lossless tier only (Inductor fuses the chain itself). The
+new nodes that hold a value of the reference graph carry its name (the verifier compares sites by it): the
+casts ``copy`` and the result ``slice_scatter``.
 """
 
 from __future__ import annotations
