@@ -292,14 +292,13 @@ def test_fused_chain_is_bitwise_eager(name):
 @pytest.mark.parametrize("layout", ["channels_last", "contiguous"])
 def test_conv_bias_in_the_kernel_through_the_verifier(layout):
     import diffusion_fuse
-    from diffusion_fuse.testing.pointwise import conv_glu
 
     fn, (h, w, b) = chain("sana_conv_glu")
     if layout == "contiguous":
         h = h.contiguous()
     report = diffusion_fuse.Report()
-    compiled = torch.compile(conv_glu, backend=diffusion_fuse.DiffusionFuseBackend(None, report))
-    ref, got = conv_glu(h, w, b), compiled(h, w, b)
+    compiled = torch.compile(fn, backend=diffusion_fuse.DiffusionFuseBackend(None, report))
+    ref, got = fn(h, w, b), compiled(h, w, b)
     (site,) = report.sites()
     _record(kind="conv", op=f"conv_glu {layout}", site=site.status, ndiff={"default": ndiff(ref, got)},
             numel=ref.numel(), reason=site.reason)
