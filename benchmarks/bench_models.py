@@ -187,7 +187,10 @@ VARIANTS = ("eager", "inductor", "inductor-max-autotune", "lossless", "high",
             "lossless-lg", "lossless-lg-cudagraphs",
             # CUDA graphs (torch's cudagraph trees) for host-bound models: mode="reduce-overhead" for Inductor,
             # options={"cudagraphs": True} (the same mode) for lossless
-            "inductor-cudagraphs", "lossless-cudagraphs")
+            "inductor-cudagraphs", "lossless-cudagraphs",
+            # host-time diagnostic: lossless-cudagraphs with Dynamo's guards built under
+            # torch._dynamo.config.use_recursive_dict_tags_for_guards (an unchanged module tree skips its guards)
+            "lossless-cudagraphs-tagguards")
 DEFAULT_VARIANTS = ("eager", "inductor", "lossless", "high")
 
 
@@ -218,7 +221,7 @@ def compile_kwargs(variant: str, report) -> dict:
         opts["side_stream"] = True
     elif variant == "lossless-nopw":
         opts["patterns"] = {"pointwise": False}
-    elif variant == "lossless-cudagraphs":
+    elif variant in ("lossless-cudagraphs", "lossless-cudagraphs-tagguards"):
         opts["cudagraphs"] = True
     elif variant in ("lossless-lg", "lossless-lg-cudagraphs"):
         opts["patterns"] = {"linear_gelu": True}
@@ -230,11 +233,12 @@ def compile_kwargs(variant: str, report) -> dict:
 # time estimate only.
 COMPILE_S = {"eager": 0, "inductor": 30, "inductor-max-autotune": 240, "lossless": 8, "high": 40, "aot-eager": 8,
              "lossless-nofuse": 8, "lossless-nopw": 8, "lossless-side": 8, "inductor-cudagraphs": 30,
-             "lossless-cudagraphs": 8, "lossless-lg": 8, "lossless-lg-cudagraphs": 8}
+             "lossless-cudagraphs": 8, "lossless-lg": 8, "lossless-lg-cudagraphs": 8,
+             "lossless-cudagraphs-tagguards": 8}
 FIRST_CALL_FORWARDS = {"eager": 1, "inductor": 1, "inductor-max-autotune": 1, "lossless": 3, "high": 3,
                        "aot-eager": 1, "lossless-nofuse": 1, "lossless-nopw": 3, "lossless-side": 3,
                        "inductor-cudagraphs": 3, "lossless-cudagraphs": 4, "lossless-lg": 3,
-                       "lossless-lg-cudagraphs": 4}
+                       "lossless-lg-cudagraphs": 4, "lossless-cudagraphs-tagguards": 4}
 BUILD_S = 10
 
 
@@ -375,7 +379,7 @@ def run_model(spec: ModelSpec, variants: list[str], reps: int, tiny: bool) -> di
 
     def fwd(v: str):
         call = whole.get(v, model)
-        if v.endswith("-cudagraphs"):  # a new forward for the cudagraph trees; the output outlives the next replay
+        if "-cudagraphs" in v:  # a new forward for the cudagraph trees; the output outlives the next replay
             torch.compiler.cudagraph_mark_step_begin()
             return call(**kwargs)[0].clone()
         return call(**kwargs)[0]
@@ -393,13 +397,16 @@ def run_model(spec: ModelSpec, variants: list[str], reps: int, tiny: bool) -> di
                     impls[v] = compile_blocks(model, compile_kwargs(v, reports.get(v)))
                 activate(blocks, impls[v])
                 t0 = time.perf_counter()
-                out, _, vr["first_call_peak_GiB"] = timed_call(lambda: fwd(v), cuda)
+                # Dynamo builds the guards on the first call (the compile): the -tagguards variant's are built
+                # with recursive dict tags (torch's option; a module tree whose dicts are unchanged is not walked)
+                with torch._dynamo.config.patch(use_recursive_dict_tags_for_guards=v.endswith("-tagguards")):
+                    out, _, vr["first_call_peak_GiB"] = timed_call(lambda: fwd(v), cuda)
                 vr["first_call_s"] = time.perf_counter() - t0
                 if ref is None:
                     ref = out.clone()
                 vr["first_call_bit_exact"] = bool(torch.equal(bits(ref), bits(out)))
                 timed_call(lambda: fwd(v), cuda)  # warm-up
-                if v.endswith("-cudagraphs"):  # the trees warm up, then record on the next call: not a timed one
+                if "-cudagraphs" in v:  # the trees warm up, then record on the next call: not a timed one
                     timed_call(lambda: fwd(v), cuda)
                 vr["times_ms"], vr["peaks_GiB"] = [], []
             except Exception as e:  # noqa: BLE001 - one variant failing must not lose the others
