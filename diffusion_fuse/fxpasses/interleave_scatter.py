@@ -14,7 +14,9 @@ blocks). This pass rewrites the chain to ``clone(view(stack([to(v0), to(v1)], d 
 so nothing of ``empty_like`` is left), and the pointwise pass then takes the whole RoPE (with the QK norm's tail
 where the graph has it as pointwise ops: the CPU's composite RMSNorm) as one kernel.
 
-Taken when: the dim's size is even and static; ``empty_like``'s result is contiguous (the stack's view is then
+Taken when: the tensor's shape is static (a dynamic-shape graph keeps the chain: the view would need the sizes
+as graph values, and the pointwise pass takes no group with symbolic sizes); the dim's size is even;
+``empty_like``'s result is contiguous (the stack's view is then
 the same layout); each value has its slice's shape (a broadcast one arrives expanded); each intermediate has
 only the next step as its user. Exact by construction; lossless tier only (Inductor fuses the chain itself). The
 new nodes that hold a value of the reference graph carry its name (the verifier compares sites by it): the
@@ -92,6 +94,8 @@ def match(empty: fx.Node):
     ev = empty.meta.get("val")
     if not isinstance(ev, torch.Tensor) or ev.dim() == 0:
         return None
+    if not all(isinstance(s, int) for s in ev.shape):  # symbolic sizes: the view's shape would not be code
+        return None
     try:
         if not ev.is_contiguous():
             return None
@@ -101,7 +105,7 @@ def match(empty: fx.Node):
     if first is None:
         return None
     v0, c0, e1, dim = first
-    if not isinstance(ev.shape[dim], int) or ev.shape[dim] % 2:
+    if ev.shape[dim] % 2:
         return None
     second = _half(e1, 1)
     if second is None or second[3] != dim:
