@@ -282,6 +282,17 @@ class VerifiedGraph:
                 return v
         return Verdict(True, "bitwise equal" if check.exact else f"within tolerance (max |err| {max_err:.3g})")
 
+    @staticmethod
+    def _run_checked(run: Callable[..., Any], args: list[Any], ref_out: Any) -> tuple[Any, Verdict]:
+        """``run``'s output and its end-to-end verdict against ``ref_out``; a graph that raises is a failed verdict
+        (a rewrite that made a graph Python cannot run must cost the sites, not the user's forward)."""
+        try:
+            out = run(*args)
+        except Exception as e:  # noqa: BLE001 - the caller puts every site back and runs the reference graph
+            first = str(e).splitlines()[0][:200] if str(e) else ""
+            return None, Verdict(False, f"the rewritten graph raised {type(e).__name__}: {first}")
+        return out, compare_bitwise(ref_out, out)
+
     def _verify_and_run(self, sig: tuple, args: list[Any]) -> Any:
         live = [c for cid, c in self.checks.items() if cid not in self.rejected]
         snapshot = {i: args[i].clone() for i in self._mutated}
@@ -303,8 +314,7 @@ class VerifiedGraph:
         gm = self.build(frozenset(self.rejected))
         # what runs from now on, checked end to end below: fewer Python calls, the same kernels
         run, rewrites = self.pm.runtime(gm, side=self.options.side_stream)
-        out = run(*args)
-        e2e = compare_bitwise(ref_out, out)
+        out, e2e = self._run_checked(run, args, ref_out)
         if not e2e and any(rewrites.values()):
             # a binding or at::linear took another path than the one traced: run the ops as traced
             note = f"runtime rewrites {rewrites} put back: the output differed ({e2e.detail})"
@@ -313,13 +323,14 @@ class VerifiedGraph:
             for i, t in snapshot.items():
                 args[i].copy_(t)
             run, rewrites = self.pm.runtime(gm, rewrite=False)
-            out = run(*args)
-            e2e = compare_bitwise(ref_out, out)
+            out, e2e = self._run_checked(run, args, ref_out)
         entry = {"signature": repr(sig)[:200], "sites_checked": len(verdicts), **rewrites,
                  "rejected": sorted(c for c, v in verdicts.items() if not v), "end_to_end_equal": bool(e2e)}
         if not e2e:
             # Sites that pass alone but not together: trust nothing in this graph.
-            note = f"end-to-end output differs from the reference ({e2e.detail}); every site put back"
+            raised = e2e.detail.startswith("the rewritten graph raised")
+            what = "failed" if raised else "output differs from the reference"
+            note = f"end-to-end {what} ({e2e.detail}); every site put back"
             _log.warning("graph %d: %s", self.greport.graph_id, note)
             self.greport.notes.append(note)
             for cid in self.checks:
