@@ -198,3 +198,20 @@ def test_cat_reference_and_guard():
     counters.reset()
     assert torch.equal(torch.ops.diffusion_fuse.linear_gelu_cat(x, w, b, [a], [c]), want)
     assert counters.snapshot()["fallback"]["linear_gelu_cat"] == {why: 1}
+
+
+def test_a_dynamic_shape_graph_is_a_near_miss_and_equals_eager():
+    # the site's output view would need the sizes as graph values: the linear and its gelu stay ATen there
+    torch._dynamo.reset()
+    model = _Linear("tanh", True)
+    import diffusion_fuse
+
+    report = diffusion_fuse.Report()
+    compiled = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(ON, report), dynamic=True)
+    with torch.no_grad():
+        for n in (5, 9):
+            x = torch.randn(2, n, 64, dtype=torch.bfloat16)
+            assert bitwise_equal(model(x), compiled(x))
+    assert not _sites(report)
+    reasons = [m.reason for g in report.graphs for m in g.near_misses if m.pattern == "linear_gelu"]
+    assert reasons and reasons[0].startswith("symbolic shape"), reasons

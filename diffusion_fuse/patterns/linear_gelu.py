@@ -56,6 +56,9 @@ class LinearGelu(PatternFamily):
         xv, wv = val(x2d), val(weight)
         if not isinstance(xv, torch.Tensor) or xv.dtype != torch.bfloat16 or wv is None or wv.dtype != torch.bfloat16:
             return NearMiss(self.name, node, "not a bf16 linear (the kernel takes bf16)")
+        if not all(isinstance(d, int) for d in (*xv.shape, *val(node).shape)):
+            # the op's output view would carry the sizes as symbols the graph's code does not define
+            return NearMiss(self.name, node, "symbolic shape (a dynamic-shape graph): left to ATen")
         inputs = [x2d, weight] + ([bias] if bias is not None else [])
         nodes = [mm, view, node] if view is not None else [mm, node]
         cat = _last_dim_cat(node, xv, wv.shape[0])
