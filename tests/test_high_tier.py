@@ -80,3 +80,25 @@ def test_unmatched_anchor_lowers_even_when_the_environment_says_ci(monkeypatch):
     with torch.no_grad():
         torch.testing.assert_close(c(x), model(x))
     assert report.sites() == []
+
+
+def test_an_inductor_graph_that_raises_runs_the_verified_graph(monkeypatch):
+    # never a failed forward: the verified ATen graph's output is returned and runs from then on, and the report
+    # says why
+    from diffusion_fuse.backend import DiffusionFuseBackend
+
+    def raising(self, *a, **k):
+        def run(*args):
+            raise RuntimeError("inductor could not run this")
+        return run
+
+    monkeypatch.setattr(DiffusionFuseBackend, "_inductor", raising)
+    torch._dynamo.reset()
+    args = inputs()
+    report = diffusion_fuse.Report()
+    c = torch.compile(SigmoidModulate(), backend=DiffusionFuseBackend({"quality": "high"}, report))
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(c(*args), SigmoidModulate()(*args))
+    (graph,) = report.graphs
+    assert any("Inductor's graph raised RuntimeError: inductor could not run this" in n for n in graph.notes)
