@@ -232,3 +232,34 @@ def test_a_site_with_no_reference_value_is_rejected_not_a_crash():
     assert torch.equal(out, torch.full((3,), 3.0))
     assert not verdicts["ghost"] and "no reference value for no_such_node" in verdicts["ghost"].detail
     assert verdicts["real"]
+
+
+def test_a_site_whose_rewrite_raises_stays_as_traced_not_a_failed_compile():
+    # a family whose emit (or its fake-value propagation) raises: that site is a near miss that says why, the
+    # graph keeps its ATen ops, and the other sites go on
+    from diffusion_fuse.patterns.registry import PatternFamily, Site
+
+    class EmitRaises(PatternFamily):
+        name = "emit_raises"
+        anchors = (torch.ops.aten.sigmoid.default,)
+        description = "test: a sigmoid site that cannot be emitted"
+
+        def match(self, node):
+            def emit(graph, ins):
+                graph.call_function(torch.ops.aten.relu.default, (ins[0],))  # made, then undone
+                raise RuntimeError("cannot emit this")
+            return Site(pattern=self.name, anchor=node, nodes=[node], inputs=[node.args[0]], outputs=[node], emit=emit,
+                        op="none")
+
+    diffusion_fuse.register_pattern(EmitRaises())
+    try:
+        args = inputs()
+        out, report = run(SigmoidModulate(), args)
+        with torch.no_grad():
+            assert bitwise_equal(SigmoidModulate()(*args), out)
+        assert not [s for s in report.sites() if s.pattern == "emit_raises"]
+        (miss,) = [m for g in report.graphs for m in g.near_misses if m.pattern == "emit_raises"]
+        assert miss.reason == "rewrite failed (RuntimeError: cannot emit this); left as traced"
+        assert "relu" not in report.graphs[0].fused_code  # the half-made rewrite is undone
+    finally:
+        diffusion_fuse.unregister_pattern("emit_raises")

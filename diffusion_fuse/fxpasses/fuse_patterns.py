@@ -13,9 +13,12 @@ import inspect
 import torch
 import torch.fx as fx
 
+from ..log import get_logger
 from ..patterns.match_utils import source_location
 from ..patterns.registry import REGISTRY, NearMiss, Site
 from .base import GraphPass, PassContext
+
+_log = get_logger("fxpasses")
 
 
 def _check_closed(site: Site) -> str | None:
@@ -77,14 +80,19 @@ def apply_site(graph: fx.Graph, site: Site, mapping: dict[fx.Node, fx.Node]) -> 
     """Emit ``site``'s replacement before its last node and reroute its outputs."""
     inputs = [mapping.get(n, n) for n in site.inputs]
     before = set(graph.nodes)
-    with graph.inserting_before(_last_in_order(site.nodes)):
-        new_outs = list(site.emit(graph, inputs))
-    created = [n for n in graph.nodes if n not in before]
-    trace = site.located_at.meta.get("stack_trace")
-    for n in created:
-        n.meta["stack_trace"] = trace
-        n.meta["diffusion_fuse_site"] = site.id
-    _propagate_fake(created)
+    try:
+        with graph.inserting_before(_last_in_order(site.nodes)):
+            new_outs = list(site.emit(graph, inputs))
+        created = [n for n in graph.nodes if n not in before]
+        trace = site.located_at.meta.get("stack_trace")
+        for n in created:
+            n.meta["stack_trace"] = trace
+            n.meta["diffusion_fuse_site"] = site.id
+        _propagate_fake(created)
+    except Exception:
+        for n in reversed([n for n in graph.nodes if n not in before]):  # nothing outside reads them yet
+            graph.erase_node(n)
+        raise
     for old, new in zip(site.outputs, new_outs):
         old.replace_all_uses_with(new)
         mapping[old] = new
@@ -155,8 +163,17 @@ def apply_sites(graph: fx.Graph, ctx: PassContext, sites: list[Site]) -> None:
     ctx.skipped.extend(s for s in sites if s.id in ctx.exclude)
     sites = [s for s in sites if s.id not in ctx.exclude]
     mapping: dict[fx.Node, fx.Node] = {}
+    applied = []
     for site in sites:
-        apply_site(graph, site, mapping)
-    ctx.sites.extend(sites)
-    if sites:
+        try:
+            apply_site(graph, site, mapping)
+        except Exception as e:  # noqa: BLE001 - a site that cannot be emitted stays as traced, not a failed compile
+            first = str(e).splitlines()[0][:200] if str(e) else ""
+            why = f"rewrite failed ({type(e).__name__}: {first}); left as traced"
+            ctx.near_misses.append(NearMiss(site.pattern, site.anchor, why))
+            _log.warning("site %s: %s", site.id, why)
+            continue
+        applied.append(site)
+    ctx.sites.extend(applied)
+    if applied:
         stable_topological_sort(graph)
