@@ -225,3 +225,23 @@ def test_every_tiny_model_compiles_with_dynamic_shapes_and_no_rewrite_raises(nam
     assert not any("raised" in n for n in notes), notes
     assert report.sites() and all(s.status == "kept" for s in report.sites()), \
         [(s.id, s.status, s.reason) for s in report.sites() if s.status != "kept"]
+
+
+def test_a_pass_that_raises_leaves_the_graph_as_traced(monkeypatch):
+    """A graph pass that fails part way (it may have rewritten part of the graph) costs that graph's rewrites:
+    the graph runs as traced, the report and the log say which pass, and the forward equals eager."""
+    from diffusion_fuse.fxpasses.drop_clones import DropClonesPass
+
+    def broken(self, graph, ctx):
+        raise RuntimeError("a broken pass")
+
+    monkeypatch.setattr(DropClonesPass, "__call__", broken)
+    torch._dynamo.reset()
+    model = AdaLN()
+    x, t = torch.randn(2, 8, 64), torch.randn(2, 64)
+    c, report = compiled(model)
+    with torch.no_grad():
+        assert bitwise_equal(model(x, t), c(x, t))
+    (graph,) = report.graphs
+    assert not report.sites()
+    assert "pass drop_clones raised RuntimeError: a broken pass; the graph runs as traced" in graph.notes

@@ -24,6 +24,7 @@ from collections.abc import Callable
 import torch.fx as fx
 
 from ..config import Options
+from ..log import get_logger
 from .base import GraphPass, PassContext
 from .cat_of_slices import CatOfSlicesPass
 from .cleanup import CleanupPass
@@ -31,6 +32,8 @@ from .drop_clones import DropClonesPass
 from .fuse_patterns import FusePatternsPass
 from .interleave_scatter import InterleaveScatterPass
 from .pointwise import PointwiseFusionPass
+
+_log = get_logger("fxpasses")
 
 
 def copy_graph_module(ref: fx.GraphModule) -> fx.GraphModule:
@@ -58,10 +61,22 @@ class PassManager:
         return ctx
 
     def rewrite(self, ref: fx.GraphModule, exclude: frozenset[str] = frozenset()) -> tuple[fx.GraphModule, PassContext]:
-        """A rewritten copy of ``ref`` (``ref`` itself is left as it is)."""
+        """A rewritten copy of ``ref`` (``ref`` itself is left as it is). A pass that raises leaves the whole
+        graph as traced (a pass may have rewritten part of it): noted, logged, never a failed compile."""
         gm = copy_graph_module(ref)
-        ctx = self.run(gm.graph, exclude)
-        gm.recompile()
+        done = []
+        try:
+            ctx = PassContext(options=self.options, exclude=exclude)
+            for p in self.passes:
+                done.append(p.name)
+                p(gm.graph, ctx)
+            gm.recompile()
+        except Exception as e:  # noqa: BLE001 - a broken pass costs its graph's rewrites, not the user's forward
+            first = str(e).splitlines()[0][:200] if str(e) else ""
+            note = f"pass {done[-1]} raised {type(e).__name__}: {first}; the graph runs as traced"
+            _log.warning(note)
+            gm = copy_graph_module(ref)
+            ctx = PassContext(options=self.options, exclude=exclude, notes=[note])
         return gm, ctx
 
     @staticmethod
