@@ -109,8 +109,20 @@ class DiffusionFuseBackend:
         # site on the first call (bitwise for exact sites, rtol/atol for the others).
         checker = aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g.forward), inference_compiler=inference_compiler,
                                keep_inference_input_mutations=True)(gm, example_inputs)
-        compiled = self._inductor(gm, example_inputs, frozenset(), greport)
+        compiled = self._inductor_or_none(gm, example_inputs, frozenset(), greport)
         return _HighTierGraph(self, gm, checker, verified, compiled, greport)
+
+    def _inductor_or_none(self, gm: fx.GraphModule, example_inputs: Sequence[Any], exclude: frozenset[str], greport):
+        """``_inductor``, or None when Inductor (with our passes inside) fails to compile: the verified ATen
+        graph then runs, noted and logged; never a failed compile."""
+        try:
+            return self._inductor(gm, example_inputs, exclude, greport)
+        except Exception as e:  # noqa: BLE001 - the checker graph is always an option
+            first = str(e).splitlines()[0][:200] if str(e) else ""
+            note = f"tier high: Inductor failed to compile ({type(e).__name__}: {first}); the verified ATen graph runs"
+            _log.warning(note)
+            greport.notes.append(note)
+            return None
 
     def _inductor(self, gm: fx.GraphModule, example_inputs: Sequence[Any], exclude: frozenset[str], greport):
         from torch._dynamo.utils import counters as torch_counters
@@ -174,6 +186,9 @@ class _HighTierGraph:
         if self.fn is not None:
             return self.fn(*args)
         opts = self.backend.options
+        if self.compiled is None:  # Inductor failed to compile (noted): the checker graph, verified, runs
+            self.fn = self.checker
+            return self.checker(*args)
         if not opts.verify or torch.compiler.is_compiling() or not self.verified:
             self.fn = self.compiled
             return self.compiled(*args)
@@ -181,7 +196,10 @@ class _HighTierGraph:
         vg = self.verified[0]
         if vg.rejected:
             _log.warning("tier high: recompiling with Inductor without rejected site(s) %s", sorted(vg.rejected))
-            self.compiled = self.backend._inductor(self.gm, list(args), frozenset(vg.rejected), self.greport)
+            self.compiled = self.backend._inductor_or_none(self.gm, list(args), frozenset(vg.rejected), self.greport)
+            if self.compiled is None:
+                self.fn = self.checker
+                return ref
         seen = set(getattr(self.greport, "inductor_sites", []))
         missing = sorted(set(self.greport.sites) - seen - vg.rejected)
         if missing:

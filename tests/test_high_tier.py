@@ -102,3 +102,22 @@ def test_an_inductor_graph_that_raises_runs_the_verified_graph(monkeypatch):
             assert torch.equal(c(*args), SigmoidModulate()(*args))
     (graph,) = report.graphs
     assert any("Inductor's graph raised RuntimeError: inductor could not run this" in n for n in graph.notes)
+
+
+def test_inductor_failing_to_compile_runs_the_verified_graph(monkeypatch):
+    from diffusion_fuse.backend import DiffusionFuseBackend
+
+    def failing(self, *a, **k):
+        raise RuntimeError("inductor cannot compile this")
+
+    monkeypatch.setattr(DiffusionFuseBackend, "_inductor", failing)
+    torch._dynamo.reset()
+    args = inputs()
+    report = diffusion_fuse.Report()
+    c = torch.compile(SigmoidModulate(), backend=DiffusionFuseBackend({"quality": "high"}, report))
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(c(*args), SigmoidModulate()(*args))
+    (graph,) = report.graphs
+    assert any(n.startswith("tier high: Inductor failed to compile (RuntimeError: inductor cannot compile this)")
+               for n in graph.notes), graph.notes
