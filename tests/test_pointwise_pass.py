@@ -167,6 +167,21 @@ def test_ops_it_cannot_reproduce_stay_eager():
     run(gm, f, (rn(4, 8, dtype=f32), rn(4, 8, dtype=f32)))
 
 
+@pytest.mark.parametrize("pad, value, taken", [((0, 0, 0, 1), 1.0, True), ((1, 2), 0.5, True),
+                                                 ((0, 0, 0, -1), 1.0, False), ((0, 0, 0, 1), float("-inf"), False)])
+def test_a_constant_pad_joins_its_group_unless_it_crops_or_fills_non_finite(pad, value, taken):
+    # SANA pads its fp32 value with a row of ones: the pad's copies and its fill are exact in the kernel; a crop
+    # (negative pad) or a non-finite fill stays eager's op
+    def fn(x):
+        return F.pad((x * 2).float(), pad, mode="constant", value=value)
+
+    x = torch.randn(2, 6, 8).bfloat16()
+    gm, sites = pw.fuse(fn, x)
+    (site,) = sites
+    assert ("constant_pad_nd" in pw.site_ops(site)) == taken, pw.site_ops(site)
+    assert bitwise_equal(fn(x), gm(x))
+
+
 def test_erf_gelu_stays_eager_and_says_why():
     from diffusion_fuse.kernels.pointwise_ops import ERF_NOT_REPRODUCED, RECIPES
 

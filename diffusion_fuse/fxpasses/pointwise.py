@@ -3,7 +3,8 @@
 Runs after ``fuse_patterns`` (the families take their sites first; their ops, and the nodes of
 sites the verifier put back, are opaque here) and only in the lossless tier. What it groups:
 the ops of kernels/pointwise_ops.py's table (each checked: dtypes bf16/fp16/fp32, scalars it
-can reproduce), ``cat``/``stack``, and the views (view, unsqueeze, expand, permute, slice,
+can reproduce), ``cat``/``stack``, ``constant_pad_nd`` (non-negative pads, a finite fill: SANA pads its fp32
+value with a row of ones), and the views (view, unsqueeze, expand, permute, slice,
 select, unbind/split items, ...) between them.
 
 Grouping, in graph order: each computed node joins the groups of the values it reads, looking
@@ -47,7 +48,7 @@ import sys
 import torch
 import torch.fx as fx
 
-from ..kernels.pointwise_codegen import MULTI_VIEW_OPS, STRUCTURAL_OPS, VIEW_OPS
+from ..kernels.pointwise_codegen import MULTI_VIEW_OPS, STRUCTURAL_OPS, VIEW_OPS, pad_fill
 from ..kernels.pointwise_ops import FLOAT_DTYPES, RECIPES
 from ..lowering.pointwise import diagnose, register_program
 from ..patterns.match_utils import describe
@@ -95,6 +96,8 @@ def classify(n: fx.Node) -> str | None:
     ins = n.all_input_nodes
     if t in VIEW_OPS:
         return "view" if all(_tensor(a.meta.get("val")) for a in ins) else None
+    if t is torch.ops.aten.constant_pad_nd.default and pad_fill(n, v.dtype) is None:
+        return None  # a crop (negative pad) or a non-finite fill: eager's op
     if t in STRUCTURAL_OPS:
         return "compute" if all(_tensor(a.meta.get("val")) for a in ins) and ins else None
     r = RECIPES.get(t)

@@ -272,7 +272,17 @@ VIEW_OPS = frozenset({
     aten.permute.default, aten.t.default, aten.transpose.int, aten.slice.Tensor, aten.select.int,
 })
 MULTI_VIEW_OPS = frozenset({aten.unbind.int, aten.split.Tensor, aten.split_with_sizes.default})
-STRUCTURAL_OPS = frozenset({aten.cat.default, aten.stack.default})
+STRUCTURAL_OPS = frozenset({aten.cat.default, aten.stack.default, aten.constant_pad_nd.default})
+
+
+def pad_fill(n: fx.Node, dtype: torch.dtype) -> float | None:
+    """``constant_pad_nd``'s fill value as its output stores it (rounded to ``dtype``), or None where the kernel
+    does not take the call: a negative pad (a crop), or a fill that is not finite."""
+    pads = list(_arg(n, 1, "pad", ()))
+    if len(pads) % 2 or any(not isinstance(p, int) or p < 0 for p in pads):
+        return None
+    fill = float(torch.tensor(float(_arg(n, 2, "value", 0.0)), dtype=dtype).float())
+    return fill if math.isfinite(fill) else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -480,6 +490,8 @@ class Generator(Emit):
         if t in VIEW_OPS or t is operator.getitem:
             x, in_idx = view_input_index(self, n, idx)
             return self.value(x, in_idx, mask)
+        if t is aten.constant_pad_nd.default:
+            return self._pad(n, idx, mask)
         if t in STRUCTURAL_OPS:
             return self._select(n, idx, mask)
         r = RECIPES.get(t)
@@ -641,6 +653,36 @@ class Generator(Emit):
             branches.append((lo, lo + xs[dim], x, idx[:dim] + [idx[dim] + (-lo)] + idx[dim + 1:]))
             lo += xs[dim]
         return dim, branches
+
+    def _pad(self, n: fx.Node, idx: list[Lin], mask: str) -> Val:
+        """``constant_pad_nd`` (non-negative pads): the input at the index less the leading pad where the index
+        lies inside it (its load masked to that), else the fill, rounded to the output dtype as eager fills it:
+        copies and a constant, exact (SANA's ``F.pad(value.float(), (0, 0, 0, 1), value=1.0)``)."""
+        out = self.meta(n)
+        fill = pad_fill(n, out.dtype)
+        if fill is None:
+            raise Unsupported("constant_pad_nd with a negative pad or a non-finite fill")
+        x = n.args[0]
+        xs = self.shape(x)
+        pads = list(_arg(n, 1, "pad", ()))
+        inner, conds = list(idx), []
+        for j in range(len(pads) // 2):
+            d = len(xs) - 1 - j
+            lo, hi = pads[2 * j], pads[2 * j + 1]
+            if lo == hi == 0:
+                continue
+            inner[d] = idx[d] + (-lo)
+            if idx[d].is_const():
+                if not lo <= idx[d].const < lo + xs[d]:  # this index is all fill
+                    return Val(self.tmp(f"tl.full({self.block_shape}, {fill!r}, tl.float32)"), out.dtype)
+                continue
+            dc = self.index_code(idx[d])
+            conds += ([f"({dc} >= {lo})"] if lo else []) + ([f"({dc} < {lo + xs[d]})"] if hi else [])
+        if not conds:
+            return self.value(x, inner, mask)
+        inside = self.tmp(" & ".join(conds))
+        v = self.value(x, inner, self.tmp(f"{mask} & {inside}"))
+        return Val(self.tmp(f"tl.where({inside}, {v.code}, {fill!r})"), out.dtype)
 
     def _select(self, n: fx.Node, idx: list[Lin], mask: str) -> Val:
         """``cat`` / ``stack``: the input the index along ``dim`` falls in, loads masked to it."""

@@ -127,6 +127,11 @@ def sana_value_float(v, heads):  # v.float() alone (F.pad follows)
     return v.transpose(1, 2).unflatten(1, (heads, -1)).float()
 
 
+def sana_value_pad(v, heads):  # v.float(), then F.pad with a row of ones (the linear attention's normalizer)
+    return torch.nn.functional.pad(v.transpose(1, 2).unflatten(1, (heads, -1)).float(), (0, 0, 0, 1), mode="constant",
+                                   value=1.0)
+
+
 def sana_attn_out(h):  # h: [B, heads, dim + 1, N] fp32 from the second matmul; to_out's reshape copies it
     h = h[:, :, :-1] / (h[:, :, -1:] + 1e-15)
     return h.flatten(1, 2).transpose(1, 2).to(torch.bfloat16).contiguous()
@@ -161,7 +166,7 @@ def conv_glu(h, w, b):  # GLUMBConv: the depthwise 3x3 conv (bias), chunked in t
 
 CHAINS = ("flux_rope_single", "flux_rope_double", "flux_gated_residual", "flux_gelu_cat", "flux_residual_split_cat",
           "flux_gelu_clone", "swiglu", "wan_fp32_residual", "sana_query_relu", "sana_key_relu", "sana_value_float",
-          "sana_attn_out", "sana_bias_add", "sana_conv_silu", "sana_conv_glu", "wan_rope")
+          "sana_attn_out", "sana_bias_add", "sana_conv_silu", "sana_conv_glu", "wan_rope", "sana_value_pad")
 
 
 # Unary ops a bf16 table of eager's outputs can stand for (kernels/lut16.py): the lookup tests and the probe
@@ -201,6 +206,7 @@ def chain(name: str, device="cuda", seed: int = 0):
         "sana_query_relu": (functools.partial(sana_query_relu, heads=70), (rn(2, 1024, 2240),)),
         "sana_key_relu": (functools.partial(sana_key_relu, heads=70), (rn(2, 1024, 2240),)),
         "sana_value_float": (functools.partial(sana_value_float, heads=70), (rn(2, 1024, 2240),)),
+        "sana_value_pad": (functools.partial(sana_value_pad, heads=70), (rn(2, 1024, 2240),)),
         "sana_attn_out": (sana_attn_out, (rn(2, 70, 33, 1024, dtype=f32),)),
         "sana_bias_add": (bias_add, (rn(2, 1024, 2240), rn(2240))),
         # GLUMBConv (mlp ratio 2.5: 2 x 5600 channels), its convs' biases added in the kernel

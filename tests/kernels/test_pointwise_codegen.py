@@ -21,6 +21,7 @@ if __name__ == "__main__":
 
 import pytest
 import torch
+import torch.nn.functional as F
 from _interp import run_worker, worker_main
 
 bf16, f16, f32 = torch.bfloat16, torch.float16, torch.float32
@@ -80,6 +81,10 @@ def _cat_three_with_gelu(a, b, c):
     return torch.cat([a * 2, torch.nn.functional.gelu(b, approximate="tanh"), -c], -1)
 
 
+def _pad_both_sides(x):  # pads before and after the last dim, a fill that is not 1 (x * 2 and the cast: exact)
+    return F.pad((x * 2).float(), (1, 2), mode="constant", value=0.5)
+
+
 def make(name, seed=0):
     from diffusion_fuse.testing import pointwise as pw
 
@@ -107,6 +112,9 @@ def make(name, seed=0):
         "sana_query_relu": (functools.partial(pw.sana_query_relu, heads=5), (rn(2, 48, 80),)),
         "sana_key_relu": (functools.partial(pw.sana_key_relu, heads=5), (rn(2, 48, 80),)),
         "sana_value_float": (functools.partial(pw.sana_value_float, heads=5), (rn(2, 256, 320),)),  # lone: >= 2**16
+        # ... and with the F.pad that follows it: one kernel writes the padded fp32 value (a row of ones)
+        "sana_value_pad": (functools.partial(pw.sana_value_pad, heads=5), (rn(2, 48, 80),)),
+        "pad_both_sides": (_pad_both_sides, (rn(3, 5, 40),)),
         "sana_attn_out": (pw.sana_attn_out, (rn(2, 5, 17, 48, dtype=f32),)),
         "sana_attn_out_odd": (pw.sana_attn_out, (rn(1, 3, 17, 37, dtype=f32),)),
         "sana_key_relu_fp32": (functools.partial(pw.sana_key_relu, heads=3), (rn(2, 70, 96, dtype=f32),)),
@@ -142,7 +150,7 @@ CASES = ["rope", "rope_cat", "gated_residual", "gelu_cat", "swiglu", "wan_residu
          "activations", "sana_query_relu", "sana_key_relu", "sana_value_float", "sana_attn_out", "sana_attn_out_odd",
          "sana_key_relu_fp32", "bias_add", "cat_per_program", "gelu_cat_branches", "cat_three_chains", "cat_rows",
          "gelu_cat_rows", "cat_three_with_gelu", "conv_silu", "conv_glu", "wan_rope",
-         "wan_rope_fp32"]
+         "wan_rope_fp32", "sana_value_pad", "pad_both_sides"]
 CONV_BIAS_CASES = {"conv_silu": "convolution,silu", "conv_glu": "convolution,silu,mul"}
 # cats whose kernel branches once per program on the input its BLOCK lies in (number of branches)
 BRANCHES = {"gelu_cat_branches": 2, "cat_three_chains": 3, "cat_rows": 2, "gelu_cat": 0, "gelu_cat_rows": 2,
@@ -157,7 +165,7 @@ LUT_CASES = {"gelu_cat": (1, 1, None), "gelu_clone": (1, 1, None), "gelu_cat_bra
 # round exactly (x 2, a sign flip, a lookup of CPU eager's gelu): bitwise
 EXACT = {"fp32_chain", "where_mask", "strided_in", "permuted_out", "sana_query_relu", "sana_key_relu",
          "sana_value_float", "sana_key_relu_fp32", "cat_per_program", "cat_three_chains", "cat_rows",
-         "cat_three_with_gelu", "wan_rope_fp32"}
+         "cat_three_with_gelu", "wan_rope_fp32", "sana_value_pad", "pad_both_sides"}
 # the layouts choose_layout must pick: (x dim, y dim) of the outputs' shape, None for the flat kernel
 # (SANA's key: both sides contiguous along the head dim, 16 or 32 elements: flat)
 TILES = {"sana_query_relu": (3, 2), "sana_key_relu": None, "sana_value_float": (2, 3), "sana_attn_out": (2, 1),
@@ -303,6 +311,7 @@ def test_generated_kernel_matches_eager(results, case):
     ("gelu_cat", "gelu,cat"),
     ("gelu_clone", "gelu,clone"),
     ("wan_rope", "mul,mul,sub,mul,mul,add,_to_copy,_to_copy,stack,clone"),
+    ("sana_value_pad", "_to_copy,constant_pad_nd"),
 ])
 def test_whole_chain_is_one_site(results, case, ops):
     assert results[case]["sites"] == [ops]
