@@ -82,42 +82,38 @@ def test_unmatched_anchor_lowers_even_when_the_environment_says_ci(monkeypatch):
     assert report.sites() == []
 
 
+def _inductor_replaced_by(monkeypatch, replacement) -> list[str]:
+    """Notes of tier high's graph with ``DiffusionFuseBackend._inductor`` replaced; two calls, each eager's output."""
+    from diffusion_fuse.backend import DiffusionFuseBackend
+
+    monkeypatch.setattr(DiffusionFuseBackend, "_inductor", replacement)
+    torch._dynamo.reset()
+    args = inputs()
+    report = diffusion_fuse.Report()
+    c = torch.compile(SigmoidModulate(), backend=DiffusionFuseBackend({"quality": "high"}, report))
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(c(*args), SigmoidModulate()(*args))
+    (graph,) = report.graphs
+    return graph.notes
+
+
 def test_an_inductor_graph_that_raises_runs_the_verified_graph(monkeypatch):
     # never a failed forward: the verified ATen graph's output is returned and runs from then on, and the report
     # says why
-    from diffusion_fuse.backend import DiffusionFuseBackend
-
     def raising(self, *a, **k):
         def run(*args):
             raise RuntimeError("inductor could not run this")
         return run
 
-    monkeypatch.setattr(DiffusionFuseBackend, "_inductor", raising)
-    torch._dynamo.reset()
-    args = inputs()
-    report = diffusion_fuse.Report()
-    c = torch.compile(SigmoidModulate(), backend=DiffusionFuseBackend({"quality": "high"}, report))
-    with torch.no_grad():
-        for _ in range(2):
-            assert torch.equal(c(*args), SigmoidModulate()(*args))
-    (graph,) = report.graphs
-    assert any("Inductor's graph raised RuntimeError: inductor could not run this" in n for n in graph.notes)
+    notes = _inductor_replaced_by(monkeypatch, raising)
+    assert any("Inductor's graph raised RuntimeError: inductor could not run this" in n for n in notes), notes
 
 
 def test_inductor_failing_to_compile_runs_the_verified_graph(monkeypatch):
-    from diffusion_fuse.backend import DiffusionFuseBackend
-
     def failing(self, *a, **k):
         raise RuntimeError("inductor cannot compile this")
 
-    monkeypatch.setattr(DiffusionFuseBackend, "_inductor", failing)
-    torch._dynamo.reset()
-    args = inputs()
-    report = diffusion_fuse.Report()
-    c = torch.compile(SigmoidModulate(), backend=DiffusionFuseBackend({"quality": "high"}, report))
-    with torch.no_grad():
-        for _ in range(2):
-            assert torch.equal(c(*args), SigmoidModulate()(*args))
-    (graph,) = report.graphs
+    notes = _inductor_replaced_by(monkeypatch, failing)
     assert any(n.startswith("tier high: Inductor failed to compile (RuntimeError: inductor cannot compile this)")
-               for n in graph.notes), graph.notes
+               for n in notes), notes
