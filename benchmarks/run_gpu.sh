@@ -90,6 +90,9 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = nosass ]; then
   # opt-in (BENCHES="probe_gemv_exact"): the modulation linears' GEMV against cuBLAS, bits and time
   [[ " ${BENCHES:-} " == *" probe_gemv_exact "* ]] && step probe_gemv_exact 300 python3 benchmarks/probe_gemv_exact.py \
     --json "$OUT/probe_gemv_exact.json"
+  # opt-in (BENCHES="probe_complex_rope"): eager's complex multiply formula on CUDA, and Qwen-Image's RoPE fused
+  [[ " ${BENCHES:-} " == *" probe_complex_rope "* ]] && step probe_complex_rope 200 python3 \
+    benchmarks/probe_complex_rope.py --json "$OUT/probe_complex_rope.json"
   # shellcheck disable=SC2086  # opt-in (BENCHES="probe_gemm_exact"): minutes of Triton builds
   [[ " ${BENCHES:-} " == *" probe_gemm_exact "* ]] && step probe_gemm_exact "${GEMM_LIMIT:-300}" python3 benchmarks/probe_gemm_exact.py \
     --json "$OUT/probe_gemm_exact.json" ${PROBE_GEMM_ARGS:-}
@@ -122,6 +125,7 @@ cat "$OUT/summary.txt"
 [ -f "$OUT/probe_lut16.log" ] && tail -n 24 "$OUT/probe_lut16.log"
 [ -f "$OUT/probe_graph_memsets.log" ] && tail -n 8 "$OUT/probe_graph_memsets.log"
 [ -f "$OUT/probe_gemv_exact.log" ] && tail -n 8 "$OUT/probe_gemv_exact.log"
+[ -f "$OUT/probe_complex_rope.log" ] && tail -n 14 "$OUT/probe_complex_rope.log"
 for f in "$OUT"/probe_gemm_ws_*.log; do [ -f "$f" ] && grep -v "^done " "$f" | tail -n 20; done
 [ -f "$OUT/bench_linear_gelu.log" ] && tail -n 10 "$OUT/bench_linear_gelu.log"
 [ -f "$OUT/probe_gemm_exact.log" ] && grep -v "^done " "$OUT/probe_gemm_exact.log" | tail -n 80
