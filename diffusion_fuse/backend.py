@@ -29,7 +29,7 @@ from . import lowering  # noqa: F401  (registers the ops)
 from . import patterns  # noqa: F401  (registers the families)
 from .config import Options, parse_options
 from .cudagraphs import with_cuda_graphs
-from .log import get_logger
+from .log import error_message, get_logger
 from .patterns.registry import REGISTRY
 from .subclass_params import flatten_subclass_params
 from .verify.compare import compare_close
@@ -118,8 +118,7 @@ class DiffusionFuseBackend:
         try:
             return self._inductor(gm, example_inputs, exclude, greport)
         except Exception as e:  # noqa: BLE001 - the checker graph is always an option
-            first = str(e).splitlines()[0][:200] if str(e) else ""
-            note = f"tier high: Inductor failed to compile ({type(e).__name__}: {first}); the verified ATen graph runs"
+            note = f"tier high: Inductor failed to compile ({error_message(e)}); the verified ATen graph runs"
             _log.warning(note)
             greport.notes.append(note)
             return None
@@ -211,8 +210,7 @@ class _HighTierGraph:
         try:
             out = self.compiled(*args)
         except Exception as e:  # noqa: BLE001 - never a failed forward: the verified graph's output stands
-            first = str(e).splitlines()[0][:200] if str(e) else ""
-            note = f"tier high: Inductor's graph raised {type(e).__name__}: {first}; running the verified ATen graph"
+            note = f"tier high: Inductor's graph raised {error_message(e)}; running the verified ATen graph"
             _log.warning(note)
             self.greport.notes.append(note)
             self.greport.verifications.append({"inductor_within_tolerance": False, "detail": note})

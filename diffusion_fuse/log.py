@@ -78,3 +78,8 @@ def configure_from_env() -> None:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("[diffusion_fuse %(levelname)s] %(name)s: %(message)s"))
         logger.addHandler(handler)
+
+
+def error_message(e: BaseException) -> str:
+    """``Type: first line of the message``, at most 200 characters: how reports and logs name an exception."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]

@@ -13,7 +13,7 @@ import inspect
 import torch
 import torch.fx as fx
 
-from ..log import get_logger
+from ..log import error_message, get_logger
 from ..patterns.match_utils import source_location
 from ..patterns.registry import REGISTRY, NearMiss, Site
 from .base import GraphPass, PassContext
@@ -168,8 +168,7 @@ def apply_sites(graph: fx.Graph, ctx: PassContext, sites: list[Site]) -> None:
         try:
             apply_site(graph, site, mapping)
         except Exception as e:  # noqa: BLE001 - a site that cannot be emitted stays as traced, not a failed compile
-            first = str(e).splitlines()[0][:200] if str(e) else ""
-            why = f"rewrite failed ({type(e).__name__}: {first}); left as traced"
+            why = f"rewrite failed ({error_message(e)}); left as traced"
             ctx.near_misses.append(NearMiss(site.pattern, site.anchor, why))
             _log.warning("site %s: %s", site.id, why)
             continue

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch.fx as fx
 
 from ..config import Options
-from ..log import get_logger
+from ..log import error_message, get_logger
 from .base import GraphPass, PassContext
 from .cat_of_slices import CatOfSlicesPass
 from .cleanup import CleanupPass
@@ -34,6 +34,14 @@ from .interleave_scatter import InterleaveScatterPass
 from .pointwise import PointwiseFusionPass
 
 _log = get_logger("fxpasses")
+
+
+class PassFailed(Exception):
+    """A graph pass raised: its name and what it raised (``pass cleanup raised KeyError: ...``)."""
+
+    def __init__(self, name: str, error: BaseException) -> None:
+        super().__init__(f"pass {name} raised {error_message(error)}")
+        self.name = name
 
 
 def copy_graph_module(ref: fx.GraphModule) -> fx.GraphModule:
@@ -57,23 +65,22 @@ class PassManager:
     def run(self, graph: fx.Graph, exclude: frozenset[str] = frozenset()) -> PassContext:
         ctx = PassContext(options=self.options, exclude=exclude)
         for p in self.passes:
-            p(graph, ctx)
+            try:
+                p(graph, ctx)
+            except Exception as e:
+                raise PassFailed(p.name, e) from e
         return ctx
 
     def rewrite(self, ref: fx.GraphModule, exclude: frozenset[str] = frozenset()) -> tuple[fx.GraphModule, PassContext]:
         """A rewritten copy of ``ref`` (``ref`` itself is left as it is). A pass that raises leaves the whole
         graph as traced (a pass may have rewritten part of it): noted, logged, never a failed compile."""
         gm = copy_graph_module(ref)
-        done = []
         try:
-            ctx = PassContext(options=self.options, exclude=exclude)
-            for p in self.passes:
-                done.append(p.name)
-                p(gm.graph, ctx)
+            ctx = self.run(gm.graph, exclude)
             gm.recompile()
         except Exception as e:  # noqa: BLE001 - a broken pass costs its graph's rewrites, not the user's forward
-            first = str(e).splitlines()[0][:200] if str(e) else ""
-            note = f"pass {done[-1]} raised {type(e).__name__}: {first}; the graph runs as traced"
+            note = f"{e}; the graph runs as traced" if isinstance(e, PassFailed) else \
+                f"the rewritten graph did not build ({error_message(e)}); the graph runs as traced"
             _log.warning(note)
             gm = copy_graph_module(ref)
             ctx = PassContext(options=self.options, exclude=exclude, notes=[note])

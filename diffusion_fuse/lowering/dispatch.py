@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ..log import get_logger
+from ..log import error_message, get_logger
 from . import counters, faults
 
 _log = get_logger("lowering")
@@ -31,10 +31,6 @@ _log = get_logger("lowering")
 # Forces the reference path for every op (debugging, A/B checks).
 DISABLE_KERNELS_ENV = "DIFFUSION_FUSE_DISABLE_KERNELS"
 _MAX_PLANS = 4096
-
-
-def error_message(e: BaseException) -> str:
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
 
 
 CAPTURE_FALLBACK = "layout first seen during a CUDA graph capture"

@@ -36,7 +36,8 @@ from ..kernels.pointwise_codegen import (
     choose_layout,
 )
 from ..kernels.pointwise_ops import DEFAULT_VARIANTS, FLOAT_DTYPES, Variants
-from .dispatch import GuardedKernel, error_message, impl
+from ..log import error_message
+from .dispatch import GuardedKernel, impl
 
 OP = "pointwise"
 _INT32_LIMIT = 2**31 - 2 * max(BLOCK, LUT_BLOCK)

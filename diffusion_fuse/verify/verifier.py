@@ -31,7 +31,7 @@ from ..fxpasses import PassManager
 from ..lowering.dispatch import capturing
 from ..fxpasses.base import written_args
 from ..fxpasses.fuse_patterns import ref_name
-from ..log import get_logger
+from ..log import error_message, get_logger
 from ..patterns.match_utils import describe, source_location
 from ..patterns.registry import REGISTRY, Site
 from .compare import Verdict, compare_bitwise, compare_close
@@ -289,8 +289,7 @@ class VerifiedGraph:
         try:
             out = run(*args)
         except Exception as e:  # noqa: BLE001 - the caller puts every site back and runs the reference graph
-            first = str(e).splitlines()[0][:200] if str(e) else ""
-            return None, Verdict(False, f"the rewritten graph raised {type(e).__name__}: {first}")
+            return None, Verdict(False, f"the rewritten graph raised {error_message(e)}")
         return out, compare_bitwise(ref_out, out)
 
     def _verify_and_run(self, sig: tuple, args: list[Any]) -> Any:
