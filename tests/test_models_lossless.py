@@ -41,8 +41,8 @@ EXPECTED_SITES = {name: sum(c.values()) for name, c in EXPECTED_BY_FAMILY.items(
 # (timestep embeddings, silu of temb, the QK-RMSNorm tails with RoPE, gated residual adds,
 # gelu + clone/cat, casts); fp32 graphs have fewer (no casts to group).
 P = "pointwise"
-POINTWISE_SITES = {"flux": 17, "flux2": 17, "wan21": 11, "wan22_ti2v": 11, "sana": 11, "qwen_image": 14, "sd35": 23}
-FP32_POINTWISE_SITES = {"flux": 11, "flux2": 11, "wan21": 6, "wan22_ti2v": 6, "sana": 7, "qwen_image": 7, "sd35": 13}
+POINTWISE_SITES = {"flux": 17, "flux2": 17, "wan21": 11, "wan22_ti2v": 11, "sana": 11, "qwen_image": 10, "sd35": 23}
+FP32_POINTWISE_SITES = {"flux": 11, "flux2": 11, "wan21": 6, "wan22_ti2v": 6, "sana": 7, "qwen_image": 5, "sd35": 13}
 # Family linear_cat: the joint attention's value cat of the text and image projections
 # (batch 1); SD3.5 cats [B, heads, S, D] along S, not contiguous rows
 L = "linear_cat"

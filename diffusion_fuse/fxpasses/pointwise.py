@@ -48,7 +48,7 @@ import sys
 import torch
 import torch.fx as fx
 
-from ..kernels.pointwise_codegen import MULTI_VIEW_OPS, STRUCTURAL_OPS, VIEW_OPS, pad_fill
+from ..kernels.pointwise_codegen import COMPLEX_DTYPES, COMPLEX_VIEWS, MULTI_VIEW_OPS, STRUCTURAL_OPS, VIEW_OPS, pad_fill
 from ..kernels.pointwise_ops import FLOAT_DTYPES, RECIPES
 from ..lowering.pointwise import diagnose, register_program
 from ..patterns.match_utils import describe
@@ -91,6 +91,8 @@ def classify(n: fx.Node) -> str | None:
     if t in MULTI_VIEW_OPS:
         ok = isinstance(v, (list, tuple)) and all(_tensor(x) for x in v) and _tensor(n.args[0].meta.get("val"))
         return "multi" if ok else None
+    if _tensor(v, COMPLEX_DTYPES) or t in COMPLEX_VIEWS:
+        return _classify_complex(n)
     if not _tensor(v):
         return None
     ins = n.all_input_nodes
@@ -111,6 +113,24 @@ def classify(n: fx.Node) -> str | None:
             if a.meta["val"].device != v.device:
                 return None
     return "compute"
+
+
+def _classify_complex(n: fx.Node) -> str | None:
+    """Complex64 values join a group only as the code generator keeps them (pairs of fp32): in through
+    ``view_as_complex`` of an fp32 value (or a complex input), through views, ``mul`` of two complex tensors,
+    and out through ``view_as_real`` (Qwen-Image's RoPE)."""
+    v, t = n.meta.get("val"), n.target
+    ins = [a.meta.get("val") for a in n.all_input_nodes]
+    if t is torch.ops.aten.view_as_complex.default:
+        return "view" if _tensor(v, COMPLEX_DTYPES) and _tensor(ins[0], (torch.float32,)) else None
+    if t is torch.ops.aten.view_as_real.default:
+        return "view" if _tensor(v, (torch.float32,)) and _tensor(ins[0], COMPLEX_DTYPES) else None
+    if t in VIEW_OPS:
+        return "view" if all(_tensor(a, COMPLEX_DTYPES) for a in ins) else None
+    if t is torch.ops.aten.mul.Tensor and len(n.args) == 2 and not n.kwargs and len(ins) == 2:
+        ok = all(_tensor(a, COMPLEX_DTYPES) and a.device == v.device for a in ins)
+        return "compute" if ok and all(isinstance(a, fx.Node) for a in n.args) else None
+    return None
 
 
 LONE_OP_MIN_NUMEL = 1 << 16  # below this a lone op's kernel is launch-bound either way
@@ -279,7 +299,7 @@ def group_site(group: list[fx.Node], opaque: set[fx.Node] = frozenset()) -> Site
         n = work.pop()
         if n in kept or n in outputs:
             continue
-        if kinds[n] == "compute" and _numel(n.meta["val"]) == domain:
+        if kinds[n] == "compute" and _numel(n.meta["val"]) == domain and not n.meta["val"].is_complex():
             outputs.append(n)
         else:
             kept.add(n)

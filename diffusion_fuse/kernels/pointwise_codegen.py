@@ -59,6 +59,7 @@ from . import triton_interpret
 from .pointwise_ops import (
     DEFAULT_VARIANTS,
     FLOAT_DTYPES,
+    complex_mul,
     LUT16_OPS,
     RECIPES,
     Emit,
@@ -273,6 +274,11 @@ VIEW_OPS = frozenset({
 })
 MULTI_VIEW_OPS = frozenset({aten.unbind.int, aten.split.Tensor, aten.split_with_sizes.default})
 STRUCTURAL_OPS = frozenset({aten.cat.default, aten.stack.default, aten.constant_pad_nd.default})
+# Complex values (Qwen-Image's RoPE: ``view_as_real(view_as_complex(x.float()...) * freqs)``) live in the kernel as
+# (real, imaginary) fp32 pairs: view_as_complex and view_as_real are the only ways in and out, complex64 inputs are
+# passed as their view_as_real, and the one complex op is ``mul`` of two complex tensors (pointwise_ops.complex_mul)
+COMPLEX_DTYPES = (torch.complex64,)
+COMPLEX_VIEWS = frozenset({aten.view_as_complex.default, aten.view_as_real.default})
 
 
 def pad_fill(n: fx.Node, dtype: torch.dtype) -> float | None:
@@ -426,7 +432,12 @@ class Generator(Emit):
                     return None
         rest = flat.const
         if rest < 0:
-            return None
+            # whole outermost rows back (a later input of a cat: f - lo): the outermost digit has no modulo and
+            # takes the offset; where it goes negative, the flat index is before the tensor and masked off
+            if rest % cs[first]:
+                return None
+            parts[first].append((rest // cs[first], None, 0))
+            rest = 0
         for k in range(nd - 1, -1, -1):
             digit = rest // cs[k] if k == first else (rest // cs[k]) % shape[k]
             if digit:
@@ -466,30 +477,17 @@ class Generator(Emit):
         return v
 
     def _value(self, n: fx.Node, idx: list[Lin], mask: str) -> Val:
+        spec = self.meta(n) if n.op == "placeholder" else self.metas.get(n)
+        if isinstance(spec, TensorSpec) and spec.dtype in COMPLEX_DTYPES:
+            raise Unsupported(f"{n.name} is complex: read through view_as_real only")
         if n.op == "placeholder":
-            spec = self.meta(n)
-            k = self.placeholders[n]
-            off = flatten(idx, spec.stride, spec.shape)
-            self.accesses.append((off, spec.dtype.itemsize))
-            if off.is_const():
-                load = f"tl.load(in{k} + {off.const})"  # one element: a valid address, no mask needed
-            elif mask == "m" and all(t.var == "z" for t, _ in off.terms):
-                # a tiled kernel's per-program element under the kernel's own mask: z is in range in every
-                # program, so the element exists; one scalar load
-                load = f"tl.load(in{k} + {self.index_code(off)})"
-            else:
-                # under a narrower mask (a cat branch) the index may be out of the input's range where the mask
-                # is off: the mask must apply, so a scalar address becomes a block
-                load = f"tl.load({self.block_ptr(f'in{k}', off)}, mask={mask}, other=0)"
-            if spec.dtype == torch.bool:
-                return Val(self.tmp(load), torch.bool)
-            if spec.dtype not in FLOAT_DTYPES:
-                raise Unsupported(f"input dtype {spec.dtype}")
-            return Val(self.tmp(f"{load}.to(tl.float32)" if spec.dtype != torch.float32 else load), spec.dtype)
+            return self._load(self.placeholders[n], spec, idx, mask)
         t = n.target
         if t in VIEW_OPS or t is operator.getitem:
             x, in_idx = view_input_index(self, n, idx)
             return self.value(x, in_idx, mask)
+        if t is aten.view_as_real.default:
+            return self._view_as_real(n, idx, mask)
         if t is aten.constant_pad_nd.default:
             return self._pad(n, idx, mask)
         if t in STRUCTURAL_OPS:
@@ -515,6 +513,88 @@ class Generator(Emit):
                 ops.append(to_common(self, a, out.dtype))
         v = self.tmp(r.build(self, n, ops, self.variants))
         return Val(v if r.selects else self.tmp(round_code(v, out.dtype)), out.dtype)
+
+    def _load(self, k: int, spec: TensorSpec, idx: list[Lin], mask: str) -> Val:
+        """Input ``in{k}`` (laid out as ``spec``) at ``idx``, as fp32 code holding a value of its dtype."""
+        off = flatten(idx, spec.stride, spec.shape)
+        self.accesses.append((off, spec.dtype.itemsize))
+        if off.is_const():
+            load = f"tl.load(in{k} + {off.const})"  # one element: a valid address, no mask needed
+        elif mask == "m" and all(t.var == "z" for t, _ in off.terms):
+            # a tiled kernel's per-program element under the kernel's own mask: z is in range in every
+            # program, so the element exists; one scalar load
+            load = f"tl.load(in{k} + {self.index_code(off)})"
+        else:
+            # under a narrower mask (a cat branch) the index may be out of the input's range where the mask
+            # is off: the mask must apply, so a scalar address becomes a block
+            load = f"tl.load({self.block_ptr(f'in{k}', off)}, mask={mask}, other=0)"
+        if spec.dtype == torch.bool:
+            return Val(self.tmp(load), torch.bool)
+        if spec.dtype not in FLOAT_DTYPES:
+            raise Unsupported(f"input dtype {spec.dtype}")
+        return Val(self.tmp(f"{load}.to(tl.float32)" if spec.dtype != torch.float32 else load), spec.dtype)
+
+    # --- complex values ---------------------------------------------------------------------
+    def _view_as_real(self, n: fx.Node, idx: list[Lin], mask: str) -> Val:
+        """``view_as_real(c)`` at ``idx``: component ``idx[-1]`` of ``c`` at ``idx[:-1]`` (fp32)."""
+        q, at = idx[-1], idx[:-1]
+        if q.is_const():
+            return self.cvalue(n.args[0], at, mask)[q.const]
+        # The flat kernel's lanes 2p and 2p + 1 hold one complex element's two components when the component is
+        # f % 2 and the element's index moves with f // 2 only: each lane loads its own component, contiguous, and
+        # takes the other from its neighbour (_swap_neighbours), as _pair_swap does for RoPE's real form
+        pairs = (self.block_shape == "[BLOCK]" and self.block % 2 == 0 and q == Lin.of(Term("f", 1, 2))
+                 and all(t.var == "f" and t.div % 2 == 0 for i in at for t, _ in i.terms))
+        re, im = self.cvalue(n.args[0], at, mask, q if pairs else None)
+        return Val(self.tmp(f"tl.where({self.index_code(q)} == 0, {re.code}, {im.code})"), torch.float32)
+
+    def cvalue(self, n: fx.Node, idx: list[Lin], mask: str, lane: Lin | None = None) -> tuple[Val, Val]:
+        """Complex node ``n`` at ``idx`` as its (real, imaginary) fp32 values. ``lane``: the lane's own component
+        (f % 2) where the two components sit in neighbouring lanes (``_view_as_real``), else None."""
+        key = ("complex", n, tuple(idx), mask, lane)
+        v = self._memo.get(key)
+        if v is None:
+            v = self._cvalue(n, idx, mask, lane)
+            self._memo[key] = v
+        return v
+
+    def _cvalue(self, n: fx.Node, idx: list[Lin], mask: str, lane: Lin | None) -> tuple[Val, Val]:
+        spec = self.meta(n)
+        if spec.dtype not in COMPLEX_DTYPES:
+            raise Unsupported(f"{n.name} is not complex")
+        if n.op == "placeholder":  # passed as view_as_real: fp32 pairs
+            real = TensorSpec((*spec.shape, 2), (*(2 * st for st in spec.stride), 1), torch.float32)
+            k = self.placeholders[n]
+            return self._components(lambda q, m: self._load(k, real, [*idx, q], m), lane, mask)
+        t = n.target
+        if t is aten.view_as_complex.default:
+            r = n.args[0]
+            return self._components(lambda q, m: self.value(r, [*idx, q], m), lane, mask)
+        if t in VIEW_OPS:
+            x, in_idx = view_input_index(self, n, idx)
+            return self.cvalue(x, in_idx, mask, lane)
+        if t is aten.mul.Tensor and len(n.args) == 2 and all(isinstance(a, fx.Node) for a in n.args):
+            (a, b), (c, d) = (self.cvalue(x, self._broadcast(x, idx, spec.shape), mask, lane) for x in n.args)
+            re, im = complex_mul(self, a.code, b.code, c.code, d.code, self.variants)
+            return Val(self.tmp(re), torch.float32), Val(self.tmp(im), torch.float32)
+        raise Unsupported(f"complex op {t}")
+
+    def _components(self, load: Callable[[Lin, str], Val], lane: Lin | None, mask: str) -> tuple[Val, Val]:
+        """(real, imaginary) of a complex element stored as an fp32 pair; ``load(q, mask)`` gives component q."""
+        if lane is None:
+            return load(Lin(), mask), load(Lin((), 1), mask)
+        own = load(lane, mask)
+        other = self._swap_neighbours(own.code)
+        q = self.index_code(lane)
+        return (Val(self.tmp(f"tl.where({q} == 0, {own.code}, {other})"), own.dtype),
+                Val(self.tmp(f"tl.where({q} == 0, {other}, {own.code})"), own.dtype))
+
+    def _swap_neighbours(self, code: str) -> str:
+        """In a flat kernel, the value of lane ``f ^ 1`` (lanes 2p and 2p + 1 trade, in registers)."""
+        a, b = f"t{len(self._cse)}a", f"t{len(self._cse)}b"
+        # (broadcast first: the value may not depend on the lane, e.g. a constant expanded)
+        self.lines.append(f"{a}, {b} = tl.split(tl.reshape(tl.broadcast_to({code}, [BLOCK]), [BLOCK // 2, 2]))")
+        return self.tmp(f"tl.reshape(tl.join({b}, {a}), [BLOCK])")
 
     def _lut16_candidate(self, n: fx.Node) -> bool:
         """``n`` is a LUT16_OPS call from bf16 to bf16 that passes its recipe's check."""
@@ -745,10 +825,7 @@ class Generator(Emit):
             items.append(node)
         pair = idx[:dim]
         own = self.value(unbind.args[0], pair + [q], mask)  # u[p, q]: lane f's own element
-        a, b = f"t{len(self._cse)}a", f"t{len(self._cse)}b"
-        # (broadcast first: u may not depend on the lane, e.g. a constant expanded)
-        self.lines.append(f"{a}, {b} = tl.split(tl.reshape(tl.broadcast_to({own.code}, [BLOCK]), [BLOCK // 2, 2]))")
-        partner = self.tmp(f"tl.reshape(tl.join({b}, {a}), [BLOCK])")  # u[p, 1 - q]
+        partner = self._swap_neighbours(own.code)  # u[p, 1 - q]
         # the branches read their unbound element as the partner, under a mask name of their own (the memo is
         # keyed by node, index and mask: no other use of these nodes sees the swapped value)
         swap_mask = f"m{len(self.lines)}s"

@@ -52,6 +52,9 @@ clamp / clamp_min/max       NaN stays; else ``min(max(x, lo), hi)`` with fp32 bo
                             (TensorCompare.cu launch_clamp_scalar: bounds in opmath)
 pow.Tensor_Scalar(x, 2)     ``x * x`` (PowKernel: exponent 2 specialization)
 where(c, a, b)              ``a`` if c else ``b``, both at the common dtype
+mul (complex64 tensors)     ``fma(a, c, -(b*d))`` + ``fma(a, d, b*c)`` i (``complex_mul``, the
+                            components as fp32 pairs: in through view_as_complex or a complex
+                            input, out through view_as_real) (BinaryMulKernel, c10::complex<float>)
 cat, stack                  the selected input, converted to the output dtype
 =========================== =================================================================
 
@@ -273,6 +276,15 @@ def neg_code(x: str, var: Variants) -> str:
     if var.neg == "xor" or triton_interpret():
         return f"({x}.to(tl.int32, bitcast=True) ^ -2147483648).to(tl.float32, bitcast=True)"
     return f'tl.inline_asm_elementwise("neg.f32 $0, $1;", "=f,f", [{x}], dtype=tl.float32, is_pure=True, pack=1)'
+
+
+def complex_mul(em: Emit, a: str, b: str, c: str, d: str, var: Variants) -> tuple[str, str]:
+    """``(a + bi) * (c + di)`` for complex64 as eager's CUDA kernel computes it: ``c10::complex<float>``'s
+    ``real = a*c - b*d``, ``imag = a*d + b*c`` as nvcc contracted them, ``fma(a, c, -(b*d))`` and ``fma(a, d, b*c)``
+    (the one candidate of nine with no differing element on the H200 over three draws of Qwen-Image's RoPE:
+    benchmarks/probe_complex_rope.py, results/h200-2026-12-01e/run1)."""
+    bd, bc = em.tmp(f"{b} * {d}"), em.tmp(f"{b} * {c}")
+    return f"tl.fma({a}, {c}, {em.tmp(neg_code(bd, var))})", f"tl.fma({a}, {d}, {bc})"
 
 
 def _neg(em: Emit, n: fx.Node, a: list[str], var: Variants) -> str:

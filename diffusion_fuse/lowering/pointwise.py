@@ -27,6 +27,7 @@ import torch.fx as fx
 from ..kernels import triton_interpret
 from ..kernels.pointwise_codegen import (
     BLOCK,
+    COMPLEX_DTYPES,
     LUT_BLOCK,
     VIEW_OPS,
     Generator,
@@ -135,7 +136,7 @@ def can_use_pointwise(inputs, key) -> tuple[bool, str]:
         return False, f"device is {dev.type}"
     if any(t.device != dev for t in inputs):
         return False, "inputs on different devices"
-    bad = [t.dtype for t in inputs if t.dtype not in FLOAT_DTYPES + (torch.bool,)]
+    bad = [t.dtype for t in inputs if t.dtype not in FLOAT_DTYPES + COMPLEX_DTYPES + (torch.bool,)]
     if bad:
         return False, f"unsupported dtype {bad[0]}"
     if key not in PROGRAMS:
@@ -150,6 +151,12 @@ def can_use_pointwise(inputs, key) -> tuple[bool, str]:
     return True, ""
 
 
+def kernel_args(inputs) -> list[torch.Tensor]:
+    """The kernel's tensor arguments: a complex64 input as its ``view_as_real`` (fp32 pairs; Triton takes no
+    complex pointers, and the generated code indexes the pairs: pointwise_codegen.COMPLEX_DTYPES)."""
+    return [torch.view_as_real(t) if t.is_complex() else t for t in inputs]
+
+
 def _plan(inputs, key):
     from ..kernels.launch import CachedLaunch
     from ..kernels.pointwise_codegen import load_kernel
@@ -158,10 +165,11 @@ def _plan(inputs, key):
     kernel = CachedLaunch(load_kernel(src), src.grid, src.constexprs, num_warps=src.num_warps)
     outs, numel, tables = src.outputs, src.numel, src.tables
     device = inputs[0].device
+    complex_inputs = any(t.is_complex() for t in inputs)
 
     def launch(inputs, key):
         res = [torch.empty_strided(o.shape, o.stride, dtype=o.dtype, device=device) for o in outs]
-        kernel(*inputs, *res, numel, *tables)
+        kernel(*(kernel_args(inputs) if complex_inputs else inputs), *res, numel, *tables)
         return res
 
     return launch
@@ -173,7 +181,7 @@ def launch_once(key: str, inputs, variants: Variants = DEFAULT_VARIANTS) -> list
 
     src = generate_source(inputs, key, variants)
     outs = [torch.empty_strided(o.shape, o.stride, dtype=o.dtype, device=inputs[0].device) for o in src.outputs]
-    load_kernel(src)[src.grid](*inputs, *outs, src.numel, *src.tables, **src.constexprs, num_warps=src.num_warps,
+    load_kernel(src)[src.grid](*kernel_args(inputs), *outs, src.numel, *src.tables, **src.constexprs, num_warps=src.num_warps,
                                enable_fp_fusion=variants.fp_fusion, enable_reflect_ftz=variants.reflect_ftz)
     return outs
 

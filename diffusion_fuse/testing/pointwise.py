@@ -44,10 +44,10 @@ def site_ops(site) -> list[str]:
     """Short names of the computing ops a pointwise site replaced, in graph order (views left out)."""
     import operator
 
-    from ..kernels.pointwise_codegen import MULTI_VIEW_OPS, VIEW_OPS
+    from ..kernels.pointwise_codegen import COMPLEX_VIEWS, MULTI_VIEW_OPS, VIEW_OPS
     from ..patterns.match_utils import describe
 
-    views = VIEW_OPS | MULTI_VIEW_OPS | {operator.getitem}
+    views = VIEW_OPS | MULTI_VIEW_OPS | COMPLEX_VIEWS | {operator.getitem}
     return [d.split(".")[0] for n, d in zip(site.nodes, describe(site.nodes)) if n.target not in views]
 
 
@@ -151,6 +151,21 @@ def wan_rope(x, freqs_cos, freqs_sin):  # diffusers' WanAttnProcessor.apply_rota
     return out.type_as(x)
 
 
+def qwen_rope(x, freqs_cis):  # diffusers' apply_rotary_emb_qwen(use_real=False): a complex multiply
+    x_rotated = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(x_rotated * freqs_cis.unsqueeze(1)).flatten(3).type_as(x)
+
+
+def qwen_rope_cat(txt, img, txt_freqs, img_freqs):  # Qwen-Image's joint attention: both RoPEs, then cat([txt, img])
+    return torch.cat([qwen_rope(txt, txt_freqs), qwen_rope(img, img_freqs)], 1)
+
+
+def rope_freqs(tokens: int, pairs: int, device="cuda", generator=None) -> torch.Tensor:
+    """A RoPE table as Qwen-Image builds it: unit complex64 numbers ``polar(1, theta)``, [tokens, pairs]."""
+    theta = torch.rand(tokens, pairs, device=device, generator=generator, dtype=torch.float64) * 4096
+    return torch.polar(torch.ones_like(theta), theta).to(torch.complex64)
+
+
 def tokens_as_image(x, height: int):  # SANA's GLUMBConv input: [B, N, C] tokens as an NCHW view (NHWC memory)
     return x.unflatten(1, (height, x.shape[1] // height)).permute(0, 3, 1, 2)
 
@@ -166,7 +181,8 @@ def conv_glu(h, w, b):  # GLUMBConv: the depthwise 3x3 conv (bias), chunked in t
 
 CHAINS = ("flux_rope_single", "flux_rope_double", "flux_gated_residual", "flux_gelu_cat", "flux_residual_split_cat",
           "flux_gelu_clone", "swiglu", "wan_fp32_residual", "sana_query_relu", "sana_key_relu", "sana_value_float",
-          "sana_attn_out", "sana_bias_add", "sana_conv_silu", "sana_conv_glu", "wan_rope", "sana_value_pad")
+          "sana_attn_out", "sana_bias_add", "sana_conv_silu", "sana_conv_glu", "wan_rope", "sana_value_pad",
+          "qwen_rope_cat")
 
 
 # Unary ops a bf16 table of eager's outputs can stand for (kernels/lut16.py): the lookup tests and the probe
@@ -207,6 +223,9 @@ def chain(name: str, device="cuda", seed: int = 0):
         "sana_key_relu": (functools.partial(sana_key_relu, heads=70), (rn(2, 1024, 2240),)),
         "sana_value_float": (functools.partial(sana_value_float, heads=70), (rn(2, 1024, 2240),)),
         "sana_value_pad": (functools.partial(sana_value_pad, heads=70), (rn(2, 1024, 2240),)),
+        # Qwen-Image at 1024²: 4096 image tokens, 24 heads of 128, a 256-token prompt; complex64 RoPE tables
+        "qwen_rope_cat": (qwen_rope_cat, (rn(1, 256, 24, 128), rn(1, 4096, 24, 128),
+                                          rope_freqs(256, 64, device, g), rope_freqs(4096, 64, device, g))),
         "sana_attn_out": (sana_attn_out, (rn(2, 70, 33, 1024, dtype=f32),)),
         "sana_bias_add": (bias_add, (rn(2, 1024, 2240), rn(2240))),
         # GLUMBConv (mlp ratio 2.5: 2 x 5600 channels), its convs' biases added in the kernel

@@ -115,6 +115,15 @@ def make(name, seed=0):
         # ... and with the F.pad that follows it: one kernel writes the padded fp32 value (a row of ones)
         "sana_value_pad": (functools.partial(pw.sana_value_pad, heads=5), (rn(2, 48, 80),)),
         "pad_both_sides": (_pad_both_sides, (rn(3, 5, 40),)),
+        # Qwen-Image's complex RoPE (view_as_complex, a complex multiply, view_as_real), alone and as its joint
+        # attention cats text and image; fp32 x: the fp32 path without the bf16 casts
+        "qwen_rope": (pw.qwen_rope, (rn(1, 24, 3, 16), pw.rope_freqs(24, 8, "cpu", g))),
+        "qwen_rope_cat": (pw.qwen_rope_cat, (rn(1, 7, 3, 16), rn(1, 24, 3, 16), pw.rope_freqs(7, 8, "cpu", g),
+                                             pw.rope_freqs(24, 8, "cpu", g))),
+        # ... where each input's tokens span whole BLOCKs (8 tokens of 4 x 32 per 1024): a branch per program, as
+        # at Qwen-Image's shapes
+        "qwen_rope_cat_branches": (pw.qwen_rope_cat, (rn(1, 8, 4, 32), rn(1, 24, 4, 32), pw.rope_freqs(8, 16, "cpu", g),
+                                                      pw.rope_freqs(24, 16, "cpu", g))),
         "sana_attn_out": (pw.sana_attn_out, (rn(2, 5, 17, 48, dtype=f32),)),
         "sana_attn_out_odd": (pw.sana_attn_out, (rn(1, 3, 17, 37, dtype=f32),)),
         "sana_key_relu_fp32": (functools.partial(pw.sana_key_relu, heads=3), (rn(2, 70, 96, dtype=f32),)),
@@ -150,11 +159,14 @@ CASES = ["rope", "rope_cat", "gated_residual", "gelu_cat", "swiglu", "wan_residu
          "activations", "sana_query_relu", "sana_key_relu", "sana_value_float", "sana_attn_out", "sana_attn_out_odd",
          "sana_key_relu_fp32", "bias_add", "cat_per_program", "gelu_cat_branches", "cat_three_chains", "cat_rows",
          "gelu_cat_rows", "cat_three_with_gelu", "conv_silu", "conv_glu", "wan_rope",
-         "wan_rope_fp32", "sana_value_pad", "pad_both_sides"]
+         "wan_rope_fp32", "sana_value_pad", "pad_both_sides", "qwen_rope", "qwen_rope_cat", "qwen_rope_cat_branches"]
 CONV_BIAS_CASES = {"conv_silu": "convolution,silu", "conv_glu": "convolution,silu,mul"}
 # cats whose kernel branches once per program on the input its BLOCK lies in (number of branches)
 BRANCHES = {"gelu_cat_branches": 2, "cat_three_chains": 3, "cat_rows": 2, "gelu_cat": 0, "gelu_cat_rows": 2,
             "cat_three_with_gelu": 3}
+# complex RoPE: (loads in the kernel, branches per program). Each complex pair is loaded once, contiguous: a lane
+# loads its own component and takes the other from its neighbour (x and the table, per branch)
+PAIR_CASES = {"qwen_rope": (2, 0), "qwen_rope_cat_branches": (4, 2)}
 # bf16 gelu chains: gelu through eager's own output table (kernels/lut16.py): (lookups, tables, row-tile grid or
 # None) in the kernel. A last-dim cat whose inputs split on BLOCK but not on LUT_BLOCK multiples walks row tiles of
 # CAT_ROWS x BLOCK, each program inside one input (its branch per program: BRANCHES); the grid is (row programs,
@@ -245,7 +257,7 @@ def worker() -> dict:
         row_tiles = bool(LUT_CASES.get(name, (0, 0, None))[2])  # the branch check reads the row-tile kernel there
         variants = Variants(lut16=False) if name in BRANCHES and not row_tiles else Variants()
         src = generate_source(list(args), program_of(fn, *args), variants) \
-            if name in TILES or name in BRANCHES or name in LUT_CASES else None
+            if name in TILES or name in BRANCHES or name in LUT_CASES or name in PAIR_CASES else None
         lut_src = generate_source(list(args), program_of(fn, *args)) if name in LUT_CASES else None
         gm, sites = fuse(fn, *args)
         counters.reset()
@@ -266,6 +278,7 @@ def worker() -> dict:
                                if "tl.load(" in ln and "mask=" not in ln] if src else None,
             "branches": [ln.strip() for ln in src.source.splitlines()
                          if ln.strip().startswith(("if c0", "elif c0", "else:"))] if src else None,
+            "swaps": src.source.count("tl.split(") if src else None,
             "loads": [ln.strip() for ln in src.source.splitlines()  # the inputs' (not a lookup table's)
                       if "tl.load(" in ln and not ln.strip().startswith("lut")] if src else None,
             "lut": {"lookups": lut_src.source.count("lut16_apply("), "block": lut_src.constexprs.get("BLOCK"),
@@ -312,6 +325,8 @@ def test_generated_kernel_matches_eager(results, case):
     ("gelu_clone", "gelu,clone"),
     ("wan_rope", "mul,mul,sub,mul,mul,add,_to_copy,_to_copy,stack,clone"),
     ("sana_value_pad", "_to_copy,constant_pad_nd"),
+    ("qwen_rope", "_to_copy,mul,_to_copy"),
+    ("qwen_rope_cat", "_to_copy,mul,_to_copy,_to_copy,mul,_to_copy,cat"),
 ])
 def test_whole_chain_is_one_site(results, case, ops):
     assert results[case]["sites"] == [ops]
@@ -353,6 +368,15 @@ def test_a_cat_whose_blocks_lie_in_one_input_branches_per_program(results, case)
         assert r["branches"][-1] == "else:"
         assert all(ln.endswith("mask=m, other=0)") or "mask=m, other=0)." in ln for ln in r["loads"]), r["loads"]
         assert len(r["loads"]) == BRANCHES[case]
+
+
+@pytest.mark.parametrize("case", sorted(PAIR_CASES))
+def test_complex_pairs_load_once_and_swap_in_registers(results, case):
+    r = results[case]
+    loads, branches = PAIR_CASES[case]
+    assert len(r["loads"]) == loads and len(r["branches"]) == branches, r
+    assert all("+ f," in ln or "+ t" in ln for ln in r["loads"]), r["loads"]  # no pair index (f // 2) * 2 + 1
+    assert r["swaps"] == loads, r["swaps"]
 
 
 def test_a_cat_branch_reads_its_input_under_its_mask(results):
