@@ -80,6 +80,8 @@ class PatternFamily:
     found_by_pass: ClassVar[bool] = False
     # False: off unless ``Options(patterns={name: True})`` (a family still waiting for its end-to-end measurement)
     default_on: ClassVar[bool] = True
+    # True: searched in tier lossless only (a part of a chain that a tier-high family takes whole)
+    lossless_only: ClassVar[bool] = False
 
     def match(self, node: fx.Node) -> Site | NearMiss | None:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -118,10 +120,12 @@ class Registry:
         return [f for f in self.families() if pattern_enabled(f.name, f.tier, f.default_on)]
 
     def searched(self, options) -> list[PatternFamily]:
-        """The families the fuse pass looks for under ``options`` (an ``Options``): the enabled ones, and in tier
-        lossless only the exact ones."""
+        """The families the fuse pass looks for under ``options`` (an ``Options``): the enabled ones; in tier
+        lossless only the exact ones, in tier high all but the ``lossless_only`` ones."""
         fams = self.enabled(options.pattern_enabled)
-        return [f for f in fams if options.quality != "lossless" or f.tier == "lossless"]
+        if options.quality == "lossless":
+            return [f for f in fams if f.tier == "lossless"]
+        return [f for f in fams if not f.lossless_only]
 
     def by_anchor(self, families: Iterable[PatternFamily]) -> dict[object, list[PatternFamily]]:
         table: dict[object, list[PatternFamily]] = {}

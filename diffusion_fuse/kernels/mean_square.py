@@ -1,0 +1,163 @@
+"""``x.float().pow(2).mean(-1, keepdim=True)`` in one pass, summed in the order of ATen's reduce kernel.
+
+diffusers' ``RMSNorm`` (Qwen-Image's and SD3.5's QK norms, SANA's) computes its variance as
+``hidden_states.to(torch.float32).pow(2).mean(-1, keepdim=True)``: eager writes the fp32 squares (a
+[rows, D] fp32 tensor), then ``reduce_kernel<512, 1>`` reads them back and writes the means. This kernel
+reads x once and writes the means: on Qwen-Image at 1024² (4608 tokens x 24 heads of 128 per q or k)
+the squares alone are 57 MB written and read again, 240 times a forward.
+
+Numerics contract (what the result must equal bitwise, for the rows ``can_use_mean_square`` accepts):
+ATen's ``mean_kernel_cuda`` launches ``gpu_reduce_kernel`` with ``MeanOps`` (``reduce``/``combine``: ``a + b``
+in fp32; ``project``: ``a * factor``, ``factor = float(outputs) / numel``) over the contiguous last dim.
+``ReduceConfig`` for a reduced dim of D in {32, 64, 128} elements and at least 16 rows gives blocks of 32 x 16
+threads, a row per warp. Lane t's part of a row, then the warp:
+
+- **strided lanes** (D = 32, 64): lane t reads elements t, t + 32, ..., each into its own of ``vt0 = 4``
+  accumulators, combined in order ``((a0 + a1) + a2) + a3`` (unused ones hold 0, which adds exactly);
+- **vectorized lanes** (the candidate for D = 128, where ATen vectorizes the input by 4): lane t reads
+  elements 4t .. 4t + 3 as one vector, each into its own accumulator, combined in the same order;
+- the 32 lanes by ``warp_shfl_down``, offsets descending (16, 8, 4, 2, 1: torch since its warp reductions
+  were made to match Triton's) or ascending (1, 2, ..., 16: earlier releases).
+
+Each square is ``x * x`` in fp32 of the exactly converted input, as eager's ``pow(x, 2)`` computes it; there
+are no other roundings. Which lane form and warp order eager uses is found per device and D on first use
+(``eager_order``: every candidate against eager's mean of one wide-range [64, D] fp32 draw); the guard
+refuses a D for which none matches, and the verifier still checks every site.
+
+Measured (H200, torch 2.11, ``tests/gpu/test_mean_square_gpu.py``, results/h200-2026-12-01e/run4): strided
+lanes with descending offsets are eager's bits at D = 32 and 64 (bf16, fp16 and fp32 inputs over six decades,
+4097 and 4800 rows: 0 rows differ; ascending: ~40% differ). At D = 128 the strided form is not (~43% of
+Qwen-Image's rows differ in either order): the vectorized form is the candidate, not yet run on a GPU. Fewer
+than 16 rows change the block shape (and the order): the reference path runs them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from . import triton_interpret
+from .launch import CachedLaunch
+
+LANES = 32  # a row is one warp in ATen's config
+ROWS = 16  # rows per program (ATen's block: 16 rows of one warp each)
+HEAD_DIMS = (32, 64, 128)  # the reduced sizes whose order the contract above describes
+MIN_ROWS = 16  # below this ATen's block is wider than a warp (another order)
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# (vectorized lanes, descending warp offsets): the candidates eager_order tries, the first the default where no
+# GPU can be asked (Triton's interpreter). Strided lanes + descending: measured at D = 32, 64 (module docstring)
+CANDIDATES = {32: ((False, True), (False, False)), 64: ((False, True), (False, False)),
+              128: ((True, True), (True, False), (False, True), (False, False))}
+_orders: dict[tuple, tuple[bool, bool] | None] = {}
+
+
+@triton.jit
+def _halve(s, W: tl.constexpr, R: tl.constexpr, DESC: tl.constexpr):
+    """One ``warp_shfl_down`` step, kept for the lanes lane 0 reads: [R, 2W] → [R, W]."""
+    if DESC:  # offset W: lane i takes lane i + W
+        a, b = tl.split(tl.permute(tl.reshape(s, [R, 2, W]), (0, 2, 1)))
+    else:  # ascending: lane 2j takes lane 2j + 1 (the survivors are the even lanes, compacted)
+        a, b = tl.split(tl.reshape(s, [R, W, 2]))
+    return a + b
+
+
+@triton.jit
+def mean_square_kernel(X, OUT, n_rows, row_stride, factor, PER: tl.constexpr, R: tl.constexpr,
+                       VEC: tl.constexpr, DESC: tl.constexpr):
+    rows = tl.program_id(0) * R + tl.arange(0, R)
+    rmask = rows < n_rows
+    lane = tl.arange(0, 32)
+    # lane t's i-th element: t + 32 i (strided lanes) or PER t + i (vectorized lanes)
+    base = X + rows[:, None].to(tl.int64) * row_stride + lane[None, :] * (PER if VEC else 1)
+    m = rmask[:, None]
+    v = tl.load(base, mask=m, other=0).to(tl.float32)
+    s = v * v
+    for i in tl.static_range(1, PER):  # lane t's accumulators, combined in order
+        v = tl.load(base + (i if VEC else 32 * i), mask=m, other=0).to(tl.float32)
+        s = s + v * v
+    s = _halve(s, 16, R, DESC)
+    s = _halve(s, 8, R, DESC)
+    s = _halve(s, 4, R, DESC)
+    s = _halve(s, 2, R, DESC)
+    s = _halve(s, 1, R, DESC)
+    tl.store(OUT + rows, tl.reshape(s, [R]) * factor, mask=rmask)
+
+
+def rows_view(x: torch.Tensor) -> tuple[int, int] | None:
+    """(rows, row stride) when x's rows (every dim but the last) are evenly strided, else None."""
+    if x.dim() == 0:
+        return None
+    shape, stride = list(x.shape[:-1]), list(x.stride()[:-1])
+    dims = [(n, st) for n, st in zip(shape, stride) if n != 1]
+    rows = int(np.prod(shape)) if shape else 1
+    if not dims:
+        return rows, x.shape[-1]
+    for (n_out, st_out), (n_in, st_in) in zip(dims, dims[1:]):
+        if st_out != st_in * n_in:
+            return None
+    return rows, dims[-1][1]
+
+
+def eager_order(device: torch.device, d: int) -> tuple[bool, bool] | None:
+    """(vectorized lanes, descending warp offsets) of eager's mean over rows of ``d`` on ``device``: the first of
+    ``CANDIDATES[d]`` that gives eager's bits on one wide-range [64, d] draw, where the forms differ; None when
+    none does. Cached per device and d; the interpreter (CPU) takes the first candidate."""
+    if device.type != "cuda":
+        return CANDIDATES[d][0]
+    key = (device, d)
+    if key not in _orders:
+        g = torch.Generator(device=device).manual_seed(0)
+        amp = torch.logspace(-3, 3, d, device=device)[torch.randperm(d, device=device, generator=g)]
+        x = torch.randn(64, d, device=device, generator=g) * amp
+        want = x.pow(2).mean(-1, keepdim=True).view(torch.int32)
+        found = [c for c in CANDIDATES[d] if torch.equal(plan_mean_square(x, c)(x).view(torch.int32), want)]
+        _orders[key] = found[0] if found else None
+    return _orders[key]
+
+
+def can_use_mean_square(x: torch.Tensor) -> tuple[bool, str]:
+    """Whether the kernel gives eager's bits for ``x`` (the contract above); else the reason."""
+    if x.device.type != "cuda" and not (x.device.type == "cpu" and triton_interpret()):
+        return False, f"device is {x.device.type}"
+    if x.dtype not in DTYPES:
+        return False, f"dtype {x.dtype} (kernel takes {[str(d) for d in DTYPES]})"
+    if x.dim() == 0 or x.shape[-1] not in HEAD_DIMS:
+        return False, f"last dim {tuple(x.shape)[-1:]} (kernel takes {list(HEAD_DIMS)}: ATen's order differs elsewhere)"
+    if x.stride(-1) != 1:
+        return False, "last dim not contiguous (eager's reduction then walks another order)"
+    rv = rows_view(x)
+    if rv is None:
+        return False, "rows not evenly strided"
+    if rv[0] < MIN_ROWS:
+        return False, f"{rv[0]} rows (kernel takes >= {MIN_ROWS}: fewer change ATen's block shape)"
+    if rv[0] * x.shape[-1] >= 2**31:
+        return False, "too many elements for ATen's 32-bit reduction index"
+    if eager_order(x.device, x.shape[-1]) is None:
+        return False, f"eager's reduce order over {x.shape[-1]} elements on {x.device} is none the kernel knows"
+    return True, ""
+
+
+def mean_factor(rows: int, d: int) -> float:
+    """``float(num_output_elements) / numel`` as ATen computes it (float division of float-converted counts)."""
+    return float(np.float32(rows) / np.float32(rows * d))
+
+
+def plan_mean_square(x: torch.Tensor, order: tuple[bool, bool] | None = None):
+    """launch(x) -> the fp32 means [..., 1], for x's layout (checked by ``can_use_mean_square``); ``order``:
+    (vectorized lanes, descending warp offsets), None for eager's on x's device (``eager_order``)."""
+    d = x.shape[-1]
+    vec, desc = eager_order(x.device, d) if order is None else order
+    rows, row_stride = rows_view(x)
+    kernel = CachedLaunch(mean_square_kernel, (triton.cdiv(rows, ROWS),),
+                          {"PER": d // LANES, "R": ROWS, "VEC": vec, "DESC": desc})
+    factor = mean_factor(rows, d)
+    out_shape = (*x.shape[:-1], 1)
+
+    def launch(x):
+        out = torch.empty(out_shape, dtype=torch.float32, device=x.device)
+        kernel(x, out, rows, row_stride, factor)
+        return out
+
+    return launch

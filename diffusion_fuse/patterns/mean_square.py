@@ -1,0 +1,69 @@
+"""Family ``mean_square``: the variance of diffusers' ``RMSNorm``, ``x.float().pow(2).mean(-1, keepdim=True)``.
+
+Becomes ``diffusion_fuse::mean_square`` (lowering/mean_square.py): one pass over x, no fp32 squares written
+and read back. Exact: the kernel sums in the order of ATen's reduce kernel (kernels/mean_square.py), and the
+verifier checks every site. The rest of the norm (``x * rsqrt(var + eps)``, the cast, the weight) stays for
+the pointwise pass, which on Qwen-Image joins it with the RoPE and the text/image cat.
+
+Covered ATen forms (diffusers ``RMSNorm.forward``; Qwen-Image, SD3.5 and SANA QK norms)::
+
+    mean.dim(pow.Tensor_Scalar(_to_copy(x, dtype=float32), 2), [-1], True)   # x bf16/fp16
+    mean.dim(pow.Tensor_Scalar(x, 2), [-1], True)                              # x fp32
+
+Only where the kernel can run: a last dim of 32, 64 or 128 elements, contiguous (``kernels/mean_square.HEAD_DIMS``;
+elsewhere the op would only ever run its reference, and the pointwise pass does better with the cast and the
+squares). Searched in tier lossless only: tier high's ``rms_norm_chain`` takes the whole norm, this part included.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from ..kernels.mean_square import HEAD_DIMS
+from .match_utils import aten, cast_dtype, dtype_of, is_op, single_user, val
+from .registry import PatternFamily, Site, register_family
+
+_SOURCE_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _last_dim_only(mean: fx.Node) -> bool:
+    v = val(mean.args[0])
+    dims = mean.args[1] if len(mean.args) > 1 else mean.kwargs.get("dim")
+    keepdim = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
+    if not isinstance(v, torch.Tensor) or not isinstance(dims, (list, tuple)) or len(dims) != 1:
+        return False
+    return keepdim is True and dims[0] in (-1, v.dim() - 1) and "dtype" not in mean.kwargs
+
+
+@register_family
+class MeanSquare(PatternFamily):
+    name = "mean_square"
+    tier = "lossless"
+    lossless_only = True
+    anchors = (aten.mean.dim,)
+    description = "x.float().pow(2).mean(-1, keepdim=True) in one pass (diffusers RMSNorm's variance)"
+    variants = (
+        "mean(pow(_to_copy(x, float32), 2), [-1], keepdim)  (x bf16/fp16)",
+        "mean(pow(x, 2), [-1], keepdim)  (x fp32)",
+    )
+
+    def match(self, node: fx.Node) -> Site | None:
+        sq = node.args[0]
+        if not (_last_dim_only(node) and is_op(sq, aten.pow.Tensor_Scalar) and sq.args[1] == 2
+                and single_user(sq) is node and dtype_of(node) == torch.float32):
+            return None
+        x, nodes = sq.args[0], [sq, node]
+        if cast_dtype(x) == torch.float32 and dtype_of(x.args[0]) in _SOURCE_DTYPES and single_user(x) is sq:
+            x, nodes = x.args[0], [x, sq, node]
+        elif dtype_of(x) != torch.float32:
+            return None
+        v = val(x)
+        if not isinstance(v, torch.Tensor) or v.dim() < 1 or v.shape[-1] not in HEAD_DIMS or v.stride(-1) != 1:
+            return None  # a kernel that can never run: leave the chain to the pointwise pass
+
+        def emit(graph: fx.Graph, ins):
+            return [graph.call_function(torch.ops.diffusion_fuse.mean_square.default, (ins[0],))]
+
+        return Site(pattern=self.name, anchor=node, nodes=nodes, inputs=[x], outputs=[node], emit=emit,
+                    op="diffusion_fuse::mean_square")

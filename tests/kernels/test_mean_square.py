@@ -1,0 +1,124 @@
+"""CPU checks of kernels/mean_square.py: its summation order in Triton's interpreter, its guard.
+
+The interpreter runs fp32 arithmetic one IEEE op at a time, so the kernel must equal ``emulate`` (ATen's
+reduce order as the module's contract states it, in numpy) bit for bit, in both warp orders; inputs span six
+decades so that every other order gives other bits (checked too). Whether the contract is eager's is the GPU
+test's job (tests/gpu/test_mean_square_gpu.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":
+    os.environ["TRITON_INTERPRET"] = "1"
+    sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parent)]
+
+import numpy as np
+import pytest
+import torch
+from _interp import run_worker, worker_main
+
+CASES = [(16, 128), (37, 128), (16, 64), (21, 32)]  # (rows, D)
+ORDERS = {"vec_desc": (True, True), "vec_asc": (True, False), "desc": (False, True), "asc": (False, False)}
+
+
+def emulate(x: torch.Tensor, order: tuple[bool, bool]) -> np.ndarray:
+    """The contract's order: lane t sums its squares (t, t + 32, ...: strided; or PER t, PER t + 1, ...:
+    vectorized) in order; the warp tree halves (descending) or pairs neighbours (ascending); then the factor."""
+    from diffusion_fuse.kernels.mean_square import mean_factor
+
+    vec, descending = order
+    sq = x.reshape(-1, x.shape[-1]).float().numpy()
+    sq = sq * sq
+    rows, d = sq.shape
+    per = d // 32
+    lanes = sq.reshape(rows, 32, per) if vec else sq.reshape(rows, per, 32).transpose(0, 2, 1)  # [rows, lane, i]
+    s = lanes[:, :, 0].copy()
+    for i in range(1, per):
+        s = s + lanes[:, :, i]
+    while s.shape[1] > 1:
+        w = s.shape[1] // 2
+        s = s[:, :w] + s[:, w:] if descending else s[:, 0::2] + s[:, 1::2]
+    return (s[:, 0] * np.float32(mean_factor(rows, d))).astype(np.float32)
+
+
+def _wide(rows, d, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    amp = torch.logspace(-3, 3, d)[torch.randperm(d, generator=g)]
+    return (torch.randn(rows, d, generator=g) * amp).to(dtype)
+
+
+def worker() -> dict:
+    from diffusion_fuse.kernels.mean_square import can_use_mean_square, plan_mean_square
+
+    res = {}
+    for rows, d in CASES:
+        for dtype in (torch.float32, torch.bfloat16):
+            x = _wide(rows, d, rows * d, dtype)
+            for oname, order in ORDERS.items():
+                if order[0] and d != 128:
+                    continue  # vectorized lanes: the D = 128 candidate
+                got = plan_mean_square(x, order)(x)
+                want = emulate(x, order)
+                others = [emulate(x, o) for o in ORDERS.values() if o != order and (not o[0] or d == 128)]
+                key = f"{rows}x{d}:{str(dtype)[6:]}:{oname}"
+                res[key] = {"shape": list(got.shape), "equal": bool(np.array_equal(got.numpy().view(np.int32).ravel(),
+                                                                              want.view(np.int32))),
+                            "other_differs": all(not np.array_equal(want.view(np.int32), o.view(np.int32))
+                                                 for o in others),
+                            "close_to_eager": bool(torch.allclose(got, x.float().pow(2).mean(-1, keepdim=True),
+                                                                  rtol=1e-5, atol=0))}
+    # rows of a [1, S, H, D] view of a [S, H * D] projection (evenly strided rows), and a padded row stride
+    base = _wide(40, 4 * 32, 7)
+    for name, x in {"heads_view": base.view(1, 40, 4, 32), "padded_rows": _wide(24, 80, 8)[:, :64]}.items():
+        got = plan_mean_square(x)(x)
+        res[name] = {"shape": list(got.shape), "equal": bool(np.array_equal(
+            got.reshape(-1).numpy().view(np.int32), emulate(x.contiguous(), (False, True)).view(np.int32)))}
+    res["guard"] = {name: can_use_mean_square(x)[1] for name, x in {
+        "ok": torch.zeros(16, 128), "d96": torch.zeros(16, 96), "few_rows": torch.zeros(15, 128),
+        "strided_d": torch.zeros(16, 256)[:, ::2], "int": torch.zeros(16, 128, dtype=torch.int32),
+        "uneven_rows": torch.zeros(4, 8, 128)[:, :5]}.items()}
+    return res
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_worker(__file__)
+
+
+@pytest.mark.parametrize("case", [f"{r}x{d}:{t}:{o}" for r, d in CASES for t in ("float32", "bfloat16")
+                                  for o, (vec, _) in ORDERS.items() if not vec or d == 128])
+def test_kernel_sums_in_the_contracts_order(results, case):
+    r = results[case]
+    rows = int(case.split("x")[0])
+    assert r["shape"] == [rows, 1]
+    assert r["equal"] and r["close_to_eager"], r
+    if case.split(":")[1] == "float32":
+        assert r["other_differs"], "inputs too tame: another order gives the same bits"
+
+
+@pytest.mark.parametrize("case", ["heads_view", "padded_rows"])
+def test_evenly_strided_rows_are_read_in_place(results, case):
+    assert results[case]["equal"], results[case]
+    assert results[case]["shape"] == ([1, 40, 4, 1] if case == "heads_view" else [24, 1])
+
+
+def test_the_interpreter_takes_each_dims_first_candidate():
+    from diffusion_fuse.kernels.mean_square import CANDIDATES, eager_order
+
+    assert eager_order(torch.device("cpu"), 64) == (False, True) == CANDIDATES[64][0]
+    assert eager_order(torch.device("cpu"), 128) == (True, True) == CANDIDATES[128][0]
+
+
+def test_guard_names_what_it_rejects(results):
+    g = results["guard"]
+    assert g["ok"] == ""
+    assert "last dim" in g["d96"] and "rows" in g["few_rows"] and "contiguous" in g["strided_d"]
+    assert "dtype" in g["int"] and "evenly strided" in g["uneven_rows"]
+
+
+if __name__ == "__main__":
+    worker_main(worker)

@@ -1,0 +1,68 @@
+"""Family mean_square (patterns/mean_square.py) through the backend on CPU: which chains become sites, and that
+the output is eager's (the op's reference path runs on CPU; the kernel's order is tests/kernels/test_mean_square.py's
+and tests/gpu/test_mean_square_gpu.py's)."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+from diffusers.models.normalization import RMSNorm
+
+import diffusion_fuse
+from helpers import bitwise_equal
+
+
+class QKNorm(torch.nn.Module):
+    """Attention's q/k norm as diffusers builds it for Qwen-Image and SD3.5: RMSNorm over the head dim."""
+
+    def __init__(self, heads: int, head_dim: int, weight: bool = True):
+        super().__init__()
+        self.heads = heads
+        self.norm = RMSNorm(head_dim, eps=1e-6, elementwise_affine=weight)
+
+    def forward(self, q):
+        return self.norm(q.unflatten(-1, (self.heads, -1)))
+
+
+def _compile(model, x, options=None):
+    report = diffusion_fuse.Report()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        ref = model(x)
+        out = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(options, report))(x)
+    return ref, out, report
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+def test_diffusers_rms_norm_variance_is_one_site(dtype, head_dim):
+    model = QKNorm(3, head_dim).to(dtype)
+    x = torch.randn(2, 20, 3 * head_dim).to(dtype)
+    ref, out, report = _compile(model, x)
+    assert bitwise_equal(ref, out)
+    counts = collections.Counter(s.pattern for s in report.sites())
+    assert counts["mean_square"] == 1, report.table()
+    (site,) = [s for s in report.sites() if s.pattern == "mean_square"]
+    assert site.status == "kept" and site.after == "diffusion_fuse::mean_square"
+    # the cast and the squares are the site's (bf16: _to_copy, pow, mean; fp32: pow, mean); the tail is pointwise's
+    assert ("_to_copy" in " ".join(site.before)) == (dtype == torch.bfloat16), site.before
+    assert counts["pointwise"] == 1, report.table()
+
+
+@pytest.mark.parametrize("head_dim", [16, 96])
+def test_a_head_dim_the_kernel_cannot_take_is_left_to_the_pointwise_pass(head_dim):
+    model = QKNorm(2, head_dim).to(torch.bfloat16)
+    ref, out, report = _compile(model, torch.randn(1, 20, 2 * head_dim).bfloat16())
+    assert bitwise_equal(ref, out)
+    assert not [s for s in report.sites() if s.pattern == "mean_square"]
+
+
+def test_off_in_tier_high_and_by_option():
+    model = QKNorm(2, 64).to(torch.bfloat16)
+    x = torch.randn(1, 20, 128).bfloat16()
+    _, _, report = _compile(model, x, {"quality": "high"})
+    assert not [s for s in report.sites() if s.pattern == "mean_square"]  # rms_norm_chain takes the whole norm
+    ref, out, report = _compile(model, x, {"patterns": {"mean_square": False}})
+    assert bitwise_equal(ref, out) and not [s for s in report.sites() if s.pattern == "mean_square"]
