@@ -26,7 +26,7 @@ refuses a D for which none matches, and the verifier still checks every site.
 
 Measured (H200, torch 2.11, ``tests/gpu/test_mean_square_gpu.py``, results/h200-2026-12-01e/run4): strided
 lanes with descending offsets are eager's bits at D = 32 and 64 (bf16, fp16 and fp32 inputs over six decades,
-4097 and 4800 rows: 0 rows differ; ascending: ~40% differ). At D = 128 the strided form is not (~43% of
+4097 and 4800 rows: 0 rows differ; ascending: ~40% differ). At D = 128 the strided form is not (~42% of
 Qwen-Image's rows differ in either order): the vectorized form is the candidate, not yet run on a GPU. Fewer
 than 16 rows change the block shape (and the order): the reference path runs them.
 """
