@@ -2,7 +2,8 @@
 # One command for the GPU machine: GPU tests, the demo on CUDA, benchmarks, SASS of eager's LayerNorm.
 # Logs and JSON go to a work folder packed as $OUT/results.tgz (the device tool brings back few
 # files); summary.txt and the benchmark JSON are also copied to $OUT. A short table is printed last.
-#   bash benchmarks/run_gpu.sh [all|tests|bench|nosass|models]   (all: tests, demo, benchmarks, SASS)
+#   bash benchmarks/run_gpu.sh [all|tests|bench|nosass|models]   (all: tests, demo, benchmarks, SASS;
+#   nosass: all but SASS, so every benchmark unless BENCHES names some: ~5 min more than `tests`)
 #   models: whole models at real shapes (benchmarks/bench_models.py); MODELS=flux1,sana,wan22_5b by default,
 #   MODELS=qwen_image,flux2,wan21_14b for the rest; BENCH_MODELS_ARGS adds options (e.g. --max-autotune)
 #   TESTS="tests/gpu/test_a.py tests/gpu/test_b.py" picks test files; BENCHES="bench_e2e bench_pointwise" picks

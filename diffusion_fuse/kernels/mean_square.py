@@ -13,22 +13,27 @@ in fp32; ``project``: ``a * factor``, ``factor = float(outputs) / numel``) over 
 threads, a row per warp. Lane t's part of a row, then the warp:
 
 - **strided lanes** (D = 32, 64): lane t reads elements t, t + 32, ..., each into its own of ``vt0 = 4``
-  accumulators, combined in order ``((a0 + a1) + a2) + a3`` (unused ones hold 0, which adds exactly);
-- **vectorized lanes** (the candidate for D = 128, where ATen vectorizes the input by 4): lane t reads
-  elements 4t .. 4t + 3 as one vector, each into its own accumulator, combined in the same order;
+  accumulators ``a0 .. a3``, combined in order ``((a0 + a1) + a2) + a3`` (unused ones hold 0, which adds
+  exactly: at D <= 64 any combination order gives the same bits);
 - the 32 lanes by ``warp_shfl_down``, offsets descending (16, 8, 4, 2, 1: torch since its warp reductions
   were made to match Triton's) or ascending (1, 2, ..., 16: earlier releases).
 
+At D = 128 every accumulator holds a value and the combination order shows. The sequential form above is not
+eager's there (measured, below); the candidates (``LANE_FORMS``) are the accumulators combined as a tree
+``(a0 + a1) + (a2 + a3)`` or by halves ``(a0 + a2) + (a1 + a3)`` (what a 64- or 128-lane block's shared-memory
+step gives), and vectorized lanes (lane t reads 4t .. 4t + 3 as one vector, combined in order; ATen vectorizes
+the input from D > 128).
+
 Each square is ``x * x`` in fp32 of the exactly converted input, as eager's ``pow(x, 2)`` computes it; there
 are no other roundings. Which lane form and warp order eager uses is found per device and D on first use
-(``eager_order``: every candidate against eager's mean of one wide-range [64, D] fp32 draw); the guard
-refuses a D for which none matches, and the verifier still checks every site.
+(``eager_order``: every candidate of ``CANDIDATES[D]`` against eager's mean of one wide-range [64, D] fp32
+draw); the guard refuses a D for which none matches, and the verifier still checks every site.
 
 Measured (H200, torch 2.11, ``tests/gpu/test_mean_square_gpu.py``, results/h200-2026-12-01e/run4): strided
 lanes with descending offsets are eager's bits at D = 32 and 64 (bf16, fp16 and fp32 inputs over six decades,
-4097 and 4800 rows: 0 rows differ; ascending: ~40% differ). At D = 128 the strided form is not (~42% of
-Qwen-Image's rows differ in either order): the vectorized form is the candidate, not yet run on a GPU. Fewer
-than 16 rows change the block shape (and the order): the reference path runs them.
+4097 and 4800 rows: 0 rows differ; ascending: ~40% differ). At D = 128 the sequential form is not (~42% of
+Qwen-Image's rows differ in either warp order); the other forms have not run on a GPU yet. Fewer than 16 rows
+change the block shape (and the order): the reference path runs them.
 """
 
 from __future__ import annotations
@@ -46,11 +51,16 @@ ROWS = 16  # rows per program (ATen's block: 16 rows of one warp each)
 HEAD_DIMS = (32, 64, 128)  # the reduced sizes whose order the contract above describes
 MIN_ROWS = 16  # below this ATen's block is wider than a warp (another order)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# (vectorized lanes, descending warp offsets): the candidates eager_order tries, the first the default where no
-# GPU can be asked (Triton's interpreter). Strided lanes + descending: measured at D = 32, 64 (module docstring)
-CANDIDATES = {32: ((False, True), (False, False)), 64: ((False, True), (False, False)),
-              128: ((True, True), (True, False), (False, True), (False, False))}
-_orders: dict[tuple, tuple[bool, bool] | None] = {}
+# How lane t sums its part of a row (module docstring): its elements t + 32 i combined in order, as a tree, by halves;
+# or its vector of elements PER t + i, in order
+SEQUENTIAL, TREE, HALVES, VECTOR = 0, 1, 2, 3
+LANE_FORMS = {SEQUENTIAL: "sequential", TREE: "tree", HALVES: "halves", VECTOR: "vector"}
+# (lane form, descending warp offsets): the orders eager_order tries per row size, the first the default where no
+# GPU can be asked (Triton's interpreter). Sequential + descending: measured at D = 32, 64 (module docstring)
+CANDIDATES = {32: ((SEQUENTIAL, True), (SEQUENTIAL, False)), 64: ((SEQUENTIAL, True), (SEQUENTIAL, False)),
+              128: ((TREE, True), (HALVES, True), (VECTOR, True), (SEQUENTIAL, True),
+                    (TREE, False), (HALVES, False), (VECTOR, False), (SEQUENTIAL, False))}
+_orders: dict[tuple, tuple[int, bool] | None] = {}
 
 
 @triton.jit
@@ -65,18 +75,27 @@ def _halve(s, W: tl.constexpr, R: tl.constexpr, DESC: tl.constexpr):
 
 @triton.jit
 def mean_square_kernel(X, OUT, n_rows, row_stride, factor, PER: tl.constexpr, R: tl.constexpr,
-                       VEC: tl.constexpr, DESC: tl.constexpr):
+                       FORM: tl.constexpr, DESC: tl.constexpr):
     rows = tl.program_id(0) * R + tl.arange(0, R)
     rmask = rows < n_rows
     lane = tl.arange(0, 32)
-    # lane t's i-th element: t + 32 i (strided lanes) or PER t + i (vectorized lanes)
-    base = X + rows[:, None].to(tl.int64) * row_stride + lane[None, :] * (PER if VEC else 1)
+    # lane t's i-th element: t + 32 i, or PER t + i (vectorized lanes)
+    base = X + rows[:, None].to(tl.int64) * row_stride + lane[None, :] * (PER if FORM == 3 else 1)
     m = rmask[:, None]
     v = tl.load(base, mask=m, other=0).to(tl.float32)
     s = v * v
-    for i in tl.static_range(1, PER):  # lane t's accumulators, combined in order
-        v = tl.load(base + (i if VEC else 32 * i), mask=m, other=0).to(tl.float32)
-        s = s + v * v
+    if FORM == 1 or FORM == 2:  # PER == 4: the accumulators as a tree or by halves
+        a1 = tl.load(base + 32, mask=m, other=0).to(tl.float32)
+        a2 = tl.load(base + 64, mask=m, other=0).to(tl.float32)
+        a3 = tl.load(base + 96, mask=m, other=0).to(tl.float32)
+        if FORM == 1:
+            s = (s + a1 * a1) + (a2 * a2 + a3 * a3)
+        else:
+            s = (s + a2 * a2) + (a1 * a1 + a3 * a3)
+    else:
+        for i in tl.static_range(1, PER):  # lane t's accumulators, combined in order
+            v = tl.load(base + (i if FORM == 3 else 32 * i), mask=m, other=0).to(tl.float32)
+            s = s + v * v
     s = _halve(s, 16, R, DESC)
     s = _halve(s, 8, R, DESC)
     s = _halve(s, 4, R, DESC)
@@ -100,8 +119,8 @@ def rows_view(x: torch.Tensor) -> tuple[int, int] | None:
     return rows, dims[-1][1]
 
 
-def eager_order(device: torch.device, d: int) -> tuple[bool, bool] | None:
-    """(vectorized lanes, descending warp offsets) of eager's mean over rows of ``d`` on ``device``: the first of
+def eager_order(device: torch.device, d: int) -> tuple[int, bool] | None:
+    """(lane form, descending warp offsets) of eager's mean over rows of ``d`` on ``device``: the first of
     ``CANDIDATES[d]`` that gives eager's bits on one wide-range [64, d] draw, where the forms differ; None when
     none does. Cached per device and d; the interpreter (CPU) takes the first candidate."""
     if device.type != "cuda":
@@ -144,14 +163,16 @@ def mean_factor(rows: int, d: int) -> float:
     return float(np.float32(rows) / np.float32(rows * d))
 
 
-def plan_mean_square(x: torch.Tensor, order: tuple[bool, bool] | None = None):
+def plan_mean_square(x: torch.Tensor, order: tuple[int, bool] | None = None):
     """launch(x) -> the fp32 means [..., 1], for x's layout (checked by ``can_use_mean_square``); ``order``:
-    (vectorized lanes, descending warp offsets), None for eager's on x's device (``eager_order``)."""
+    (lane form, descending warp offsets), None for eager's on x's device (``eager_order``)."""
     d = x.shape[-1]
-    vec, desc = eager_order(x.device, d) if order is None else order
+    form, desc = eager_order(x.device, d) if order is None else order
+    if form in (TREE, HALVES) and d != 128:
+        raise ValueError(f"lane form {LANE_FORMS[form]} takes rows of 128, not {d}")
     rows, row_stride = rows_view(x)
     kernel = CachedLaunch(mean_square_kernel, (triton.cdiv(rows, ROWS),),
-                          {"PER": d // LANES, "R": ROWS, "VEC": vec, "DESC": desc})
+                          {"PER": d // LANES, "R": ROWS, "FORM": form, "DESC": desc})
     factor = mean_factor(rows, d)
     out_shape = (*x.shape[:-1], 1)
 

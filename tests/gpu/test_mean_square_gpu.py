@@ -1,9 +1,9 @@
 """GPU check of kernels/mean_square.py against eager (bitwise), and of the warp order it assumes.
 
 For each shape (Qwen-Image's q/k rows: 4096 image and 512 text tokens x 24 heads of 128; D = 64 and 32;
-bf16, fp16 and fp32 inputs over six decades), every candidate order of the kernel (``CANDIDATES``: strided or
-vectorized lanes, descending or ascending warp offsets) is compared with eager's
-``x.float().pow(2).mean(-1, keepdim=True)``; the test passes when the order ``eager_order`` finds for each D
+bf16, fp16 and fp32 inputs over six decades), every candidate order of the kernel (``CANDIDATES``: a lane's
+elements in order, as a tree, by halves, or as one vector; warp offsets descending or ascending) is compared
+with eager's ``x.float().pow(2).mean(-1, keepdim=True)``; the test passes when the order ``eager_order`` finds for each D
 (the one the kernel runs in) is bitwise eager's everywhere, and D = 32 and 64 have one. The per-order counts of
 differing rows go to $OUT/mean_square_gpu.json.
 """
@@ -24,7 +24,9 @@ DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 
 def _name(order):
-    return ("vec_" if order[0] else "") + ("desc" if order[1] else "asc")
+    from diffusion_fuse.kernels.mean_square import LANE_FORMS
+
+    return f"{LANE_FORMS[order[0]]}_{'desc' if order[1] else 'asc'}"
 
 
 def _x(shape, dtype, seed):

@@ -22,23 +22,30 @@ import torch
 from _interp import run_worker, worker_main
 
 CASES = [(16, 128), (37, 128), (16, 64), (21, 32)]  # (rows, D)
-ORDERS = {"vec_desc": (True, True), "vec_asc": (True, False), "desc": (False, True), "asc": (False, False)}
+ORDERS = {f"{form}_{'desc' if desc else 'asc'}": (k, desc) for k, form in
+          {0: "sequential", 1: "tree", 2: "halves", 3: "vector"}.items() for desc in (True, False)}
+D128_ONLY = {1, 2, 3}  # forms that only the 128-element rows try (CANDIDATES)
 
 
-def emulate(x: torch.Tensor, order: tuple[bool, bool]) -> np.ndarray:
-    """The contract's order: lane t sums its squares (t, t + 32, ...: strided; or PER t, PER t + 1, ...:
-    vectorized) in order; the warp tree halves (descending) or pairs neighbours (ascending); then the factor."""
+def emulate(x: torch.Tensor, order: tuple[int, bool]) -> np.ndarray:
+    """The contract's order: lane t sums its squares a_i (t + 32 i; or PER t + i for vector lanes) in order, as
+    a tree or by halves; the warp tree halves (descending) or pairs neighbours (ascending); then the factor."""
     from diffusion_fuse.kernels.mean_square import mean_factor
 
-    vec, descending = order
+    form, descending = order
     sq = x.reshape(-1, x.shape[-1]).float().numpy()
     sq = sq * sq
     rows, d = sq.shape
     per = d // 32
-    lanes = sq.reshape(rows, 32, per) if vec else sq.reshape(rows, per, 32).transpose(0, 2, 1)  # [rows, lane, i]
-    s = lanes[:, :, 0].copy()
-    for i in range(1, per):
-        s = s + lanes[:, :, i]
+    a = sq.reshape(rows, 32, per) if form == 3 else sq.reshape(rows, per, 32).transpose(0, 2, 1)  # [rows, lane, i]
+    if form == 1:
+        s = (a[:, :, 0] + a[:, :, 1]) + (a[:, :, 2] + a[:, :, 3])
+    elif form == 2:
+        s = (a[:, :, 0] + a[:, :, 2]) + (a[:, :, 1] + a[:, :, 3])
+    else:
+        s = a[:, :, 0].copy()
+        for i in range(1, per):
+            s = s + a[:, :, i]
     while s.shape[1] > 1:
         w = s.shape[1] // 2
         s = s[:, :w] + s[:, w:] if descending else s[:, 0::2] + s[:, 1::2]
@@ -59,11 +66,11 @@ def worker() -> dict:
         for dtype in (torch.float32, torch.bfloat16):
             x = _wide(rows, d, rows * d, dtype)
             for oname, order in ORDERS.items():
-                if order[0] and d != 128:
-                    continue  # vectorized lanes: the D = 128 candidate
+                if order[0] in D128_ONLY and d != 128:
+                    continue
                 got = plan_mean_square(x, order)(x)
                 want = emulate(x, order)
-                others = [emulate(x, o) for o in ORDERS.values() if o != order and (not o[0] or d == 128)]
+                others = [emulate(x, o) for o in ORDERS.values() if o != order and (o[0] not in D128_ONLY or d == 128)]
                 key = f"{rows}x{d}:{str(dtype)[6:]}:{oname}"
                 res[key] = {"shape": list(got.shape), "equal": bool(np.array_equal(got.numpy().view(np.int32).ravel(),
                                                                               want.view(np.int32))),
@@ -76,7 +83,7 @@ def worker() -> dict:
     for name, x in {"heads_view": base.view(1, 40, 4, 32), "padded_rows": _wide(24, 80, 8)[:, :64]}.items():
         got = plan_mean_square(x)(x)
         res[name] = {"shape": list(got.shape), "equal": bool(np.array_equal(
-            got.reshape(-1).numpy().view(np.int32), emulate(x.contiguous(), (False, True)).view(np.int32)))}
+            got.reshape(-1).numpy().view(np.int32), emulate(x.contiguous(), (0, True)).view(np.int32)))}
     res["guard"] = {name: can_use_mean_square(x)[1] for name, x in {
         "ok": torch.zeros(16, 128), "d96": torch.zeros(16, 96), "few_rows": torch.zeros(15, 128),
         "strided_d": torch.zeros(16, 256)[:, ::2], "int": torch.zeros(16, 128, dtype=torch.int32),
@@ -90,7 +97,7 @@ def results():
 
 
 @pytest.mark.parametrize("case", [f"{r}x{d}:{t}:{o}" for r, d in CASES for t in ("float32", "bfloat16")
-                                  for o, (vec, _) in ORDERS.items() if not vec or d == 128])
+                                  for o, (form, _) in ORDERS.items() if form not in D128_ONLY or d == 128])
 def test_kernel_sums_in_the_contracts_order(results, case):
     r = results[case]
     rows = int(case.split("x")[0])
@@ -109,8 +116,10 @@ def test_evenly_strided_rows_are_read_in_place(results, case):
 def test_the_interpreter_takes_each_dims_first_candidate():
     from diffusion_fuse.kernels.mean_square import CANDIDATES, eager_order
 
-    assert eager_order(torch.device("cpu"), 64) == (False, True) == CANDIDATES[64][0]
-    assert eager_order(torch.device("cpu"), 128) == (True, True) == CANDIDATES[128][0]
+    from diffusion_fuse.kernels.mean_square import SEQUENTIAL, TREE
+
+    assert eager_order(torch.device("cpu"), 64) == (SEQUENTIAL, True) == CANDIDATES[64][0]
+    assert eager_order(torch.device("cpu"), 128) == (TREE, True) == CANDIDATES[128][0]
 
 
 def test_guard_names_what_it_rejects(results):
