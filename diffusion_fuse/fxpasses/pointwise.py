@@ -48,7 +48,14 @@ import sys
 import torch
 import torch.fx as fx
 
-from ..kernels.pointwise_codegen import COMPLEX_DTYPES, COMPLEX_VIEWS, MULTI_VIEW_OPS, STRUCTURAL_OPS, VIEW_OPS, pad_fill
+from ..kernels.pointwise_codegen import (
+    COMPLEX_DTYPES,
+    COMPLEX_VIEWS,
+    MULTI_VIEW_OPS,
+    STRUCTURAL_OPS,
+    VIEW_OPS,
+    pad_fill,
+)
 from ..kernels.pointwise_ops import FLOAT_DTYPES, RECIPES
 from ..lowering.pointwise import diagnose, register_program
 from ..patterns.match_utils import describe

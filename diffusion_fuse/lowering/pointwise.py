@@ -181,7 +181,8 @@ def launch_once(key: str, inputs, variants: Variants = DEFAULT_VARIANTS) -> list
 
     src = generate_source(inputs, key, variants)
     outs = [torch.empty_strided(o.shape, o.stride, dtype=o.dtype, device=inputs[0].device) for o in src.outputs]
-    load_kernel(src)[src.grid](*kernel_args(inputs), *outs, src.numel, *src.tables, **src.constexprs, num_warps=src.num_warps,
+    load_kernel(src)[src.grid](*kernel_args(inputs), *outs, src.numel, *src.tables, **src.constexprs,
+                               num_warps=src.num_warps,
                                enable_fp_fusion=variants.fp_fusion, enable_reflect_ftz=variants.reflect_ftz)
     return outs
 

@@ -3,8 +3,8 @@
 For each shape (Qwen-Image's q/k rows: 4096 image and 512 text tokens x 24 heads of 128; D = 64 and 32;
 bf16, fp16 and fp32 inputs over six decades), every candidate order of the kernel (``CANDIDATES``: a lane's
 elements in order, as a tree, by halves, or as one vector; warp offsets descending or ascending) is compared
-with eager's ``x.float().pow(2).mean(-1, keepdim=True)``; the test passes when the order ``eager_order`` finds for each D
-(the one the kernel runs in) is bitwise eager's everywhere, and D = 32 and 64 have one. The per-order counts of
+with eager's ``x.float().pow(2).mean(-1, keepdim=True)``; the test passes when the order ``eager_order`` finds
+for each D (the one the kernel runs in) is bitwise eager's everywhere, and D = 32 and 64 have one. The per-order counts of
 differing rows go to $OUT/mean_square_gpu.json.
 """
 
@@ -48,7 +48,8 @@ def test_kernel_is_eagers_mean_in_the_order_it_finds():
             for order in CANDIDATES[shape[-1]]:
                 got = plan_mean_square(x, order)(x)
                 assert got.shape == ref.shape and got.stride() == ref.stride()
-                res[f"{name}:{str(dtype)[6:]}:{_name(order)}"] = int((got.view(torch.int32) != ref.view(torch.int32)).sum())
+                differ = got.view(torch.int32) != ref.view(torch.int32)
+                res[f"{name}:{str(dtype)[6:]}:{_name(order)}"] = int(differ.sum())
     with open(os.path.join(os.environ.get("OUT", "."), "mean_square_gpu.json"), "w") as f:
         json.dump(res, f, indent=1)
     print(json.dumps(res, indent=1))
