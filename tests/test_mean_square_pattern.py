@@ -8,22 +8,9 @@ import collections
 
 import pytest
 import torch
-from diffusers.models.normalization import RMSNorm
-
 import diffusion_fuse
+from diffusion_fuse.testing.tiny_models import QKNorm
 from helpers import bitwise_equal
-
-
-class QKNorm(torch.nn.Module):
-    """Attention's q/k norm as diffusers builds it for Qwen-Image and SD3.5: RMSNorm over the head dim."""
-
-    def __init__(self, heads: int, head_dim: int, weight: bool = True):
-        super().__init__()
-        self.heads = heads
-        self.norm = RMSNorm(head_dim, eps=1e-6, elementwise_affine=weight)
-
-    def forward(self, q):
-        return self.norm(q.unflatten(-1, (self.heads, -1)))
 
 
 def _compile(model, x, options=None):

@@ -45,6 +45,7 @@ import triton.language as tl
 
 from . import triton_interpret
 from .launch import CachedLaunch
+from .rows import row_layout
 
 LANES = 32  # a row is one warp in ATen's config
 ROWS = 16  # rows per program (ATen's block: 16 rows of one warp each)
@@ -106,17 +107,14 @@ def mean_square_kernel(X, OUT, n_rows, row_stride, factor, PER: tl.constexpr, R:
 
 def rows_view(x: torch.Tensor) -> tuple[int, int] | None:
     """(rows, row stride) when x's rows (every dim but the last) are evenly strided, else None."""
-    if x.dim() == 0:
+    layout = row_layout(tuple(x.shape), tuple(x.stride())) if x.dim() else None
+    if layout is None:
         return None
-    shape, stride = list(x.shape[:-1]), list(x.stride()[:-1])
-    dims = [(n, st) for n, st in zip(shape, stride) if n != 1]
-    rows = int(np.prod(shape)) if shape else 1
-    if not dims:
-        return rows, x.shape[-1]
-    for (n_out, st_out), (n_in, st_in) in zip(dims, dims[1:]):
-        if st_out != st_in * n_in:
-            return None
-    return rows, dims[-1][1]
+    sizes, (strides,) = layout
+    dims = [(n, st) for n, st in zip(sizes, strides) if n != 1]
+    if len(dims) > 1:
+        return None
+    return sizes[0] * sizes[1] * sizes[2], dims[0][1] if dims else x.shape[-1]
 
 
 def eager_order(device: torch.device, d: int) -> tuple[int, bool] | None:

@@ -206,7 +206,7 @@ def rms_row_sum_squares(
 @triton.jit
 def _row_offsets(r, L1, L2, s0, s1, s2, ROW_DIMS: tl.constexpr):
     # element offset of row r of a tensor whose rows are [L0, L1, L2] with strides (s0, s1, s2)
-    # (lowering/rms_norm.row_layout pads missing dims in front: one dim of rows is L2). Integer division
+    # (kernels/rows.row_layout pads missing dims in front: one dim of rows is L2). Integer division
     # is slow on the GPU (an int64 one is a long routine, per lane): rows of one dim (the common case)
     # take none, two dims one; the row index is int32 unless M needs more, quotients widen only for
     # the stride products.
@@ -395,7 +395,7 @@ def plan_rms_norm(x, out_shape, out_strides, out_dtype, weight, bias, eps, scale
                   groups: int | None = None, share_trig: bool = True):
     """A launch for inputs of this layout (the guards in lowering/rms_norm.py accepted them).
 
-    ``rows`` is ``(sizes[3], strides[3] of x, scale, shift, out)`` from ``lowering.rms_norm.row_layout``.
+    ``rows`` is ``(sizes[3], strides[3] of x, scale, shift, out)`` from ``kernels.rows.row_layout``.
     ``rope``: scale and shift are RoPE's cos and sin (fp32), applied to the rounded output (``rms_norm_rope``).
     ``groups``: row groups per program (``stats_constexprs``); the default picks by D.
     ``share_trig`` (``rope``): the most groups with which each program's rows share one cos/sin row

@@ -323,3 +323,19 @@ def wider(name: str, kwargs: dict, seed: int = 0) -> dict:
             out["timestep"] = ts.flatten().unsqueeze(0).to(device)
         return out
     raise KeyError(f"no second resolution for tiny model {name!r}; have flux, wan21, wan22_ti2v")
+
+
+class QKNorm(torch.nn.Module):
+    """An attention's q/k norm as diffusers builds it for Qwen-Image and SD3.5: ``RMSNorm`` over the head dim of
+    ``[B, S, heads * head_dim]`` projections (family ``mean_square`` takes its variance where ``head_dim`` is 32,
+    64 or 128, the tiny models' 16 being none of those)."""
+
+    def __init__(self, heads: int, head_dim: int, weight: bool = True):
+        super().__init__()
+        from diffusers.models.normalization import RMSNorm
+
+        self.heads = heads
+        self.norm = RMSNorm(head_dim, eps=1e-6, elementwise_affine=weight)
+
+    def forward(self, q):
+        return self.norm(q.unflatten(-1, (self.heads, -1)))
