@@ -4,7 +4,8 @@ Workloads: FLUX.1 QK norm over head_dim [1,4608,24,128] bf16 (``torch.nn.RMSNorm
 ``_fused_rms_norm``; op ``rms_norm``, lossless), Wan2.1-14B QK norm across heads [1,32760,5120]
 bf16 (same op), SD3.5/Qwen-Image QK norm as diffusers' RMSNorm writes it [2,24,4096,64]
 (transposed view; op ``rms_norm_chain``, tier high), LTX-style RMSNorm + modulate [1,8192,2048]
-(chain + ``* (1 + scale) + shift``). GPU times are medians of ``triton.testing.do_bench`` (CUDA
+(chain + ``* (1 + scale) + shift``), and diffusers RMSNorm's variance alone (op ``mean_square``,
+lossless: Qwen-Image's image and text q, SD3.5's). GPU times are medians of ``triton.testing.do_bench`` (CUDA
 events, L2 flushed); "eager" is the op's reference impl (the ATen ops eager runs), "op" the
 ``torch.ops.diffusion_fuse`` call (guard + plan cache + kernel); "steady" columns: benchmarks/steady.py
 (back to back in one CUDA graph, inputs cycled out of L2). FLUX's single-block QK norm + RoPE runs as
@@ -29,6 +30,7 @@ from tabulate import tabulate
 from triton.testing import do_bench
 
 import diffusion_fuse  # noqa: F401  (registers the ops)
+from diffusion_fuse.lowering.mean_square import mean_square_reference
 from diffusion_fuse.lowering.rms_norm import rms_norm_chain_reference, rms_norm_reference, rms_norm_rope_reference
 
 try:
@@ -37,7 +39,7 @@ except ImportError:  # imported as benchmarks.bench_rms_norm
     from benchmarks.steady import input_sets, steady_us
 
 REFERENCES = {"rms_norm": rms_norm_reference, "rms_norm_chain": rms_norm_chain_reference,
-              "rms_norm_rope": rms_norm_rope_reference}
+              "rms_norm_rope": rms_norm_rope_reference, "mean_square": mean_square_reference}
 
 
 def copy_bandwidth() -> float:
@@ -63,6 +65,10 @@ def workloads():
     pos = torch.randn(4608, 64, device="cuda", generator=g2).double() * 50
     cos, sin = (f(pos).repeat_interleave(2, dim=1).float()[None, :, None, :] for f in (torch.cos, torch.sin))
     yield "FLUX single QK norm + RoPE [1,4608,24,128]", "rms_norm_rope", (rn(1, 4608, 24, 128), rn(128), 1e-6, cos, sin)
+    # diffusers RMSNorm's variance (family mean_square): Qwen-Image's image and text q at 1024², SD3.5's image q
+    yield "Qwen-Image q variance [1,4096,24,128]", "mean_square", (rn(1, 4096, 24, 128),)
+    yield "Qwen-Image text q variance [1,512,24,128]", "mean_square", (rn(1, 512, 24, 128),)
+    yield "SD3.5 q variance [2,4096,24,64]", "mean_square", (rn(2, 4096, 24, 64),)
     yield "LTX RMS+mod [1,8192,2048]", "rms_norm_chain", (rn(1, 8192, 2048), 1e-6, torch.bfloat16, None, None, None,
                                                           sc, sh, None)
 
@@ -130,6 +136,9 @@ def main() -> None:
         op = getattr(torch.ops.diffusion_fuse, op_name)
         reference = REFERENCES[op_name]
         y = op(*op_args)
+        ref = reference(*op_args)
+        exact = y.dtype == ref.dtype and torch.equal(y.contiguous().view(torch.uint8),
+                                                     ref.contiguous().view(torch.uint8))
         moved = sum(t.numel() * t.element_size() for t in (*op_args, y) if isinstance(t, torch.Tensor))
         t_eager = do_bench(lambda: reference(*op_args), return_mode="median")
         t_op = do_bench(lambda: op(*op_args), return_mode="median")
@@ -140,13 +149,15 @@ def main() -> None:
         h_eager, h_op = host_us(lambda: reference(*op_args)), host_us(lambda: op(*op_args))
         rows.append([name, op_name, f"{t_eager * 1e3:.1f}", f"{t_op * 1e3:.1f}", f"{s_eager:.1f}", f"{s_op:.1f}",
                      f"{floor * 1e3:.1f}", f"{s_op / (floor * 1e3):.2f}", f"{t_eager / t_op:.2f}x", f"{h_eager:.0f}",
-                     f"{h_op:.0f}"])
-        out.append(dict(workload=name, op=op_name, eager_us=t_eager * 1e3, op_us=t_op * 1e3, floor_us=floor * 1e3,
+                     f"{h_op:.0f}", "yes" if exact else "no"])
+        out.append(dict(workload=name, op=op_name, bit_exact=exact, eager_us=t_eager * 1e3, op_us=t_op * 1e3,
+                        floor_us=floor * 1e3,
                         eager_steady_us=s_eager, op_steady_us=s_op, host_eager_us=h_eager, host_op_us=h_op))
     groups_rows, groups_out = row_group_sweep(bw)
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s ({torch.cuda.get_device_name()}, torch {torch.__version__})")
     print(tabulate(rows, headers=["workload", "op", "eager µs", "op µs", "eager steady µs", "op steady µs",
-                                  "floor µs", "op steady/floor", "speedup", "host eager µs/call", "host op µs/call"]))
+                                  "floor µs", "op steady/floor", "speedup", "host eager µs/call", "host op µs/call",
+                                  "bit-exact"]))
     print("\nrow groups per program (rows of D <= 512; steady state, µs)")
     print(tabulate(groups_rows, headers=["workload", "groups", "one cos/sin row", "steady µs", "floor µs",
                                          "steady/floor", "bit-exact", "default"]))

@@ -104,6 +104,12 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = nosass ]; then
       step "probe_gemm_ws_$v" 150 python3 benchmarks/probe_gemm_ws.py --variant "$v" --json "$OUT/probe_gemm_ws_$v.json"
     done
   fi
+  # opt-in (BENCHES="probe_host"): a CUDA-graph forward's host time by stage (narrow FLUX.1-dev tree)
+  [[ " ${BENCHES:-} " == *" probe_host "* ]] && step probe_host 300 python3 benchmarks/probe_host.py \
+    --json "$OUT/probe_host.json" ${PROBE_HOST_ARGS:-}
+  # opt-in (BENCHES="probe_input_copies"): a CUDA-graph forward's input copies, per tensor against grouped
+  [[ " ${BENCHES:-} " == *" probe_input_copies "* ]] && step probe_input_copies 120 python3 \
+    benchmarks/probe_input_copies.py --json "$OUT/probe_input_copies.json"
   want bench_wan_temb && step bench_wan_temb 400 python3 benchmarks/bench_wan_temb.py --json "$OUT/bench_wan_temb.json"
 fi
 [ "$what" = all ] && step sass 240 bash benchmarks/sass_layer_norm.sh
@@ -132,5 +138,7 @@ for f in "$OUT"/probe_gemm_ws_*.log; do [ -f "$f" ] && grep -v "^done " "$f" | t
 [ -f "$OUT/probe_gemm_exact.log" ] && grep -v "^done " "$OUT/probe_gemm_exact.log" | tail -n 80
 [ -f "$OUT/bench_e2e.log" ] && tail -n 4 "$OUT/bench_e2e.log"
 [ -f "$OUT/bench_models.log" ] && grep -E "^(==|[A-Z].*  (eager|inductor|lossless|high))" "$OUT/bench_models.log"
+[ -f "$OUT/probe_host.log" ] && tail -n 9 "$OUT/probe_host.log"
+[ -f "$OUT/probe_input_copies.log" ] && tail -n 6 "$OUT/probe_input_copies.log"
 [ -f "$OUT/bench_wan_temb.log" ] && tail -n 14 "$OUT/bench_wan_temb.log"
 exit $status

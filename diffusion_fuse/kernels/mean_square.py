@@ -29,11 +29,20 @@ are no other roundings. Which lane form and warp order eager uses is found per d
 (``eager_order``: every candidate of ``CANDIDATES[D]`` against eager's mean of one wide-range [64, D] fp32
 draw); the guard refuses a D for which none matches, and the verifier still checks every site.
 
-Measured (H200, torch 2.11, ``tests/gpu/test_mean_square_gpu.py``, results/h200-2026-12-01e/run4): strided
-lanes with descending offsets are eager's bits at D = 32 and 64 (bf16, fp16 and fp32 inputs over six decades,
-4097 and 4800 rows: 0 rows differ; ascending: ~40% differ). At D = 128 the sequential form is not (~42% of
-Qwen-Image's rows differ in either warp order); the other forms have not run on a GPU yet. Fewer than 16 rows
-change the block shape (and the order): the reference path runs them.
+Measured (H200, torch 2.11, ``tests/gpu/test_mean_square_gpu.py``): strided lanes with descending offsets are
+eager's bits at D = 32 and 64 (bf16, fp16 and fp32 inputs over six decades, 4097 and 4800 rows: 0 rows differ;
+ascending: ~40% differ; results/h200-2026-12-01e/run4). At D = 128 **vectorized lanes with descending offsets**
+are (0 rows differ at Qwen-Image's image and text q shapes, all three dtypes); every other form differs in ~42%
+of rows (results/h200-2026-12-01f/run1). Fewer than 16 rows change the block shape (and the order): the
+reference path runs them.
+
+Two kernels. ``mean_square_kernel`` takes every form: a program's 16 rows as a [16, 32] lane tensor, the warp
+tree as reshapes (Triton lays them out through shared memory). ``mean_square_lanes_kernel`` takes eager's D = 128
+form: ``kernels/rms_norm.rms_row_sum_squares`` without its FMA push is that form exactly (lane t holds elements
+4t .. 4t + 3, one 8-byte load, summed in order from 0.0; then ``shfl_down`` 16 .. 1), with each thread holding a
+lane of ``LANE_GROUPS`` rows so their loads are in flight together, as the QK RMSNorm does. The sums are the same
+bits (tests/kernels/test_mean_square.py checks both against one numpy model); Qwen-Image at 1024² spent 18 µs a
+call in the first (results/h200-2026-12-01f/run2, 240 calls a forward).
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ import triton.language as tl
 
 from . import triton_interpret
 from .launch import CachedLaunch
+from .rms_norm import rms_row_sum_squares
 from .rows import row_layout
 
 LANES = 32  # a row is one warp in ATen's config
@@ -57,10 +67,11 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SEQUENTIAL, TREE, HALVES, VECTOR = 0, 1, 2, 3
 LANE_FORMS = {SEQUENTIAL: "sequential", TREE: "tree", HALVES: "halves", VECTOR: "vector"}
 # (lane form, descending warp offsets): the orders eager_order tries per row size, the first the default where no
-# GPU can be asked (Triton's interpreter). Sequential + descending: measured at D = 32, 64 (module docstring)
+# GPU can be asked (Triton's interpreter), measured at D = 32, 64 (sequential) and 128 (vector), module docstring
 CANDIDATES = {32: ((SEQUENTIAL, True), (SEQUENTIAL, False)), 64: ((SEQUENTIAL, True), (SEQUENTIAL, False)),
-              128: ((TREE, True), (HALVES, True), (VECTOR, True), (SEQUENTIAL, True),
+              128: ((VECTOR, True), (TREE, True), (HALVES, True), (SEQUENTIAL, True),
                     (TREE, False), (HALVES, False), (VECTOR, False), (SEQUENTIAL, False))}
+LANE_GROUPS = 4  # mean_square_lanes_kernel: rows of 32 lanes per thread (4 warps: 4 rows a group, 16 a program)
 _orders: dict[tuple, tuple[int, bool] | None] = {}
 
 
@@ -103,6 +114,17 @@ def mean_square_kernel(X, OUT, n_rows, row_stride, factor, PER: tl.constexpr, R:
     s = _halve(s, 2, R, DESC)
     s = _halve(s, 1, R, DESC)
     tl.store(OUT + rows, tl.reshape(s, [R]) * factor, mask=rmask)
+
+
+@triton.jit
+def mean_square_lanes_kernel(X, OUT, n_rows, row_stride, factor, ROWS: tl.constexpr):
+    # Vectorized lanes, descending offsets, D = 128 (module docstring): lane f = r * 32 + t is lane t of row r
+    first = tl.program_id(0) * ROWS
+    lane_row = first + tl.arange(0, ROWS * 32) // 32
+    x_lanes = X + lane_row.to(tl.int64) * row_stride
+    s = rms_row_sum_squares(x_lanes, lane_row < n_rows, 128, 1, 1, ROWS, 32, 4, False, True)
+    r = first + tl.arange(0, ROWS)
+    tl.store(OUT + r, s * factor, mask=r < n_rows)
 
 
 def rows_view(x: torch.Tensor) -> tuple[int, int] | None:
@@ -169,8 +191,12 @@ def plan_mean_square(x: torch.Tensor, order: tuple[int, bool] | None = None):
     if form in (TREE, HALVES) and d != 128:
         raise ValueError(f"lane form {LANE_FORMS[form]} takes rows of 128, not {d}")
     rows, row_stride = rows_view(x)
-    kernel = CachedLaunch(mean_square_kernel, (triton.cdiv(rows, ROWS),),
-                          {"PER": d // LANES, "R": ROWS, "FORM": form, "DESC": desc})
+    if form == VECTOR and desc and d == 128:
+        n = LANE_GROUPS * 128 // LANES  # rows per program
+        kernel = CachedLaunch(mean_square_lanes_kernel, (triton.cdiv(rows, n),), {"ROWS": n}, num_warps=4)
+    else:
+        kernel = CachedLaunch(mean_square_kernel, (triton.cdiv(rows, ROWS),),
+                              {"PER": d // LANES, "R": ROWS, "FORM": form, "DESC": desc})
     factor = mean_factor(rows, d)
     out_shape = (*x.shape[:-1], 1)
 
