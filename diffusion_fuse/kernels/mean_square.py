@@ -36,13 +36,20 @@ are (0 rows differ at Qwen-Image's image and text q shapes, all three dtypes); e
 of rows (results/h200-2026-12-01f/run1). Fewer than 16 rows change the block shape (and the order): the
 reference path runs them.
 
-Two kernels. ``mean_square_kernel`` takes every form: a program's 16 rows as a [16, 32] lane tensor, the warp
-tree as reshapes (Triton lays them out through shared memory). ``mean_square_lanes_kernel`` takes eager's D = 128
-form: ``kernels/rms_norm.rms_row_sum_squares`` without its FMA push is that form exactly (lane t holds elements
-4t .. 4t + 3, one 8-byte load, summed in order from 0.0; then ``shfl_down`` 16 .. 1), with each thread holding a
-lane of ``LANE_GROUPS`` rows so their loads are in flight together, as the QK RMSNorm does. The sums are the same
-bits (tests/kernels/test_mean_square.py checks both against one numpy model); Qwen-Image at 1024² spent 18 µs a
-call in the first (results/h200-2026-12-01f/run2, 240 calls a forward).
+Three kernels. ``mean_square_kernel`` takes every form: a program's 16 rows as a [16, 32] lane tensor, the warp
+tree as reshapes (Triton lays them out through shared memory). Eager's forms run on lane kernels, with each thread
+holding a lane of ``LANE_GROUPS`` rows so that their loads are in flight together (as the QK RMSNorm does) and the
+tree as warp shuffles on a state whose lane f is thread f % 128 (tests/kernels/test_mean_square.py checks that in
+the sm_90 build):
+
+- ``mean_square_lanes_kernel``, D = 128: ``kernels/rms_norm.rms_row_sum_squares`` without its FMA push is the
+  vectorized form exactly (lane t holds elements 4t .. 4t + 3, one 8-byte load, summed in order from 0.0);
+- ``mean_square_strided_lanes_kernel``, D = 32 and 64: lane t loads elements t, t + 32 one at a time (a load that
+  Triton vectorized would put several lanes in one thread).
+
+The sums are the same bits as the generic kernel's (the tests check every kernel against one numpy model). On
+Qwen-Image at 1024² the generic kernel took 18 µs a call (240 calls a forward, results/h200-2026-12-01f/run2), the
+lanes kernel 8.2 µs for the image q (floor 6.0; eager's pow + mean 89.8, run3).
 """
 
 from __future__ import annotations
@@ -54,7 +61,8 @@ import triton.language as tl
 
 from . import triton_interpret
 from .launch import CachedLaunch
-from .rms_norm import rms_row_sum_squares
+from .layer_norm_stats import USE_SHUFFLES
+from .rms_norm import _lane_group_leaders, _shfl_sum, _sum_level, rms_row_sum_squares
 from .rows import row_layout
 
 LANES = 32  # a row is one warp in ATen's config
@@ -127,6 +135,39 @@ def mean_square_lanes_kernel(X, OUT, n_rows, row_stride, factor, ROWS: tl.conste
     tl.store(OUT + r, s * factor, mask=r < n_rows)
 
 
+@triton.jit
+def mean_square_strided_lanes_kernel(X, OUT, n_rows, row_stride, factor, ROWS: tl.constexpr, PER: tl.constexpr,
+                                     SHUFFLE: tl.constexpr):
+    # Strided lanes, descending offsets, D = 32 PER (module docstring): lane f = r * 32 + t of the flat state holds
+    # row r's elements t, t + 32, ..., squared and added in order; then shfl_down 16 .. 1 inside each row's warp
+    first = tl.program_id(0) * ROWS
+    f = tl.arange(0, ROWS * 32)
+    lane_row = first + f // 32
+    # one element per lane and load: contiguity 1, so the loads keep lane f in thread f % 128 (no vector spans lanes)
+    ptr = X + lane_row.to(tl.int64) * row_stride + tl.max_contiguous(f % 32, 1)
+    ok = lane_row < n_rows
+    v = tl.load(ptr, mask=ok, other=0).to(tl.float32)
+    s = v * v
+    for i in tl.static_range(1, PER):
+        v = tl.load(ptr + 32 * i, mask=ok, other=0).to(tl.float32)
+        s = s + v * v
+    if SHUFFLE:
+        s = _shfl_sum(s, 16)
+        s = _shfl_sum(s, 8)
+        s = _shfl_sum(s, 4)
+        s = _shfl_sum(s, 2)
+        s = _shfl_sum(s, 1)
+        s = _lane_group_leaders(s, ROWS, 32)
+    else:  # the interpreter: the same levels as reshapes
+        s = _sum_level(s, ROWS, 16)
+        s = _sum_level(s, ROWS, 8)
+        s = _sum_level(s, ROWS, 4)
+        s = _sum_level(s, ROWS, 2)
+        s = _sum_level(s, ROWS, 1)
+    r = first + tl.arange(0, ROWS)
+    tl.store(OUT + r, s * factor, mask=r < n_rows)
+
+
 def rows_view(x: torch.Tensor) -> tuple[int, int] | None:
     """(rows, row stride) when x's rows (every dim but the last) are evenly strided, else None."""
     layout = row_layout(tuple(x.shape), tuple(x.stride())) if x.dim() else None
@@ -191,9 +232,12 @@ def plan_mean_square(x: torch.Tensor, order: tuple[int, bool] | None = None):
     if form in (TREE, HALVES) and d != 128:
         raise ValueError(f"lane form {LANE_FORMS[form]} takes rows of 128, not {d}")
     rows, row_stride = rows_view(x)
+    n = LANE_GROUPS * 128 // LANES  # rows per program of the lane kernels
     if form == VECTOR and desc and d == 128:
-        n = LANE_GROUPS * 128 // LANES  # rows per program
         kernel = CachedLaunch(mean_square_lanes_kernel, (triton.cdiv(rows, n),), {"ROWS": n}, num_warps=4)
+    elif form == SEQUENTIAL and desc:
+        kernel = CachedLaunch(mean_square_strided_lanes_kernel, (triton.cdiv(rows, n),),
+                              {"ROWS": n, "PER": d // LANES, "SHUFFLE": USE_SHUFFLES}, num_warps=4)
     else:
         kernel = CachedLaunch(mean_square_kernel, (triton.cdiv(rows, ROWS),),
                               {"PER": d // LANES, "R": ROWS, "FORM": form, "DESC": desc})

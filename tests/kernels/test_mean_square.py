@@ -121,14 +121,19 @@ def test_the_interpreter_takes_each_dims_first_candidate():
     assert eager_order(torch.device("cpu"), 128) == (VECTOR, True) == CANDIDATES[128][0]
 
 
-def test_eagers_d128_form_runs_the_lanes_kernel():
+def test_eagers_forms_run_the_lane_kernels():
     from diffusion_fuse.kernels import mean_square as ms
 
+    def kernel(x, order):
+        cells = [c.cell_contents for c in ms.plan_mean_square(x, order).__closure__]
+        return next(c.kernel for c in cells if isinstance(c, ms.CachedLaunch))
+
     x = torch.zeros(40, 128)
-    assert ms.plan_mean_square(x, (ms.VECTOR, True)).__closure__ is not None
-    kernels = {c.cell_contents.kernel for fn in (ms.plan_mean_square(x, o) for o in ms.CANDIDATES[128])
-               for c in fn.__closure__ if isinstance(c.cell_contents, ms.CachedLaunch)}
-    assert ms.mean_square_lanes_kernel in kernels and ms.mean_square_kernel in kernels
+    assert kernel(x, (ms.VECTOR, True)) is ms.mean_square_lanes_kernel
+    assert {kernel(x, o) for o in ms.CANDIDATES[128][1:]} == {ms.mean_square_kernel, ms.mean_square_strided_lanes_kernel}
+    for d in (32, 64):  # eager's form there (strided lanes, descending) on the lane kernel; the other on the generic one
+        assert kernel(torch.zeros(40, d), (ms.SEQUENTIAL, True)) is ms.mean_square_strided_lanes_kernel
+        assert kernel(torch.zeros(40, d), (ms.SEQUENTIAL, False)) is ms.mean_square_kernel
 
 
 def test_lanes_kernel_compiles_for_sm90_with_vector_loads_and_lane_shuffles():
@@ -171,3 +176,35 @@ def test_guard_names_what_it_rejects(results):
 
 if __name__ == "__main__":
     worker_main(worker)
+
+
+@pytest.mark.parametrize("per", [1, 2])
+def test_strided_lanes_kernel_compiles_for_sm90_with_one_element_per_lane(per):
+    """D = 32, 64: every lane's load is one element (a vector would hold several lanes in one thread), one per row
+    group and element a lane owns; no FMA; the shuffles' state has lane f in thread f % 128, aligned x or not."""
+    import re
+
+    triton = pytest.importorskip("triton")
+    from test_compile_sm90 import shuffle_layouts_any
+    from test_rms_norm import lane_layouts
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from diffusion_fuse.kernels import mean_square as ms
+    from diffusion_fuse.kernels.launch import EAGER_NUMERICS
+
+    k = ms.mean_square_strided_lanes_kernel
+    const = {"ROWS": ms.LANE_GROUPS * 128 // ms.LANES, "PER": per, "SHUFFLE": True}
+    for dt, load in (("*bf16", "ld.global.b16"), ("*fp32", "ld.global.b32")):
+        for aligned in (("X", "OUT", "row_stride"), ("OUT",)):
+            sig = {"X": dt, "OUT": "*fp32", "n_rows": "i32", "row_stride": "i32", "factor": "fp32",
+                   **{c: "constexpr" for c in const}}
+            src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(c),): v for c, v in const.items()},
+                            attrs={(k.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned})
+            ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, **EAGER_NUMERICS})
+            ptx = ck.asm["ptx"]
+            assert set(re.findall(r"ld\.global[.\w]*", ptx)) == {load}
+            assert ptx.count(load) == per * ms.LANE_GROUPS and "fma.rn.f32" not in ptx
+            assert ptx.count("shfl.sync.down") == 5 * ms.LANE_GROUPS
+            layouts = shuffle_layouts_any(ck.asm["ttgir"])
+            assert layouts and layouts <= lane_layouts(ms.LANE_GROUPS), layouts
