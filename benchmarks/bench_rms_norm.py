@@ -22,6 +22,7 @@ FLUX's shapes, steady state, each checked bitwise against the reference.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 
@@ -31,7 +32,8 @@ from triton.testing import do_bench
 
 import diffusion_fuse  # noqa: F401  (registers the ops)
 from diffusion_fuse.lowering.mean_square import mean_square_reference
-from diffusion_fuse.lowering.rms_norm import rms_norm_chain_reference, rms_norm_reference, rms_norm_rope_reference
+from diffusion_fuse.lowering.rms_norm import (rms_norm_cat_rope_reference, rms_norm_chain_reference, rms_norm_reference,
+                                              rms_norm_rope_reference)
 
 try:
     from steady import input_sets, steady_us
@@ -39,7 +41,8 @@ except ImportError:  # imported as benchmarks.bench_rms_norm
     from benchmarks.steady import input_sets, steady_us
 
 REFERENCES = {"rms_norm": rms_norm_reference, "rms_norm_chain": rms_norm_chain_reference,
-              "rms_norm_rope": rms_norm_rope_reference, "mean_square": mean_square_reference}
+              "rms_norm_rope": rms_norm_rope_reference, "mean_square": mean_square_reference,
+              "rms_norm_cat_rope": rms_norm_cat_rope_reference}
 
 
 def copy_bandwidth() -> float:
@@ -65,6 +68,8 @@ def workloads():
     pos = torch.randn(4608, 64, device="cuda", generator=g2).double() * 50
     cos, sin = (f(pos).repeat_interleave(2, dim=1).float()[None, :, None, :] for f in (torch.cos, torch.sin))
     yield "FLUX single QK norm + RoPE [1,4608,24,128]", "rms_norm_rope", (rn(1, 4608, 24, 128), rn(128), 1e-6, cos, sin)
+    yield "FLUX double q: text + image norms, cat, RoPE [1,512+4096,24,128]", "rms_norm_cat_rope", (
+        rn(1, 512, 24, 128), rn(128), 1e-6, rn(1, 4096, 24, 128), rn(128), 1e-6, 1, cos, sin)
     # diffusers RMSNorm's variance (family mean_square): Qwen-Image's image and text q at 1024², SD3.5's image q
     yield "Qwen-Image q variance [1,4096,24,128]", "mean_square", (rn(1, 4096, 24, 128),)
     yield "Qwen-Image text q variance [1,512,24,128]", "mean_square", (rn(1, 512, 24, 128),)
@@ -91,11 +96,14 @@ def row_group_sweep(bw: float, variants=((1, False), (2, False), (4, False), (8,
         floor = moved / bw * 1e6
         tail, final = rms_norm_tail(x.dtype, w, None, None, None)
         strides = _contiguous(x.shape)
-        for g, share in variants:
+        for (g, share), lane in itertools.product(variants, (False, True)):
             if share and cos is None:
                 continue
+            if lane and not rk.lane_epilogue_ok(rk.stats_constexprs(x.shape[-1], groups=g), 1, 1):
+                continue
             launch = rk.plan_rms_norm(x, x.shape, strides, final, w, None, eps, cos, sin, tail,
-                                      _rows(x, strides, cos, sin), rope=cos is not None, groups=g, share_trig=share)
+                                      _rows(x, strides, cos, sin), rope=cos is not None, groups=g, share_trig=share,
+                                      lane_epilogue=lane)
             shared = bool(share and rk.shared_trig_groups(x.shape[-1], _rows(x, strides, cos, sin)))
             if share and not shared:
                 continue
@@ -107,11 +115,12 @@ def row_group_sweep(bw: float, variants=((1, False), (2, False), (4, False), (8,
             us = steady_us([lambda a=a: fn(*a) for a in sets])  # noqa: B023
             # what the ops launch: the shared cos/sin row where the heads allow it (plan_rms_norm's default)
             picked = rk.shared_trig_groups(x.shape[-1], _rows(x, strides, cos, sin)) if cos is not None else None
-            default = share == bool(picked) and g == (picked or rk.row_groups(x.shape[-1]))
-            rows.append([name, g, "yes" if share else "no", f"{us:.1f}", f"{floor:.1f}", f"{us / floor:.2f}", exact,
-                         "*" if default else ""])
-            out.append(dict(workload=name, op=op_name, groups=g, shared_trig=share, steady_us=us, floor_us=floor,
-                            bit_exact=exact, default=default))
+            default = (share == bool(picked) and g == (picked or rk.row_groups(x.shape[-1]))
+                       and lane == rk.LANE_EPILOGUE_DEFAULT)
+            rows.append([name, g, "yes" if share else "no", "lanes" if lane else "rows", f"{us:.1f}", f"{floor:.1f}",
+                         f"{us / floor:.2f}", exact, "*" if default else ""])
+            out.append(dict(workload=name, op=op_name, groups=g, shared_trig=share, lane_epilogue=lane,
+                            steady_us=us, floor_us=floor, bit_exact=exact, default=default))
     return rows, out
 
 
@@ -159,7 +168,7 @@ def main() -> None:
                                   "floor µs", "op steady/floor", "speedup", "host eager µs/call", "host op µs/call",
                                   "bit-exact"]))
     print("\nrow groups per program (rows of D <= 512; steady state, µs)")
-    print(tabulate(groups_rows, headers=["workload", "groups", "one cos/sin row", "steady µs", "floor µs",
+    print(tabulate(groups_rows, headers=["workload", "groups", "one cos/sin row", "epilogue", "steady µs", "floor µs",
                                          "steady/floor", "bit-exact", "default"]))
     if args.json:
         with open(args.json, "w") as f:

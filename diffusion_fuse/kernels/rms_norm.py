@@ -65,6 +65,15 @@ the lanes past them add +0.0 at every tree level, so a group of 128 lanes packs 
 for bit, with all 128 threads busy. Rows of D <= 512 run ``SMALL_D_ROW_GROUPS`` such groups per
 program, each thread a lane of every group, all their loads issued before the first shuffle
 (FLUX's QK norm: 21.3 -> 16.8 µs steady on the H200, benchmarks/bench_rms_norm.py).
+
+Lane epilogue (rows of D = 32, 64, 128 with unit stride along D, the QK norms of FLUX, SD3.5, Qwen-Image, Wan):
+each lane keeps the 4-element vector it loaded in registers, the tree's levels run as butterflies
+(``shfl.sync.bfly``: lane l adds the same pair as shfl_down's lane l mod offset, and an fp32 add is
+commutative, so every lane ends with lane 0's sum), and the lane normalizes, applies the tail and RoPE
+(pairs lie inside its vector) and stores its own elements: x is read once, and nothing goes through shared
+memory. The row path below reads x a second time in a [ROWS, BLOCK] tile. The shuffles assume lane f is thread
+f % 128, a layout Triton chooses: each plan reads its build's shuffle layouts on first use
+(``lane_layout_problem``) and runs the row path where they differ (logged; ``LANE_EPILOGUE_REJECTED``).
 """
 
 from __future__ import annotations
@@ -75,6 +84,7 @@ import triton
 import triton.language as tl
 
 from ..lowering.rms_norm import Tail
+from ..log import get_logger
 from . import triton_interpret
 from .launch import CachedLaunch
 from .layer_norm_stats import LANES, USE_SHUFFLES, VEC, WARP, _as_f32, _shfl_down, is_uniform
@@ -92,11 +102,15 @@ else:
         return tl.inline_asm_elementwise("neg.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1)
 
 
+_log = get_logger("kernels")
+
 MAX_ROWS_PER_PROGRAM = 16  # LPR >= 8 lanes: small rows of D <= 32 share a program 16 at a time
 # Row groups per program for rows of one trip (D <= 512): each thread holds a lane of every group, so its loads
 # of all groups are in flight before the first reduction. One group of FLUX's [*, 128] QK rows is 8 bytes per
 # thread, too little to cover DRAM latency (benchmarks/bench_rms_norm.py measures 1, 2, 4 and 8).
 SMALL_D_ROW_GROUPS = 4
+# Rows of 32, 64 or 128 elements normalize in the lanes that loaded them (plan_rms_norm's lane_epilogue).
+LANE_EPILOGUE_DEFAULT = True
 
 
 @triton.jit
@@ -119,6 +133,64 @@ def _lane_group_leaders(v, GROUPS: tl.constexpr, G: tl.constexpr):
     first = tl.arange(0, G)[None, :] == 0
     bits = tl.reshape(v.to(tl.int32, bitcast=True), [GROUPS, G])
     return tl.sum(tl.where(first, bits, 0), axis=1).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _shfl_bfly_sum(s, HALF: tl.constexpr):
+    # One level as a butterfly: lane l takes s[l] + s[l ^ HALF]. For l < HALF that is shfl_down's pair
+    # (l, l + HALF); lane l + HALF adds the same two values the other way round, and an fp32 add is
+    # commutative, so after the last level every lane of the row holds what shfl_down leaves in its lane 0.
+    bits = tl.inline_asm_elementwise(
+        "shfl.sync.bfly.b32 $0, $1, $2, 0x1f, -1;", "=r,r,r",
+        [s.to(tl.int32, bitcast=True), tl.full(s.shape, HALF, tl.int32)],
+        dtype=tl.int32, is_pure=True, pack=1)
+    return s + bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def rms_lane_row_sums(xv, ROWS: tl.constexpr, LPR: tl.constexpr, PUSH_FMA: tl.constexpr,
+                      SHUFFLE: tl.constexpr = USE_SHUFFLES):
+    """[ROWS*LPR] fp32: every lane holds its row's sum of squares, in eager's order (rows of one trip, a row
+    inside one warp: LPR <= 32). ``xv`` is [ROWS*LPR, 4] fp32, lane f = r * LPR + l holding columns 4l..4l+3
+    of row r. The lanes push their four squares in order, then the shfl_down levels below LPR as butterflies
+    (``_shfl_bfly_sum``), so the sum reaches every lane of its row with no relayout (the lane epilogue)."""
+    L: tl.constexpr = ROWS * LPR
+    tl.static_assert(LPR <= 32, "a row inside one warp")
+    even, odd = tl.split(tl.reshape(xv, [L, 2, 2]))
+    c0, c2 = tl.split(even)
+    c1, c3 = tl.split(odd)
+    s = tl.zeros([L], tl.float32)
+    if PUSH_FMA:
+        s = tl.fma(c3, c3, tl.fma(c2, c2, tl.fma(c1, c1, tl.fma(c0, c0, s))))
+    else:
+        s = s + c0 * c0
+        s = s + c1 * c1
+        s = s + c2 * c2
+        s = s + c3 * c3
+    if SHUFFLE:
+        if LPR >= 32:
+            s = _shfl_bfly_sum(s, 16)
+        if LPR >= 16:
+            s = _shfl_bfly_sum(s, 8)
+        if LPR >= 8:
+            s = _shfl_bfly_sum(s, 4)
+        if LPR >= 4:
+            s = _shfl_bfly_sum(s, 2)
+        if LPR >= 2:
+            s = _shfl_bfly_sum(s, 1)
+        return s
+    else:  # the interpreter: the same levels by relayout down to one value a row, then broadcast to its lanes
+        if LPR >= 32:
+            s = _sum_level(s, ROWS, 16)
+        if LPR >= 16:
+            s = _sum_level(s, ROWS, 8)
+        if LPR >= 8:
+            s = _sum_level(s, ROWS, 4)
+        if LPR >= 4:
+            s = _sum_level(s, ROWS, 2)
+        if LPR >= 2:
+            s = _sum_level(s, ROWS, 1)
+        return tl.reshape(tl.broadcast_to(s[:, None], [ROWS, LPR]), [L])
 
 
 @triton.jit
@@ -218,6 +290,63 @@ def _row_offsets(r, L1, L2, s0, s1, s2, ROW_DIMS: tl.constexpr):
             + (r % L2).to(tl.int64) * s2)
 
 
+@triton.jit
+def _rms_lane_epilogue(X, W, B, SCALE, SHIFT, OUT, RSTD, x_lanes, lane_row, lane_ok, first, L1, L2, eps,
+                       sc_s0, sc_s1, sc_s2, sh_s0, sh_s1, sh_s2, o_s0, o_s1, o_s2,
+                       ROWS: tl.constexpr, LPR: tl.constexpr, VEC: tl.constexpr, PUSH_FMA: tl.constexpr,
+                       STORE_RSTD: tl.constexpr, ROW_DIMS: tl.constexpr, C1_DT: tl.constexpr, HAS_W: tl.constexpr,
+                       W_DT: tl.constexpr, HAS_B: tl.constexpr, B_DT: tl.constexpr, C2_DT: tl.constexpr,
+                       HAS_SCALE: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr, HAS_SHIFT: tl.constexpr,
+                       V_DT: tl.constexpr, ROPE: tl.constexpr, SHARED_TRIG: tl.constexpr, N_POW2: tl.constexpr,
+                       OD: tl.constexpr, N):
+    # Rows of one trip whose every column exists (D == 4 * LPR), unit stride along D: lane f holds columns
+    # 4l..4l+3 of its row as one vector, keeps them in registers through the sum (rms_lane_row_sums: the sum
+    # reaches every lane of the row) and applies the tail, RoPE included, to them. The same ops as the row
+    # path below, on the same values: only where each element lives differs.
+    L: tl.constexpr = ROWS * LPR
+    lane = tl.arange(0, L) % LPR
+    c = lane[:, None] * VEC + tl.arange(0, VEC)[None, :]  # [L, VEC] column of each element
+    lmask = lane_ok[:, None]
+    xv = tl.load(x_lanes[:, None] + c, mask=lmask, other=0.0).to(tl.float32)
+    if ROPE:  # cos/sin do not depend on the sums: their loads overlap x's and the reduction
+        if SHARED_TRIG:  # the program's rows are heads of one token: its first row's cos/sin row
+            cos = tl.load(SCALE + _row_offsets(first, L1, L2, sc_s0, sc_s1, sc_s2, ROW_DIMS) + c)
+            sin = tl.load(SHIFT + _row_offsets(first, L1, L2, sh_s0, sh_s1, sh_s2, ROW_DIMS) + c)
+        else:
+            cos = tl.load(SCALE + _row_offsets(lane_row, L1, L2, sc_s0, sc_s1, sc_s2, ROW_DIMS)[:, None] + c,
+                          mask=lmask, other=0.0)
+            sin = tl.load(SHIFT + _row_offsets(lane_row, L1, L2, sh_s0, sh_s1, sh_s2, ROW_DIMS)[:, None] + c,
+                          mask=lmask, other=0.0)
+    sumsq = rms_lane_row_sums(xv, ROWS, LPR, PUSH_FMA)
+    if N_POW2 > 0:
+        var = sumsq * (1.0 / N_POW2)
+    else:
+        var = tl.math.div_rn(sumsq, tl.cast(N, tl.float32))
+    rstd = tl.math.rsqrt(var + eps)
+    if STORE_RSTD:
+        tl.store(RSTD + lane_row, rstd, mask=lane_ok & (lane == 0))
+    y = round_to(xv * rstd[:, None], C1_DT)
+    if HAS_W:
+        y = round_to(y * tl.load(W + c).to(tl.float32), W_DT)
+    if HAS_B:
+        y = round_to(y + tl.load(B + c).to(tl.float32), B_DT)
+    y = round_to(y, C2_DT)
+    if HAS_SCALE:
+        sc = tl.load(SCALE + _row_offsets(lane_row, L1, L2, sc_s0, sc_s1, sc_s2, ROW_DIMS)[:, None] + c,
+                     mask=lmask, other=0.0).to(tl.float32)
+        y = round_to(y * round_to(sc + 1.0, T_DT), U_DT)
+    if HAS_SHIFT:
+        sh = tl.load(SHIFT + _row_offsets(lane_row, L1, L2, sh_s0, sh_s1, sh_s2, ROW_DIMS)[:, None] + c,
+                     mask=lmask, other=0.0).to(tl.float32)
+        y = round_to(y + sh, V_DT)
+    if ROPE:  # pairs (2k, 2k+1) lie inside a lane's four columns: the rotation stays in registers
+        even, odd = tl.split(tl.reshape(y, [L, VEC // 2, 2]))
+        rot = tl.reshape(tl.join(neg_f32(odd), even), [L, VEC])
+        y = y * cos + rot * sin
+    o_lanes = OUT + _row_offsets(lane_row, L1, L2, o_s0, o_s1, o_s2, OD)
+    tl.store(o_lanes[:, None] + c, y.to(OUT.dtype.element_ty), mask=lmask)
+
+
 @triton.jit(do_not_specialize=["M", "L1", "L2"])  # strides specialize (% 16, == 1): vector loads and stores
 def _rms_norm_kernel(
     X, W, B, SCALE, SHIFT, OUT, RSTD,
@@ -230,7 +359,7 @@ def _rms_norm_kernel(
     C2_DT: tl.constexpr, HAS_SCALE: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr,
     HAS_SHIFT: tl.constexpr, V_DT: tl.constexpr, ROPE: tl.constexpr = False, SHARED_TRIG: tl.constexpr = False,
     L2_CONST: tl.constexpr = 0, N_POW2: tl.constexpr = 0, X_FLAT: tl.constexpr = False,
-    O_FLAT: tl.constexpr = False,
+    O_FLAT: tl.constexpr = False, LANE_EPI: tl.constexpr = False,
 ):
     if L2_CONST > 0:  # rows over several dims: the innermost (heads) is a constant, its divisions a multiply
         L2 = L2_CONST
@@ -249,6 +378,12 @@ def _rms_norm_kernel(
         lane_row = first + tl.arange(0, ROWS * LPR) // LPR
         x_lanes = X + _row_offsets(lane_row, L1, L2, x_s0, x_s1, x_s2, XD)
         lane_ok = lane_row < M
+    if LANE_EPI:  # the whole row in the lanes that loaded it (lane_epilogue_ok): no second read of x, no relayout
+        _rms_lane_epilogue(X, W, B, SCALE, SHIFT, OUT, RSTD, x_lanes, lane_row, lane_ok, first, L1, L2, eps,
+                           sc_s0, sc_s1, sc_s2, sh_s0, sh_s1, sh_s2, o_s0, o_s1, o_s2,
+                           ROWS, LPR, VEC, PUSH_FMA, STORE_RSTD, ROW_DIMS, C1_DT, HAS_W, W_DT, HAS_B, B_DT,
+                           C2_DT, HAS_SCALE, T_DT, U_DT, HAS_SHIFT, V_DT, ROPE, SHARED_TRIG, N_POW2, OD, N)
+        return
     r = first + tl.arange(0, ROWS)
     row_ok = r < M
     BLOCK: tl.constexpr = LPR * VEC
@@ -390,9 +525,82 @@ def _expanded_strides(t: torch.Tensor | None, shape) -> tuple[int, ...] | None:
     return None if t is None else t.expand(shape).stride()
 
 
+def lane_epilogue_ok(const: dict, x_stride_d: int, out_stride_d: int) -> bool:
+    """Whether the lane epilogue (``_rms_lane_epilogue``) can take these launch constants: rows of one trip
+    with every column present (D = 4 * LPR: 32, 64 or 128), a row inside one warp, several rows a program,
+    unit stride along D for x and the output (one 4-element vector a lane)."""
+    return (const["N_ITERS"] == 1 and const["UNIFORM"] and const["ROWS"] > 1 and const["LPR"] <= 32
+            and x_stride_d == 1 and out_stride_d == 1)
+
+
+def lane_layout_problem(compiled, rows_per_thread: int) -> str | None:
+    """None when every warp shuffle of the compiled kernel works on a [n] state whose element f is thread
+    f % 128 (register f // 128), the order the sums rely on; else what Triton chose instead. Triton treats an
+    inline-asm shuffle as elementwise and may give it another layout where its consumers prefer one
+    (benchmarks/NOTES.md, session 15): the lane epilogue is then not taken."""
+    import re
+
+    ttgir = compiled.asm.get("ttgir", "")
+    defs = dict(line.split(" = ", 1) for line in ttgir.splitlines() if line.startswith("#") and " = " in line)
+
+    def resolve(layout: str) -> str:  # aliases (#blocked, #linear1) spelled out
+        return re.sub(r"#\w+", lambda m: resolve(defs[m.group(0)]) if m.group(0) in defs else m.group(0), layout)
+
+    got = set()
+    for line in ttgir.splitlines():
+        if "shfl.sync" in line:
+            m = re.search(r"-> tensor<\d+xi32, (.+?)> loc\(", line)
+            got.add(resolve(m.group(1)) if m else line.strip()[:120])
+    if not got:
+        return "no warp shuffles found in the compiled kernel"
+    regs = ", ".join(f"[{128 << b}]" for b in range(rows_per_thread.bit_length() - 1))
+    # the same map three ways: a linear layout; one element a thread over 4 warps, wrapping into registers;
+    # dim 0 of a [n, k] tile held one row a thread (the lane epilogue's sums of its [n, 4] x)
+    want = {f"#ttg.linear<{{register = [{regs}], lane = [[1], [2], [4], [8], [16]], warp = [[32], [64]], block = []}}>",
+            "#ttg.blocked<{sizePerThread = [1], threadsPerWarp = [32], warpsPerCTA = [4], order = [0]}>"}
+    row_slice = re.compile(r"#ttg\.slice<\{dim = 1, parent = #ttg\.blocked<\{sizePerThread = \[1, \d+\], "
+                           r"threadsPerWarp = \[32, 1\], warpsPerCTA = \[4, 1\], order = \[1, 0\]\}>\}>")
+    bad = sorted(g for g in got if g not in want and not row_slice.fullmatch(g))
+    return None if not bad else f"shuffle layouts {bad}"
+
+
+class _LaneOrRows:
+    """The lane-epilogue launch, checked on its first call: Triton compiles it for the call's arguments
+    (``warmup``, no launch) and the shuffles' layout is read from the build (``lane_layout_problem``). A build
+    that fails the check, or a check that raises, switches this plan to the row-layout launch for good, logged
+    once; both launches compute the same bits, so nothing is lost but the speed."""
+
+    def __init__(self, lane: CachedLaunch, rows: CachedLaunch, rows_per_thread: int) -> None:
+        self.lane, self.rows, self.rows_per_thread = lane, rows, rows_per_thread
+        self.active: CachedLaunch | None = None
+
+    def __call__(self, *args) -> None:
+        if self.active is None:
+            self.active = self._choose(args)
+        self.active(*args)
+
+    def _choose(self, args) -> CachedLaunch:
+        if triton_interpret():
+            return self.lane
+        try:
+            lane = self.lane
+            compiled = lane.kernel.warmup(*args, grid=lane.grid, **lane.constexprs, **lane.options)
+            problem = lane_layout_problem(compiled, self.rows_per_thread)
+        except Exception as e:  # noqa: BLE001 - the row launch is always there
+            problem = f"{type(e).__name__}: {e}"
+        if problem is None:
+            return self.lane
+        _log.warning("rms_norm: lane epilogue not taken for this layout (%s); the row epilogue runs", problem)
+        LANE_EPILOGUE_REJECTED.append(problem)
+        return self.rows
+
+
+LANE_EPILOGUE_REJECTED: list[str] = []  # why a plan's lane epilogue was not taken (tests, reports)
+
+
 def plan_rms_norm(x, out_shape, out_strides, out_dtype, weight, bias, eps, scale, shift, tail: Tail,
                   rows, push_fma: bool = True, store_rstd: bool = False, rope: bool = False,
-                  groups: int | None = None, share_trig: bool = True):
+                  groups: int | None = None, share_trig: bool = True, lane_epilogue: bool | None = None):
     """A launch for inputs of this layout (the guards in lowering/rms_norm.py accepted them).
 
     ``rows`` is ``(sizes[3], strides[3] of x, scale, shift, out)`` from ``kernels.rows.row_layout``.
@@ -404,6 +612,8 @@ def plan_rms_norm(x, out_shape, out_strides, out_dtype, weight, bias, eps, scale
     row against 25.4 µs with 4 groups and a row per row, results/h200-2026-11-30h/run4/bench_rms_norm.json;
     before that change the shared row was the slower one, 28.0 against 24.3, .../2026-11-30g/run2);
     ``benchmarks/bench_rms_norm.py`` times both.
+    ``lane_epilogue``: normalize in the lanes that loaded x (``_rms_lane_epilogue``) where ``lane_epilogue_ok``
+    allows it; None takes it there by default (``LANE_EPILOGUE_DEFAULT``), False never.
     Returns ``launch(x, weight, bias, scale, shift, out=None) -> (out, rstd or None)``; ``out`` (optional) is
     written in place and must have ``out_shape`` and ``out_strides``.
     """
@@ -419,7 +629,11 @@ def plan_rms_norm(x, out_shape, out_strides, out_dtype, weight, bias, eps, scale
     # every program's rows lie in one run of L2 rows (L2 % ROWS == 0, so M % ROWS == 0: no partial program)
     const["SHARED_TRIG"] = shared is not None and const["N_ITERS"] == 1 and L2 % const["ROWS"] == 0
     grid = (triton.cdiv(M, const["ROWS"]),)
-    kernel = CachedLaunch(_rms_norm_kernel, grid, const, num_warps=LANES // WARP)
+    kernel = CachedLaunch(_rms_norm_kernel, grid, {**const, "LANE_EPI": False}, num_warps=LANES // WARP)
+    use_lanes = LANE_EPILOGUE_DEFAULT if lane_epilogue is None else lane_epilogue
+    if use_lanes and lane_epilogue_ok(const, x.stride(-1), out_strides[-1]):
+        lanes = CachedLaunch(_rms_norm_kernel, grid, {**const, "LANE_EPI": True}, num_warps=LANES // WARP)
+        kernel = _LaneOrRows(lanes, kernel, const["ROWS"] * const["LPR"] // LANES)
     device = x.device
     eps32 = _as_f32(eps)
     args = (M, D, L1, L2, eps32, *xs, x.stride(-1), *scs, *shs, *os_, out_strides[-1])
@@ -438,7 +652,8 @@ def plan_rms_norm(x, out_shape, out_strides, out_dtype, weight, bias, eps, scale
 
 
 def rms_norm_exact(x2d: torch.Tensor, weight: torch.Tensor | None = None, eps: float | None = 1e-6, *,
-                   push_fma: bool = True, groups: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   push_fma: bool = True, groups: int | None = None,
+                   lane_epilogue: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton replica of ``torch.ops.aten._fused_rms_norm(x2d, [N], weight, eps)`` on CUDA: (y, rstd [M]).
 
     For tests and benchmarks; the op (lowering/rms_norm.py) caches plans per layout instead.
@@ -451,7 +666,7 @@ def rms_norm_exact(x2d: torch.Tensor, weight: torch.Tensor | None = None, eps: f
     tail = Tail(w=torch.float32 if weight is not None else None, c2=x2d.dtype)
     rows = ((1, 1, M), ((0, 0, x2d.stride(0)), (0, 0, 0), (0, 0, 0), (0, 0, D)))
     launch = plan_rms_norm(x2d, (M, D), (D, 1), x2d.dtype, weight, None, eps, None, None, tail, rows,
-                           push_fma=push_fma, store_rstd=True, groups=groups)
+                           push_fma=push_fma, store_rstd=True, groups=groups, lane_epilogue=lane_epilogue)
     return launch(x2d, weight, None, None, None)
 
 

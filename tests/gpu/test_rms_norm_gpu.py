@@ -24,6 +24,8 @@ Stages (module-scoped fixtures, each runs once; a table per stage; ``$OUT/rms_no
 8. row groups per program (``kernels/rms_norm.py`` ``SMALL_D_ROW_GROUPS``): ``rms_norm_exact`` with 1, 2, 4 and 8
    groups against ``_fused_rms_norm``, y and rstd bits, D in {24, 64, 128, 256, 512}, row counts that leave a
    partial last program.
+9. the lane epilogue (the default for D = 32, 64, 128) against eager and the row epilogue, y and rstd bits, at
+   contiguous, 8-byte-offset and D + 4 row-stride layouts; prints the builds whose shuffle layouts were refused.
 
 Run: ``python -m pytest -q -s tests/gpu/test_rms_norm_gpu.py`` (about a minute on an H200).
 """
@@ -440,3 +442,47 @@ def test_every_row_group_count_is_bit_exact(row_group_results):
     bad = {k: v for k, v in row_group_results.items() if v["ndiff"]}
     assert not bad, bad
     assert len(row_group_results) == 5 * 2 * 3 * 4
+
+
+# ----------------------------------------------------------------------------------------
+# stage 9: the lane epilogue (kernels/rms_norm.py _rms_lane_epilogue) against eager and the row epilogue,
+# at aligned and misaligned layouts (x 8 bytes off, rows D + 4 apart): each plan checks its build's shuffle
+# layouts on first use and runs the row epilogue where they are not the lanes' (LANE_EPILOGUE_REJECTED)
+# ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lane_results():
+    from diffusion_fuse.kernels import rms_norm as rk
+
+    res = {}
+    rejected_before = len(rk.LANE_EPILOGUE_REJECTED)
+    for d in (32, 64, 128):
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            w = make_weight(d, dtype, seed=d)
+            for amp in (1.0, 100.0):
+                rows = 4608 * 3 + 5
+                base = make_input(rows + 2, d + 4, amp, dtype, seed=d + int(amp)).reshape(-1)
+                layouts = {"contiguous": base[: rows * d].view(rows, d),
+                           "offset_8B": base[8 // base.element_size():][: rows * d].view(rows, d),
+                           "stride_D+4": base[: rows * (d + 4)].view(rows, d + 4)[:, :d]}
+                for name, x in layouts.items():
+                    # eager's vectorized kernel on an aligned copy: the order the kernel reproduces (a misaligned
+                    # fp32 x takes eager's generic kernel, which the op's guard sends to the reference path)
+                    y_ref, r_ref = torch.ops.aten._fused_rms_norm(x.clone(memory_format=torch.contiguous_format),
+                                                                  [d], w, 1e-6)
+                    y0, r0 = rms_norm_exact(x, w, 1e-6, lane_epilogue=False)
+                    y1, r1 = rms_norm_exact(x, w, 1e-6, lane_epilogue=True)
+                    res[f"D={d} {_DT[dtype]} amp={amp:g} {name}"] = {
+                        "ndiff_eager": _ndiff(y1, y_ref) + _ndiff(r1, r_ref.reshape(-1)),
+                        "ndiff_rows": _ndiff(y1, y0) + _ndiff(r1, r0)}
+    res["rejected"] = rk.LANE_EPILOGUE_REJECTED[rejected_before:]
+    print(f"\n== stage 9: lane epilogue vs eager and the row epilogue; builds not taken: {res['rejected']}")
+    RESULTS["lanes"] = res
+    return res
+
+
+def test_the_lane_epilogue_is_bit_exact_at_every_layout(lane_results):
+    bad = {k: v for k, v in lane_results.items() if k != "rejected" and (v["ndiff_eager"] or v["ndiff_rows"])}
+    assert not bad, bad
+    assert len(lane_results) == 3 * 3 * 2 * 3 + 1

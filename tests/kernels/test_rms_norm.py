@@ -247,9 +247,55 @@ def _cat_rope_results() -> dict:
     return res
 
 
+LANE_FORMS = ["plain", "weight", "modulate", "rope", "rope_shared", "rstd"]
+
+
+def _lane_results() -> dict:
+    """The lane epilogue against the row epilogue (plan_rms_norm's lane_epilogue on / off): the same IEEE ops on the
+    same values, so the interpreter must give the same bits; 17 rows leave a program partly masked."""
+    from diffusion_fuse.kernels.rms_norm import lane_epilogue_ok, plan_rms_norm, stats_constexprs
+    from diffusion_fuse.lowering.rms_norm import Tail, _contiguous, _rows, rms_norm_tail
+
+    g = torch.Generator().manual_seed(3)
+    res = {}
+    for D in (32, 64, 128):
+        for dt in (torch.float32, torch.bfloat16):
+            for form in LANE_FORMS:
+                H = 8 if form == "rope_shared" else 3
+                x = (torch.randn(1, 17, H, D, generator=g) * torch.logspace(-2, 2, D)).to(dt)
+                w = None if form in ("plain", "rstd") else torch.randn(D, generator=g).to(dt)
+                scale = shift = None
+                if form == "modulate":
+                    scale, shift = (torch.randn(1, 1, 1, D, generator=g).to(dt) for _ in range(2))
+                if form.startswith("rope"):
+                    scale, shift = (torch.randn(1, 17, 1, D, generator=g) for _ in range(2))  # cos, sin (fp32)
+                x[0, 1] = 0.0  # RoPE's -0
+                if form.startswith("rope"):
+                    tail, final = rms_norm_tail(dt, w, None, None, None)
+                elif form == "rstd":
+                    tail, final = Tail(c2=dt), dt
+                else:
+                    tail, final = rms_norm_tail(dt, w, scale, shift, None)
+                st = _contiguous(x.shape)
+                outs = []
+                for lane in (False, True):
+                    launch = plan_rms_norm(x, x.shape, st, final, w, None, 1e-6, scale, shift, tail,
+                                           _rows(x, st, scale, shift), store_rstd=form == "rstd",
+                                           rope=form.startswith("rope"), lane_epilogue=lane)
+                    outs.append(launch(x, w, None, scale, shift))
+                (y0, r0), (y1, r1) = outs
+                res[f"D={D} {str(dt)[6:]} {form}"] = {
+                    "eligible": lane_epilogue_ok(stats_constexprs(D), 1, 1),
+                    "equal": bool(torch.equal(y0.view(torch.int16) if dt == torch.bfloat16 else y0.view(torch.int32),
+                                              y1.view(torch.int16) if dt == torch.bfloat16 else y1.view(torch.int32))),
+                    "rstd_equal": r0 is None or bool(torch.equal(r0.view(torch.int32), r1.view(torch.int32))),
+                    "changed_by_the_norm": bool(not torch.equal(y1.float(), x.float()))}
+    return res
+
+
 def worker() -> dict:
     return {"order": _order_results(), "dispatch": _dispatch_results(), "model": _model_results(),
-            "rope": _rope_results(), "cat_rope": _cat_rope_results()}
+            "rope": _rope_results(), "cat_rope": _cat_rope_results(), "lanes": _lane_results()}
 
 
 @pytest.fixture(scope="module")
@@ -281,6 +327,65 @@ def test_rope_programs_share_a_cos_sin_row_when_their_rows_divide_the_heads(shap
 
 def test_the_shared_cos_sin_row_gives_the_same_bits(results):
     assert results["rope"]["share_trig_equal"]
+
+
+def test_the_lane_epilogue_gives_the_row_epilogues_bits(results):
+    lanes = results["lanes"]
+    assert len(lanes) == 3 * 2 * len(LANE_FORMS)
+    bad = {k: v for k, v in lanes.items() if not (v["eligible"] and v["equal"] and v["rstd_equal"]
+                                                  and v["changed_by_the_norm"])}
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("D, x_sd, o_sd, want", [(32, 1, 1, True), (64, 1, 1, True), (128, 1, 1, True),
+                                                 (16, 1, 1, False), (24, 1, 1, False), (200, 1, 1, False),
+                                                 (256, 1, 1, False), (3072, 1, 1, False), (128, 2, 1, False),
+                                                 (128, 1, 3, False)])
+def test_the_lane_epilogue_takes_full_rows_inside_a_warp_with_unit_stride(D, x_sd, o_sd, want):
+    from diffusion_fuse.kernels.rms_norm import lane_epilogue_ok, stats_constexprs
+
+    assert lane_epilogue_ok(stats_constexprs(D), x_sd, o_sd) == want
+
+
+def test_a_lane_build_with_other_shuffle_layouts_runs_the_row_epilogue(caplog):
+    """The first call checks the lane build's shuffle layouts; a build Triton laid out otherwise is not run."""
+    from diffusion_fuse.kernels import rms_norm as rk
+
+    bad = "#ttg.blocked<{sizePerThread = [1], threadsPerWarp = [32], warpsPerCTA = [2], order = [0]}>"
+    ttgir = (f"#blocked = {bad}\n    %b = tt.elementwise_inline_asm \"shfl.sync.bfly.b32 $0, $1, $2, 0x1f, -1;\" "
+             f"%a, %c : tensor<512xi32, #blocked> -> tensor<512xi32, #blocked> loc(#loc1)\n")
+    ran = []
+
+    class Compiled:
+        asm = {"ttgir": ttgir}
+
+    class Kernel:
+        def warmup(self, *args, grid, **kw):
+            return Compiled()
+
+    class Launch:
+        def __init__(self, name):
+            self.name, self.kernel, self.grid, self.constexprs, self.options = name, Kernel(), (1,), {}, {}
+
+        def __call__(self, *args):
+            ran.append(self.name)
+
+    before = len(rk.LANE_EPILOGUE_REJECTED)
+    choice = rk._LaneOrRows(Launch("lane"), Launch("rows"), 4)
+    with caplog.at_level("WARNING", logger="diffusion_fuse"):
+        choice(1)
+        choice(2)
+    assert ran == ["rows", "rows"]
+    assert len(rk.LANE_EPILOGUE_REJECTED) == before + 1 and "warpsPerCTA = [2]" in rk.LANE_EPILOGUE_REJECTED[-1]
+    assert any("lane epilogue not taken" in r.message for r in caplog.records)
+    good = ttgir.replace(bad, "#ttg.slice<{dim = 1, parent = #blocked1}>") + (
+        "#blocked1 = #ttg.blocked<{sizePerThread = [1, 4], threadsPerWarp = [32, 1], warpsPerCTA = [4, 1], "
+        "order = [1, 0]}>\n")
+    Compiled.asm = {"ttgir": good}
+    ran.clear()
+    choice = rk._LaneOrRows(Launch("lane"), Launch("rows"), 4)
+    choice(1)
+    assert ran == ["lane"] and rk.lane_layout_problem(Compiled(), 4) is None
 
 
 def test_every_row_group_count_sums_in_eagers_order(results):
@@ -380,7 +485,7 @@ def test_live_kernel_that_is_not_eager_is_rejected_and_the_output_is_eager(resul
 
 
 def _compile_sm90(D, x="bf16", push_fma=True, tail=None, out="bf16", row_dims=1, rope=False, groups=None,
-                  shared_trig=False, l2_const=None, flat=False):
+                  shared_trig=False, l2_const=None, flat=False, lane=False):
     """Compile ``_rms_norm_kernel`` for sm_90 as the launcher does for these operands (``l2_const``: the heads
     constant of rows over several dims, 24 by default there; ``flat``: x's and out's rows evenly strided)."""
     l2_const = (24 if row_dims >= 2 else 0) if l2_const is None else l2_const
@@ -396,7 +501,7 @@ def _compile_sm90(D, x="bf16", push_fma=True, tail=None, out="bf16", row_dims=1,
     k = rk._rms_norm_kernel
     const = dict(**rk.stats_constexprs(D, push_fma, groups), STORE_RSTD=False, ROW_DIMS=row_dims, WIDE_ROWS=False,
                  **rk.tail_constexprs(tail or Tail()), ROPE=rope, SHARED_TRIG=shared_trig, L2_CONST=l2_const,
-                 N_POW2=D if D & (D - 1) == 0 else 0, X_FLAT=flat, O_FLAT=flat)
+                 N_POW2=D if D & (D - 1) == 0 else 0, X_FLAT=flat, O_FLAT=flat, LANE_EPI=lane)
     # M, L1, L2 as Triton's JIT types them for values below 2**31
     sig = {**{p: ptr[x] for p in ("X", "W", "B", "SCALE", "SHIFT")}, "OUT": ptr[out], "RSTD": "*fp32",
            **({"SCALE": "*fp32", "SHIFT": "*fp32"} if rope else {}),
@@ -456,6 +561,36 @@ def test_rms_norm_compiles_for_sm90_with_only_the_push_fma(D, groups):
     assert layouts and layouts <= lane_layouts(per_thread), layouts  # lane f of the sums is thread f % 128
     _, ck = _compile_sm90(D, push_fma=False, tail=tail, groups=groups)
     assert "fma.rn.f32" not in ck.asm["ptx"]  # no contraction Triton chose on its own
+
+
+@pytest.mark.parametrize("form", ["plain", "rope", "rope_shared", "modulate"])
+@pytest.mark.parametrize("D", [32, 64, 128])
+def test_lane_epilogue_compiles_for_sm90_reading_x_once_without_shared_memory(D, form):
+    import torch as _torch
+
+    from diffusion_fuse.kernels import rms_norm as rk
+    from diffusion_fuse.lowering.rms_norm import Tail
+
+    tail = Tail(w=_torch.float32, c2=_torch.bfloat16)
+    if form == "modulate":
+        tail = Tail(w=_torch.float32, c2=_torch.bfloat16, t=_torch.bfloat16, u=_torch.bfloat16, v=_torch.bfloat16)
+    rope = form.startswith("rope")
+    const, ck = _compile_sm90(D, tail=tail, rope=rope, shared_trig=form == "rope_shared",
+                              groups=2 if form == "rope_shared" else None, row_dims=2 if rope else 1, flat=True,
+                              lane=True)
+    ptx = ck.asm["ptx"]
+    per_thread = const["ROWS"] * const["LPR"] // 128
+    assert rk.lane_epilogue_ok(const, 1, 1)
+    assert rk.lane_layout_problem(ck, per_thread) is None  # lane f of the sums is thread f % 128
+    # no relayout through shared memory, no barrier: the sum reaches its row's lanes by butterflies
+    assert ck.metadata.shared == 0 and "bar.sync" not in ptx and "shfl.sync.down" not in ptx
+    assert ptx.count("shfl.sync.bfly") == (const["LPR"].bit_length() - 1) * per_thread
+    # x is read once: one 8-byte vector a row group, all before the first shuffle
+    first = ptx.index("shfl.sync.bfly")
+    assert ptx[:first].count("ld.global.v2.b32") >= per_thread
+    assert len(re.findall(r"\bfma\.rn\.f32", ptx)) == 4 * per_thread  # eager's push, and no other FMA
+    assert "rsqrt.approx.f32" in ptx and ".ftz" not in ptx
+    assert (("neg.f32" in ptx) == rope)
 
 
 @pytest.mark.parametrize("D", [128, 3072])
