@@ -185,6 +185,8 @@ VARIANTS = ("eager", "inductor", "inductor-max-autotune", "lossless", "high",
             "aot-eager", "lossless-nofuse", "lossless-nopw", "lossless-side",
             # opt-in families: lossless with the linear_gelu family on (the FF up-projection + gelu as one GEMM)
             "lossless-lg", "lossless-lg-cudagraphs",
+            # lossless under CUDA graphs without the grouped_gemv family (each modulation linear its own cuBLAS call)
+            "lossless-nogemv-cudagraphs",
             # CUDA graphs (torch's cudagraph trees) for host-bound models: mode="reduce-overhead" for Inductor,
             # options={"cudagraphs": True} (the same mode) for lossless
             "inductor-cudagraphs", "lossless-cudagraphs",
@@ -226,6 +228,9 @@ def compile_kwargs(variant: str, report) -> dict:
     elif variant in ("lossless-lg", "lossless-lg-cudagraphs"):
         opts["patterns"] = {"linear_gelu": True}
         opts["cudagraphs"] = variant.endswith("cudagraphs")
+    elif variant == "lossless-nogemv-cudagraphs":
+        opts["patterns"] = {"grouped_gemv": False}
+        opts["cudagraphs"] = True
     return dict(backend=diffusion_fuse.DiffusionFuseBackend(opts, report), dynamic=False)
 
 
@@ -234,11 +239,12 @@ def compile_kwargs(variant: str, report) -> dict:
 COMPILE_S = {"eager": 0, "inductor": 30, "inductor-max-autotune": 240, "lossless": 8, "high": 40, "aot-eager": 8,
              "lossless-nofuse": 8, "lossless-nopw": 8, "lossless-side": 8, "inductor-cudagraphs": 30,
              "lossless-cudagraphs": 8, "lossless-lg": 8, "lossless-lg-cudagraphs": 8,
-             "lossless-cudagraphs-tagguards": 8}
+             "lossless-cudagraphs-tagguards": 8, "lossless-nogemv-cudagraphs": 8}
 FIRST_CALL_FORWARDS = {"eager": 1, "inductor": 1, "inductor-max-autotune": 1, "lossless": 3, "high": 3,
                        "aot-eager": 1, "lossless-nofuse": 1, "lossless-nopw": 3, "lossless-side": 3,
                        "inductor-cudagraphs": 3, "lossless-cudagraphs": 4, "lossless-lg": 3,
-                       "lossless-lg-cudagraphs": 4, "lossless-cudagraphs-tagguards": 4}
+                       "lossless-lg-cudagraphs": 4, "lossless-cudagraphs-tagguards": 4,
+                       "lossless-nogemv-cudagraphs": 4}
 BUILD_S = 10
 
 

@@ -79,6 +79,8 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = nosass ]; then
   want bench_rms_norm && step bench_rms_norm 120 python3 benchmarks/bench_rms_norm.py --json "$OUT/bench_rms_norm.json"
   want bench_pointwise && step bench_pointwise 200 python3 benchmarks/bench_pointwise.py --json "$OUT/bench_pointwise.json"
   # shellcheck disable=SC2086
+  want bench_grouped_gemv && step bench_grouped_gemv 200 python3 benchmarks/bench_grouped_gemv.py \
+    --json "$OUT/bench_grouped_gemv.json"
   want bench_e2e && step bench_e2e "${E2E_LIMIT:-400}" python3 benchmarks/bench_e2e.py --json "$OUT/bench_e2e.json" ${BENCH_E2E_ARGS:-}
   want bench_linear_gelu && step bench_linear_gelu 300 python3 benchmarks/bench_linear_gelu.py \
     --json "$OUT/bench_linear_gelu.json"
@@ -136,6 +138,7 @@ cat "$OUT/summary.txt"
 for f in "$OUT"/probe_gemm_ws_*.log; do [ -f "$f" ] && grep -v "^done " "$f" | tail -n 20; done
 [ -f "$OUT/bench_linear_gelu.log" ] && tail -n 10 "$OUT/bench_linear_gelu.log"
 [ -f "$OUT/probe_gemm_exact.log" ] && grep -v "^done " "$OUT/probe_gemm_exact.log" | tail -n 80
+[ -f "$OUT/bench_grouped_gemv.log" ] && tail -n 4 "$OUT/bench_grouped_gemv.log"
 [ -f "$OUT/bench_e2e.log" ] && tail -n 4 "$OUT/bench_e2e.log"
 [ -f "$OUT/bench_models.log" ] && grep -E "^(==|[A-Z].*  (eager|inductor|lossless|high))" "$OUT/bench_models.log"
 [ -f "$OUT/probe_host.log" ] && tail -n 9 "$OUT/probe_host.log"

@@ -41,7 +41,9 @@ WAN21 = {"matched": 4, "kept": 4, "rejected": 0, "unverified": 0, "kernel hits":
 FLUX_POINTWISE, WAN21_POINTWISE = 17, 6
 # tests/test_models_lossless.py LINEAR_CAT_SITES: FLUX's joint-attention value cat; its op runs the GEMMs on the CPU too
 FLUX_LINEAR_CAT = 1
-OWN_ROWS = ("pointwise", "linear_cat")  # families counted on their own
+# tests/test_grouped_gemv_pass.py: FLUX's modulation linears as one launch (the reference path on the CPU)
+FLUX_GROUPED_GEMV = 1
+OWN_ROWS = ("pointwise", "linear_cat", "grouped_gemv")  # families counted on their own
 FAULT_INDEX = 37  # element 37 of a [2, 8, 32] output is [0, 1, 5]
 
 SCRIPT = '''
@@ -142,18 +144,20 @@ def test_cli_flux_table_has_the_expected_counts(cli):
     assert rows["pointwise"] == pointwise_row(FLUX_POINTWISE), run["out"]
     assert rows["linear_cat"] == {"matched": 1, "kept": 1, "rejected": 0, "unverified": 0, "kernel hits": 2,
                                   "guard fallbacks": 0, "kernel errors": 0}, run["out"]
+    assert rows["grouped_gemv"] == {"matched": 1, "kept": 1, "rejected": 0, "unverified": 0, "kernel hits": 0,
+                                    "guard fallbacks": 2, "kernel errors": 0}, run["out"]
     assert total is None or total == {c: FLUX[c] + sum(rows[f][c] for f in OWN_ROWS) for c in SUMMARY_COLUMNS}
     assert "output: bit-identical to eager" in run["out"]
     # every site is listed with its source line and verdict
     site_lines = [ln for ln in run["out"].splitlines() if re.match(r"\S+@\S+\.py:\d+#\d+\s", ln)]
-    assert len(site_lines) == 6 + FLUX_POINTWISE + FLUX_LINEAR_CAT and all(" kept " in ln and "bitwise equal" in ln for ln in site_lines)
+    assert len(site_lines) == 6 + FLUX_POINTWISE + FLUX_LINEAR_CAT + FLUX_GROUPED_GEMV and all(" kept " in ln and "bitwise equal" in ln for ln in site_lines)
 
 
 def test_cli_flux_html_and_json(cli):
     run = cli["flux"]
     els = html_of(run, "flux.html")
     sites = select(els, "tr", "site")
-    n_sites = 6 + FLUX_POINTWISE + FLUX_LINEAR_CAT
+    n_sites = 6 + FLUX_POINTWISE + FLUX_LINEAR_CAT + FLUX_GROUPED_GEMV
     assert len(sites) == n_sites and {s.data("status") for s in sites} == {"kept"}
     assert all(re.search(r"\.py:\d+$", s.data("location")) for s in sites)
     fams = select(els, "tr", "family")

@@ -47,16 +47,21 @@ FP32_POINTWISE_SITES = {"flux": 11, "flux2": 11, "wan21": 6, "wan22_ti2v": 6, "s
 # (batch 1); SD3.5 cats [B, heads, S, D] along S, not contiguous rows
 L = "linear_cat"
 LINEAR_CAT_SITES = {"flux": 1, "flux2": 1, "qwen_image": 1}
+# Family grouped_gemv: the modulation linears of silu(temb), bf16 / fp16 only (Wan and SANA modulate from one
+# linear: no group)
+GG = "grouped_gemv"
+GROUPED_GEMV_SITES = {"flux": 1, "flux2": 1, "qwen_image": 1, "sd35": 1}
 
 
 def expected(name, dtype):
     """(sites per family, op calls per op) for one model and dtype."""
     fp32 = dtype == torch.float32
     fams = {**(FP32_EXPECTED_BY_FAMILY if fp32 else EXPECTED_BY_FAMILY)[name],
-            P: (FP32_POINTWISE_SITES if fp32 else POINTWISE_SITES)[name], L: LINEAR_CAT_SITES.get(name, 0)}
+            P: (FP32_POINTWISE_SITES if fp32 else POINTWISE_SITES)[name], L: LINEAR_CAT_SITES.get(name, 0),
+            GG: 0 if fp32 else GROUPED_GEMV_SITES.get(name, 0)}
     # an SD3.5 AdaLayerNormZeroX site is two ln_modulate calls; a pointwise site is one call
     calls = {"ln_modulate": fams.get(N, 0) + (name == "sd35"), "gated_residual_ln_modulate": fams.get(G, 0),
-             "gated_residual": fams.get(R, 0), "pointwise": fams[P], "linear_cat": fams[L]}
+             "gated_residual": fams.get(R, 0), "pointwise": fams[P], "linear_cat": fams[L], "grouped_gemv": fams[GG]}
     return fams, calls
 
 
@@ -69,7 +74,8 @@ def test_lossless_equals_eager_and_matches_every_site(name, dtype):
     fams, calls = expected(name, dtype)
     sites = report.sites()
     assert len(sites) == sum(fams.values()), report.table()
-    assert {f: report.count(f) for f in (N, G, R, P, L)} == {f: fams.get(f, 0) for f in (N, G, R, P, L)}, report.table()
+    assert {f: report.count(f) for f in (N, G, R, P, L, GG)} == {f: fams.get(f, 0) for f in (N, G, R, P, L, GG)}, \
+        report.table()
     assert sum(s.ops for s in sites) == sum(calls.values())
     assert all(s.status == "kept" for s in sites), report.table()
     assert "rms_norm_chain" not in report.graphs[0].families  # tier high only

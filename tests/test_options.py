@@ -18,7 +18,7 @@ def test_defaults():
         ({"quality": "fast"}, "option quality='fast' is not allowed; allowed: ['lossless', 'high']"),
         ({"verify": "yes"}, "option verify='yes' is not allowed; allowed: [True, False]"),
         ({"patterns": {"no_such": True}}, "option patterns='no_such' is not allowed; allowed: "
-                                          "['cat_quant', 'gated_residual', 'gated_residual_norm_modulate', "
+                                          "['cat_quant', 'gated_residual', 'gated_residual_norm_modulate', 'grouped_gemv', "
                                           "'linear_cat', 'linear_gelu', 'mean_square', 'norm_modulate', 'pointwise', 'rms_norm', 'rms_norm_cat_rope', 'rms_norm_chain', 'rms_norm_rope', 'static_quant']"),
         ({"patterns": {"norm_modulate": 1}}, "option patterns['norm_modulate']=1 is not allowed"),
         ({"report": 3}, "option report=3 is not allowed; allowed: a file path"),
@@ -51,7 +51,7 @@ def test_families_are_enabled_and_disabled_separately():
     model, kwargs = build("flux", torch.bfloat16)
     ref, out, report = compile_and_run(model, kwargs, {"patterns": {"gated_residual_norm_modulate": False}})
     assert bitwise_equal(ref, out)
-    adaln = [s for s in report.sites() if s.pattern not in ("pointwise", "linear_cat")]
+    adaln = [s for s in report.sites() if s.pattern not in ("pointwise", "linear_cat", "grouped_gemv")]
     assert {s.pattern for s in adaln} == {"norm_modulate"} and len(adaln) == 6
 
 
@@ -68,7 +68,7 @@ def test_disabling_the_family_leaves_the_graph_alone():
     model, kwargs = build("flux", torch.bfloat16)
     ref, out, report = compile_and_run(
         model, kwargs, {"patterns": {"norm_modulate": False, "gated_residual_norm_modulate": False, "pointwise": False,
-                                     "linear_cat": False}})
+                                     "linear_cat": False, "grouped_gemv": False}})
     assert bitwise_equal(ref, out)
     assert report.sites() == []
 
@@ -99,4 +99,4 @@ def test_report_option_writes_the_report(tmp_path):
     import json
 
     data = json.loads((tmp_path / "report.json").read_text())
-    assert sum(s["pattern"] not in ("pointwise", "linear_cat") for g in data["graphs"] for s in g["sites"].values()) == 6
+    assert sum(s["pattern"] not in ("pointwise", "linear_cat", "grouped_gemv") for g in data["graphs"] for s in g["sites"].values()) == 6

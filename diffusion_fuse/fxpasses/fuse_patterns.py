@@ -81,7 +81,8 @@ def apply_site(graph: fx.Graph, site: Site, mapping: dict[fx.Node, fx.Node]) -> 
     inputs = [mapping.get(n, n) for n in site.inputs]
     before = set(graph.nodes)
     try:
-        with graph.inserting_before(_last_in_order(site.nodes)):
+        where = site.insert_before if site.insert_before is not None else _last_in_order(site.nodes)
+        with graph.inserting_before(where):
             new_outs = list(site.emit(graph, inputs))
         created = [n for n in graph.nodes if n not in before]
         trace = site.located_at.meta.get("stack_trace")

@@ -1,7 +1,8 @@
 """The ordered pass pipeline per tier.
 
 lossless: cat_of_slices (a cat that rebuilds the tensor its inputs were sliced from is that tensor;
-          exact by construction, noted in the report) → fuse_patterns (lossless families) →
+          exact by construction, noted in the report) → fuse_patterns (lossless families) → grouped_gemv
+          (linears of one short input, e.g. every block's AdaLN modulation, as one launch) →
           interleave_scatter (even/odd halves written into empty_like are their stack: Wan's RoPE; exact by
           construction, noted) → pointwise (groups what the families left) → drop_clones (standalone clones of contiguous
           intermediates, e.g. eval-mode Dropout's, are their input; exact by construction) → cleanup;
@@ -30,6 +31,7 @@ from .cat_of_slices import CatOfSlicesPass
 from .cleanup import CleanupPass
 from .drop_clones import DropClonesPass
 from .fuse_patterns import FusePatternsPass
+from .grouped_gemv import GroupedGemvPass
 from .interleave_scatter import InterleaveScatterPass
 from .pointwise import PointwiseFusionPass
 
@@ -59,8 +61,9 @@ def copy_graph_module(ref: fx.GraphModule) -> fx.GraphModule:
 class PassManager:
     def __init__(self, options: Options) -> None:
         self.options = options
-        self.passes: list[GraphPass] = [CatOfSlicesPass(), FusePatternsPass(), InterleaveScatterPass(),
-                                        PointwiseFusionPass(), DropClonesPass(), CleanupPass()]
+        self.passes: list[GraphPass] = [CatOfSlicesPass(), FusePatternsPass(), GroupedGemvPass(),
+                                        InterleaveScatterPass(), PointwiseFusionPass(), DropClonesPass(),
+                                        CleanupPass()]
 
     def run(self, graph: fx.Graph, exclude: frozenset[str] = frozenset()) -> PassContext:
         ctx = PassContext(options=self.options, exclude=exclude)

@@ -5,4 +5,4 @@ its ``can_use_*`` guard and its dispatch to a Triton kernel. Importing this pack
 registers every op.
 """
 
-from . import fp8_quant, gated_residual, linear_cat, linear_gelu, mean_square, norm_modulate, pointwise, rms_norm  # noqa: F401,E501  (register the ops)
+from . import fp8_quant, gated_residual, grouped_gemv, linear_cat, linear_gelu, mean_square, norm_modulate, pointwise, rms_norm  # noqa: F401,E501  (register the ops)

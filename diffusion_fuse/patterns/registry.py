@@ -43,6 +43,9 @@ class Site:
     # For a site the verifier rejects: given the site's input values, what went wrong (e.g. which
     # of the ops a fused group replaced first differs from eager), added to the verdict.
     diagnose: Callable[[Sequence[object]], str] | None = None
+    # Where the replacement goes (default: before the site's last node). A site whose members are spread over
+    # the graph (grouped_gemv) goes before its first, so that its outputs precede every reader.
+    insert_before: fx.Node | None = None
 
     @property
     def located_at(self) -> fx.Node:
