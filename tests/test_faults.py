@@ -114,6 +114,38 @@ def test_raise_where_no_kernel_runs_stands_in_for_one(caplog):
     assert sum("kernel failed" in r.message for r in caplog.records) == 2
 
 
+def test_a_plan_that_raises_is_a_kernel_error_not_the_forwards(caplog):
+    # Planning may compile and launch (grouped_gemv probes cuBLAS's order there): its failure must not reach
+    # the caller, and the layout must not plan again on every call.
+    name, planned = "df_test_plan_raises", []
+
+    def plan(x):
+        planned.append(1)
+        raise RuntimeError("probe launch failed")
+
+    op = GuardedKernel(name, lambda x: (x.shape, x.dtype), lambda x: (True, ""), plan, lambda x: x * 2)
+    since, x = counters.snapshot(), torch.ones(3)
+    with caplog.at_level(logging.WARNING, logger="diffusion_fuse"):
+        assert torch.equal(op(x), x * 2) and torch.equal(op(x), x * 2)
+    msg = "RuntimeError: probe launch failed"
+    assert planned == [1] and calls(name, since) == {"kernel": 0, f"kernel disabled after error: {msg}": 2}
+    assert sum("planning the kernel failed" in r.message and msg in r.getMessage() for r in caplog.records) == 1
+
+
+def test_tensors_off_the_current_cuda_device_take_the_reference_path():
+    # Triton launches on the current device: a tensor elsewhere would be read through the wrong context.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from diffusion_fuse.lowering.dispatch import off_device_reason
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        on1 = torch.empty(2, device="cuda:1")
+        on0 = torch.empty(2, device="cuda:0")
+    assert off_device_reason((on0, [on0, None], 3), 0) == ""
+    assert "torch.cuda.set_device(1)" in off_device_reason((on0, [on0, on1]), 0)
+    assert off_device_reason((torch.ones(2),), 0) == ""  # CPU tensors (the interpreter) are not CUDA's business
+
+
 # --- whole models -----------------------------------------------------------------------------
 def adaln_kwargs():
     return dict(zip(("x", "emb"), adaln_inputs()))

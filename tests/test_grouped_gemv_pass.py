@@ -73,6 +73,16 @@ def test_members_with_and_without_bias_and_a_few_rows(rows):
     assert len(_sites(report, "kept")) == 1
 
 
+def test_a_member_the_kernel_would_refuse_is_left_out_of_the_group():
+    # 36 rows of bf16 do not end on a 16-byte boundary: that linear stays eager's, the other two are grouped
+    torch._dynamo.reset()
+    ref, out, report = compile_and_run(_Modulations(rows_of=(64, 36, 32)), _inputs())
+    assert bitwise_equal(ref, out) and len(_sites(report, "kept")) == 1
+    graph = _rewritten_graph(_Modulations(rows_of=(64, 36, 32)), _inputs())
+    (op,) = [n for n in graph.nodes if n.target is torch.ops.diffusion_fuse.grouped_gemv.default]
+    assert [w.meta["val"].shape[0] for w in op.args[1]] == [64, 32]
+
+
 def test_seventeen_rows_are_not_a_gemv():
     torch._dynamo.reset()
     ref, out, report = compile_and_run(_Modulations(), _inputs(17))
@@ -102,6 +112,50 @@ def test_a_computed_weight_is_not_grouped_and_a_group_of_one_is_not_made():
     torch._dynamo.reset()
     ref, out, report = compile_and_run(_ComputedWeight(), _inputs())
     assert bitwise_equal(ref, out) and not _sites(report)
+
+
+class _ReturnedInputs(torch.nn.Module):
+    """Two linears of two silu(temb) that the forward also returns: eager gives two tensors."""
+
+    def __init__(self, dim=32):
+        super().__init__()
+        self.a = torch.nn.Linear(dim, 64, dtype=torch.bfloat16)
+        self.b = torch.nn.Linear(dim, 64, dtype=torch.bfloat16)
+
+    def forward(self, x, temb):
+        s1 = torch.nn.functional.silu(temb)
+        s2 = torch.nn.functional.silu(temb)
+        return self.a(s1) + x.sum(), self.b(s2), s1, s2
+
+
+def test_returned_copies_are_not_merged_into_one_tensor():
+    torch._dynamo.reset()
+    ref, out, report = compile_and_run(_ReturnedInputs(), _inputs())
+    assert bitwise_equal(ref, out) and not _notes(report)
+    assert out[2].data_ptr() != out[3].data_ptr()
+    out[2].mul_(0)  # the caller owns each output: changing one must leave the other as it was
+    assert torch.equal(out[3], ref[3])
+
+
+class _SignedZero(torch.nn.Module):
+    """``x + 0.0`` and ``x + -0.0`` look alike to ``==`` but differ on -0.0 inputs: not one op."""
+
+    def __init__(self, dim=32):
+        super().__init__()
+        self.a = torch.nn.Linear(dim, 64, bias=False, dtype=torch.bfloat16)
+        self.b = torch.nn.Linear(dim, 64, bias=False, dtype=torch.bfloat16)
+
+    def forward(self, x, temb):
+        u = temb + (-0.0)
+        return self.a(temb + 0.0), self.b(u), u * x
+
+
+def test_scalars_equal_by_value_but_not_by_bits_are_not_merged():
+    torch._dynamo.reset()
+    kwargs = {"x": torch.ones(1, 32, dtype=torch.bfloat16), "temb": -torch.zeros(1, 32, dtype=torch.bfloat16)}
+    ref, out, report = compile_and_run(_SignedZero(), kwargs)
+    assert bitwise_equal(ref, out) and not _notes(report)
+    assert torch.signbit(out[2]).all()
 
 
 def _rewritten_graph(model, kwargs) -> fx.Graph:

@@ -25,19 +25,31 @@ PURE_OPS = frozenset({aten.silu.default, aten.gelu.default, aten.relu.default, a
                       aten.tanh.default, aten._to_copy.default, aten.mul.Tensor, aten.add.Tensor})
 
 
+def _arg_key(a: object) -> object:
+    """``a`` as a dict key that tells apart what ``==`` does not: -0.0 from 0.0, 1.0 from 1 and True."""
+    if isinstance(a, fx.Node):
+        return a
+    if isinstance(a, (list, tuple)):
+        return (type(a).__name__, tuple(_arg_key(v) for v in a))
+    if isinstance(a, (bool, int, float)):
+        return (type(a).__name__, repr(a))
+    return a
+
+
 def _cse_inputs(graph: fx.Graph, members: list[fx.Node]) -> list[str]:
     """Step 1 on the inputs of ``members``; returns the names of the nodes it removed. The copy that comes
-    first in the graph stays: every reader of a later one comes after it."""
+    first in the graph stays: every reader of a later one comes after it. A node the graph returns is left
+    alone: two outputs must not become one tensor (the caller may change one in place)."""
     order = {n: i for i, n in enumerate(graph.nodes)}
     copies: dict[tuple, set[fx.Node]] = {}
     for n in members:
         x = member_of(n)[0]
-        if x.op != "call_function" or x.target not in PURE_OPS:
+        if x.op != "call_function" or x.target not in PURE_OPS or any(u.op == "output" for u in x.users):
             continue
-        key = (x.target, x.args, tuple(sorted(x.kwargs.items())))
+        key = (x.target, _arg_key(x.args), _arg_key(tuple(sorted(x.kwargs.items()))))
         try:
             hash(key)
-        except TypeError:  # an unhashable argument (a list): left alone
+        except TypeError:  # an argument with no hash (a dtype-less object): left alone
             continue
         copies.setdefault(key, set()).add(x)
     removed = []

@@ -57,10 +57,18 @@ DEFAULT_CONFIG = Config()
 ALIGN = 16  # bytes: every member's slot, weight and bias start on a 16-byte boundary
 FORMS = (1, 2)  # K in one chain, or in two halves added at the end
 
-# (device, M, N, K, dtype, has_bias) -> the form cuBLAS's bits follow (1, 2) or None (addmm into the slot)
+# (device, M, N, K, dtype, has_bias, cuBLAS settings) -> the form cuBLAS's bits follow (1, 2) or None (addmm
+# into the slot)
 _forms: dict[tuple, int | None] = {}
 _forms_lock = threading.Lock()
 CUBLAS_MEMBERS: list[str] = []  # members no form matched (tests, reports)
+
+# Every plan's device tables, for the life of the process: a CUDA graph captured with a plan reads them by
+# address at every replay, after the plan itself may be gone (dispatch's plan cache is bounded). A set of
+# members planned again reuses its tables. They are small (a few KB), but weights that are not parameters
+# would make a new set every call: past MAX_TABLE_SETS, planning refuses (the reference path, logged).
+MAX_TABLE_SETS = 256
+_live_tables: dict[tuple, "_Tables"] = {}
 
 
 @triton.jit
@@ -131,8 +139,9 @@ def can_use_grouped_gemv(x: torch.Tensor, weights, biases) -> tuple[bool, str]:
         return False, f"device is {x.device.type}"
     if x.dtype not in DTYPES:
         return False, f"dtype {x.dtype} (kernel takes {[str(d) for d in DTYPES]})"
-    if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS or x.stride(1) != 1:
-        return False, f"x {tuple(x.shape)} strides {x.stride()} (kernel takes [M <= {MAX_ROWS}, K], unit stride on K)"
+    if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS or not x.is_contiguous():
+        # contiguous as member_form's probe is: cuBLAS might pick another kernel for a strided x
+        return False, f"x {tuple(x.shape)} strides {x.stride()} (kernel takes a contiguous [M <= {MAX_ROWS}, K])"
     k = x.shape[1]
     if block_k(k) is None:
         return False, f"K = {k} is not a multiple of 32"
@@ -167,6 +176,21 @@ class _Tables:
 
 
 def _tables(x, weights, biases, forms, block_n: int) -> _Tables:
+    key = (x.device, x.shape[0], block_n, tuple(forms), tuple((w.data_ptr(), w.shape[0]) for w in weights),
+           tuple(0 if b is None else b.data_ptr() for b in biases))
+    with _forms_lock:
+        tables = _live_tables.get(key)
+    if tables is None:
+        if len(_live_tables) >= MAX_TABLE_SETS:
+            raise RuntimeError(f"grouped_gemv: {MAX_TABLE_SETS} sets of weights planned already (weights that change "
+                               "address every call, not parameters?); this set runs torch.addmm")
+        tables = _build_tables(x, weights, biases, forms, block_n)
+        with _forms_lock:
+            _live_tables[key] = tables
+    return tables
+
+
+def _build_tables(x, weights, biases, forms, block_n: int) -> _Tables:
     m = x.shape[0]
     tile_member, tile_n0, out_of, off = [], [], [], 0
     for g, w in enumerate(weights):
@@ -213,7 +237,9 @@ def member_form(device: torch.device, m: int, n: int, k: int, dtype: torch.dtype
     takes form 1."""
     if device.type != "cuda":
         return 1
-    key = (device, m, n, k, dtype, has_bias)
+    matmul = torch.backends.cuda.matmul
+    key = (device, m, n, k, dtype, has_bias, matmul.allow_bf16_reduced_precision_reduction,
+           matmul.allow_fp16_reduced_precision_reduction, str(torch.backends.cuda.preferred_blas_library()))
     with _forms_lock:
         if key in _forms:
             return _forms[key]

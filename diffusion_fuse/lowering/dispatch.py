@@ -5,8 +5,14 @@ verdict and a prepared launch, so the per-call cost is one dict lookup plus the 
 guard and the launch constants are computed once per layout, not per call.
 
 Every path is counted (lowering/counters.py). A kernel that raises (Triton compile error,
-launch failure) is disabled for that layout, counted and logged, and the reference result
-is returned: the user's forward never sees the exception.
+launch failure), or whose planning raises (a probe launch, a device table), is disabled for that
+layout, counted and logged, and the reference result is returned: the user's forward never sees
+the exception.
+
+Triton compiles and launches on the current CUDA device, whatever device the tensors are on. On a
+host with several GPUs the current device is part of the layout, and a layout whose tensors are on
+another device takes the reference path (logged): ``pipe.to("cuda:1")`` without
+``torch.cuda.set_device(1)`` stays correct, only slower.
 
 Faults can be injected into an op's output or its kernel (lowering/faults.py,
 ``DIFFUSION_FUSE_FAULT``) to check that the verifier and this fallback catch them.
@@ -57,6 +63,27 @@ def kernels_disabled() -> bool:
 
 refresh_kernels_disabled()
 
+_multi_gpu: bool | None = None
+
+
+def multi_gpu() -> bool:
+    """Whether this process sees more than one CUDA device (asked once: a single-GPU host pays nothing)."""
+    global _multi_gpu
+    if _multi_gpu is None:
+        _multi_gpu = torch.cuda.is_available() and torch.cuda.device_count() > 1
+    return _multi_gpu
+
+
+def off_device_reason(args: tuple, current: int) -> str:
+    """Why a kernel must not launch for ``args`` with CUDA device ``current`` current, or "" (tensors in
+    lists count too)."""
+    for a in args:
+        for t in (a if isinstance(a, (list, tuple)) else (a,)):
+            if isinstance(t, torch.Tensor) and t.device.type == "cuda" and t.device.index != current:
+                return (f"tensor on {t.device} while the current device is cuda:{current} (Triton launches on the "
+                        f"current device: torch.cuda.set_device({t.device.index}) lets the kernel run)")
+    return ""
+
 
 # op overload -> its one implementation: what the lossless tier's runtime graph calls directly
 # (fxpasses/direct_calls.py)
@@ -80,8 +107,12 @@ class GuardedKernel:
         self._plans: dict[tuple, tuple[str, Callable[..., Any] | None]] = {}
         self._lock = threading.Lock()
 
-    def _entry(self, args: tuple) -> tuple[str, Callable[..., Any] | None]:
+    def _key(self, args: tuple) -> tuple:
         key = self.layout_key(*args)
+        return (key, torch.cuda.current_device()) if multi_gpu() else key
+
+    def _entry(self, args: tuple) -> tuple[str, Callable[..., Any] | None]:
+        key = self._key(args)
         entry = self._plans.get(key)
         if entry is None:
             if capturing():
@@ -89,13 +120,28 @@ class GuardedKernel:
                 # inside a CUDA graph capture. The warm-up run plans every layout first; one seen
                 # only now takes the reference path in this capture, and is planned outside it.
                 return CAPTURE_FALLBACK, None
-            ok, reason = self.guard(*args)
-            entry = ("", self.plan(*args)) if ok else (reason, None)
+            entry = self._new_entry(key, args)
             with self._lock:
                 if len(self._plans) >= _MAX_PLANS:
                     self._plans.clear()
                 self._plans[key] = entry
         return entry
+
+    def _new_entry(self, key: tuple, args: tuple) -> tuple[str, Callable[..., Any] | None]:
+        """(reason, None) for the reference path, or ("", launch)."""
+        reason = off_device_reason(args, key[1]) if multi_gpu() else ""
+        if reason:
+            _log.warning("%s: %s; using the reference path", self.op, reason)
+            return reason, None
+        ok, reason = self.guard(*args)
+        if not ok:
+            return reason, None
+        try:
+            return "", self.plan(*args)
+        except Exception as e:  # noqa: BLE001 - planning may compile and launch (a probe): never the forward's error
+            msg = error_message(e)
+            _log.warning("%s: planning the kernel failed, using the reference path: %s", self.op, msg)
+            return f"kernel disabled after error: {msg}", None
 
     def __call__(self, *args: Any) -> Any:
         fault = faults.active(self.op)  # None unless a fault is injected (lowering/faults.py)
@@ -119,7 +165,7 @@ class GuardedKernel:
         msg = error_message(e)
         if disable:
             with self._lock:
-                self._plans[self.layout_key(*args)] = (f"kernel disabled after error: {msg}", None)
+                self._plans[self._key(args)] = (f"kernel disabled after error: {msg}", None)
         _log.warning("%s: kernel failed, using the reference path: %s", self.op, msg)
         counters.fallback(self.op, f"kernel error: {msg}")
         return self.reference(*args)
@@ -139,7 +185,7 @@ class GuardedKernel:
         if fault.kind == "raise" and not reason.startswith("kernel disabled after error"):
             if launch is not None:
                 return self._kernel_failed(fault.error(), args)
-            key = self.layout_key(*args)
+            key = self._key(args)
             if key not in fault.failed:
                 fault.failed.add(key)
                 return self._kernel_failed(fault.error(), args, disable=False)

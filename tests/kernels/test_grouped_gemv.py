@@ -63,6 +63,18 @@ def worker() -> dict:
     b = torch.full((64,), -(2.0 ** 24), dtype=torch.bfloat16)
     for form in (1, 2):
         res[f"apart-{form}"] = plan_grouped_gemv(x, [w], [b], [form])(x, [w], [b]).float().unique().tolist()
+    # device tables live with the process (a captured CUDA graph reads them), one set per set of members
+    from diffusion_fuse.kernels import grouped_gemv as gg
+
+    res["tables_shared"] = gg._tables(x, [w], [b], [1], 64) is gg._tables(x, [w], [b], [1], 64)
+    cap, gg.MAX_TABLE_SETS = gg.MAX_TABLE_SETS, len(gg._live_tables)
+    try:
+        plan_grouped_gemv(x, [w.clone()], [b], [1])
+        res["past_cap"] = "planned"
+    except RuntimeError as e:
+        res["past_cap"] = str(e)
+    finally:
+        gg.MAX_TABLE_SETS = cap
     return res
 
 
@@ -83,6 +95,11 @@ def test_form_two_adds_the_halves_form_one_carries_the_chain(results):
     assert results["apart-2"] == [2.0]
 
 
+def test_a_plan_keeps_its_device_tables_and_too_many_sets_are_refused(results):
+    assert results["tables_shared"]
+    assert "sets of weights planned already" in results["past_cap"]
+
+
 def test_guard_names_what_it_rejects():
     from diffusion_fuse.kernels.grouped_gemv import can_use_grouped_gemv
 
@@ -94,6 +111,7 @@ def test_guard_names_what_it_rejects():
         assert can_use_grouped_gemv(x, [w], [None]) == (True, "")
         assert "K = 48" in can_use_grouped_gemv(x[:, :48], [w[:, :48].contiguous()], [None])[1]
         assert "M <= 16" in can_use_grouped_gemv(torch.ones(17, 256, dtype=torch.bfloat16), [w], [None])[1]
+        assert "contiguous" in can_use_grouped_gemv(torch.ones(2, 512, dtype=torch.bfloat16)[:, ::2], [w], [None])[1]
         assert "contiguous False" in can_use_grouped_gemv(x, [torch.ones(256, 64, dtype=torch.bfloat16).t()],
                                                           [None])[1]
         assert "aligned" in can_use_grouped_gemv(x, [w[:12]], [None])[1]
