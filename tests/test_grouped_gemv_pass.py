@@ -95,13 +95,17 @@ def test_fp32_linears_are_left_to_aten():
     assert bitwise_equal(ref, out) and not _sites(report)
 
 
-class _ComputedWeight(torch.nn.Module):
-    """A weight computed in the forward (its address changes every call): not a member."""
+class _TwoLinears(torch.nn.Module):
+    """Two bf16 linears ``a`` and ``b`` of 32 features to 64; each subclass's forward says how they are fed."""
 
-    def __init__(self, dim=32):
+    def __init__(self, dim=32, bias=True):
         super().__init__()
-        self.a = torch.nn.Linear(dim, 64, dtype=torch.bfloat16)
-        self.b = torch.nn.Linear(dim, 64, dtype=torch.bfloat16)
+        self.a = torch.nn.Linear(dim, 64, bias=bias, dtype=torch.bfloat16)
+        self.b = torch.nn.Linear(dim, 64, bias=bias, dtype=torch.bfloat16)
+
+
+class _ComputedWeight(_TwoLinears):
+    """A weight computed in the forward (its address changes every call): not a member."""
 
     def forward(self, x, temb):
         s = torch.nn.functional.silu(temb)
@@ -114,13 +118,8 @@ def test_a_computed_weight_is_not_grouped_and_a_group_of_one_is_not_made():
     assert bitwise_equal(ref, out) and not _sites(report)
 
 
-class _ReturnedInputs(torch.nn.Module):
+class _ReturnedInputs(_TwoLinears):
     """Two linears of two silu(temb) that the forward also returns: eager gives two tensors."""
-
-    def __init__(self, dim=32):
-        super().__init__()
-        self.a = torch.nn.Linear(dim, 64, dtype=torch.bfloat16)
-        self.b = torch.nn.Linear(dim, 64, dtype=torch.bfloat16)
 
     def forward(self, x, temb):
         s1 = torch.nn.functional.silu(temb)
@@ -137,13 +136,8 @@ def test_returned_copies_are_not_merged_into_one_tensor():
     assert torch.equal(out[3], ref[3])
 
 
-class _SignedZero(torch.nn.Module):
+class _SignedZero(_TwoLinears):
     """``x + 0.0`` and ``x + -0.0`` look alike to ``==`` but differ on -0.0 inputs: not one op."""
-
-    def __init__(self, dim=32):
-        super().__init__()
-        self.a = torch.nn.Linear(dim, 64, bias=False, dtype=torch.bfloat16)
-        self.b = torch.nn.Linear(dim, 64, bias=False, dtype=torch.bfloat16)
 
     def forward(self, x, temb):
         u = temb + (-0.0)
@@ -153,7 +147,7 @@ class _SignedZero(torch.nn.Module):
 def test_scalars_equal_by_value_but_not_by_bits_are_not_merged():
     torch._dynamo.reset()
     kwargs = {"x": torch.ones(1, 32, dtype=torch.bfloat16), "temb": -torch.zeros(1, 32, dtype=torch.bfloat16)}
-    ref, out, report = compile_and_run(_SignedZero(), kwargs)
+    ref, out, report = compile_and_run(_SignedZero(bias=False), kwargs)
     assert bitwise_equal(ref, out) and not _notes(report)
     assert torch.signbit(out[2]).all()
 
