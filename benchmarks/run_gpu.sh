@@ -78,9 +78,9 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = nosass ]; then
     ${BENCH_NORM_ARGS:-}
   want bench_rms_norm && step bench_rms_norm 120 python3 benchmarks/bench_rms_norm.py --json "$OUT/bench_rms_norm.json"
   want bench_pointwise && step bench_pointwise 200 python3 benchmarks/bench_pointwise.py --json "$OUT/bench_pointwise.json"
-  # shellcheck disable=SC2086
   want bench_grouped_gemv && step bench_grouped_gemv 200 python3 benchmarks/bench_grouped_gemv.py \
     --json "$OUT/bench_grouped_gemv.json"
+  # shellcheck disable=SC2086
   want bench_e2e && step bench_e2e "${E2E_LIMIT:-400}" python3 benchmarks/bench_e2e.py --json "$OUT/bench_e2e.json" ${BENCH_E2E_ARGS:-}
   want bench_linear_gelu && step bench_linear_gelu 300 python3 benchmarks/bench_linear_gelu.py \
     --json "$OUT/bench_linear_gelu.json"

@@ -20,7 +20,8 @@ computed by ``torch.addmm(..., out=)`` into its slot (the same cuBLAS call as ea
 explains why ``out=`` does not change the kernel), logged and listed in ``CUBLAS_MEMBERS``.
 
 Verified shapes (H200, tests/gpu/test_grouped_gemv_gpu.py): FLUX.1-dev's [18432, 3072], [9216, 3072] and
-[6144, 3072], Qwen-Image's [18432, 3072], batch 1 and 2.
+[6144, 3072], Qwen-Image's [18432, 3072] and [6144, 3072], SD3.5-large's [14592, 2432] and [4864, 2432]; 1 and 2
+rows, with and without bias.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def _grouped_gemv_kernel(X, TILE_MEMBER, TILE_N0, W_PTRS, B_PTRS, N_OF, OUT_OF, 
     rk = tl.arange(0, BLOCK_K)
     n_mask = rn < n
     # A table's address is 16-byte aligned (the guard) but Triton cannot know it: without the hint every
-    # weight load is one element (benchmarks/NOTES.md, session 19: 2.4x the floor), with it 16-byte cp.async.
+    # weight load is one element (benchmarks/NOTES.md, session 19), with it 16-byte cp.async.
     w_ptrs = tl.multiple_of(w_base + rn[:, None].to(tl.int64) * K + rk[None, :], [16, 16])
     x_ptrs = X + rm[None, :] * stride_xm + rk[:, None]
     x_mask = rm[None, :] < M
@@ -175,7 +176,9 @@ class _Tables:
     form_of: torch.Tensor
 
 
-def _tables(x, weights, biases, forms, block_n: int) -> _Tables:
+def _tables(x, weights, biases, forms, block_n: int, keep: bool = True) -> _Tables:
+    if not keep:  # a probe's: its weights are gone after it
+        return _build_tables(x, weights, biases, forms, block_n)
     key = (x.device, x.shape[0], block_n, tuple(forms), tuple((w.data_ptr(), w.shape[0]) for w in weights),
            tuple(0 if b is None else b.data_ptr() for b in biases))
     with _forms_lock:
@@ -183,7 +186,7 @@ def _tables(x, weights, biases, forms, block_n: int) -> _Tables:
     if tables is None:
         if len(_live_tables) >= MAX_TABLE_SETS:
             raise RuntimeError(f"grouped_gemv: {MAX_TABLE_SETS} sets of weights planned already (weights that change "
-                               "address every call, not parameters?); this set runs torch.addmm")
+                               "address every call, not parameters?); this set takes the reference path")
         tables = _build_tables(x, weights, biases, forms, block_n)
         with _forms_lock:
             _live_tables[key] = tables
@@ -194,15 +197,12 @@ def _build_tables(x, weights, biases, forms, block_n: int) -> _Tables:
     m = x.shape[0]
     tile_member, tile_n0, out_of, off = [], [], [], 0
     for g, w in enumerate(weights):
-        if forms[g] is None:  # computed by addmm into its slot
-            out_of.append(off)
-            off += m * w.shape[0]
-            continue
-        starts = list(range(0, w.shape[0], block_n))
-        tile_member += [g] * len(starts)
-        tile_n0 += starts
         out_of.append(off)
         off += m * w.shape[0]
+        if forms[g] is not None:  # else computed by addmm into its slot: no tiles
+            starts = list(range(0, w.shape[0], block_n))
+            tile_member += [g] * len(starts)
+            tile_n0 += starts
 
     def dev(values, dtype):
         return torch.tensor(values, dtype=dtype, device=x.device)
@@ -250,7 +250,7 @@ def member_form(device: torch.device, m: int, n: int, k: int, dtype: torch.dtype
     want = (torch.addmm(b, x, w.t()) if has_bias else torch.mm(x, w.t())).view(torch.int16)
     found = None
     for form in FORMS:
-        got = plan_grouped_gemv(x, [w], [b], [form])(x, [w], [b]).view(m, n).view(torch.int16)
+        got = plan_grouped_gemv(x, [w], [b], [form], keep_tables=False)(x, [w], [b]).view(m, n).view(torch.int16)
         if torch.equal(got, want):
             found = form
             break
@@ -259,12 +259,14 @@ def member_form(device: torch.device, m: int, n: int, k: int, dtype: torch.dtype
     return found
 
 
-def plan_grouped_gemv(x: torch.Tensor, weights, biases, forms=None, config: Config = DEFAULT_CONFIG):
+def plan_grouped_gemv(x: torch.Tensor, weights, biases, forms=None, config: Config = DEFAULT_CONFIG,
+                      keep_tables: bool = True):
     """launch(x, weights, biases) -> the flat output, for these members (checked by ``can_use_grouped_gemv``).
 
     ``forms``: each member's form (1, 2, or None for addmm into its slot); by default ``member_form``'s. The
     device tables hold the weights' and biases' addresses: a plan is for these tensors (the layout key has
-    their addresses). ``config``: the launch shape (``Config``)."""
+    their addresses). ``config``: the launch shape (``Config``). ``keep_tables=False``: the tables go with the
+    plan (``member_form``'s probe), else they live with the process (``_live_tables``)."""
     m, k = x.shape
     if forms is None:
         forms = [member_form(x.device, m, w.shape[0], k, x.dtype, b is not None) for w, b in zip(weights, biases)]
@@ -273,7 +275,7 @@ def plan_grouped_gemv(x: torch.Tensor, weights, biases, forms=None, config: Conf
         _log.warning("grouped_gemv: cuBLAS's order for %s is neither form the kernel knows; those members run "
                      "torch.addmm into their slots", ", ".join(sorted(set(missing))))
         CUBLAS_MEMBERS.extend(missing)
-    tables = _tables(x, weights, biases, forms, config.block_n)
+    tables = _tables(x, weights, biases, forms, config.block_n, keep_tables)
     kernel = _launcher(x, tables, k, config) if tables.tile_member.numel() else None
     size = out_numel(x, weights)
     any_addmm = any(f is None for f in forms)

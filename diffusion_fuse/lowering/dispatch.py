@@ -40,6 +40,7 @@ _MAX_PLANS = 4096
 
 
 CAPTURE_FALLBACK = "layout first seen during a CUDA graph capture"
+DISABLED = "kernel disabled after error"  # a layout's reason once its kernel (or its planning) has raised
 
 
 def capturing() -> bool:
@@ -120,16 +121,16 @@ class GuardedKernel:
                 # inside a CUDA graph capture. The warm-up run plans every layout first; one seen
                 # only now takes the reference path in this capture, and is planned outside it.
                 return CAPTURE_FALLBACK, None
-            entry = self._new_entry(key, args)
+            entry = self._new_entry(args)
             with self._lock:
                 if len(self._plans) >= _MAX_PLANS:
                     self._plans.clear()
                 self._plans[key] = entry
         return entry
 
-    def _new_entry(self, key: tuple, args: tuple) -> tuple[str, Callable[..., Any] | None]:
+    def _new_entry(self, args: tuple) -> tuple[str, Callable[..., Any] | None]:
         """(reason, None) for the reference path, or ("", launch)."""
-        reason = off_device_reason(args, key[1]) if multi_gpu() else ""
+        reason = off_device_reason(args, torch.cuda.current_device()) if multi_gpu() else ""
         if reason:
             _log.warning("%s: %s; using the reference path", self.op, reason)
             return reason, None
@@ -141,7 +142,7 @@ class GuardedKernel:
         except Exception as e:  # noqa: BLE001 - planning may compile and launch (a probe): never the forward's error
             msg = error_message(e)
             _log.warning("%s: planning the kernel failed, using the reference path: %s", self.op, msg)
-            return f"kernel disabled after error: {msg}", None
+            return f"{DISABLED}: {msg}", None
 
     def __call__(self, *args: Any) -> Any:
         fault = faults.active(self.op)  # None unless a fault is injected (lowering/faults.py)
@@ -165,7 +166,7 @@ class GuardedKernel:
         msg = error_message(e)
         if disable:
             with self._lock:
-                self._plans[self._key(args)] = (f"kernel disabled after error: {msg}", None)
+                self._plans[self._key(args)] = (f"{DISABLED}: {msg}", None)
         _log.warning("%s: kernel failed, using the reference path: %s", self.op, msg)
         counters.fallback(self.op, f"kernel error: {msg}")
         return self.reference(*args)
@@ -182,14 +183,14 @@ class GuardedKernel:
             reason, launch = f"kernels disabled by {DISABLE_KERNELS_ENV}", None
         else:
             reason, launch = self._entry(args)
-        if fault.kind == "raise" and not reason.startswith("kernel disabled after error"):
+        if fault.kind == "raise" and not reason.startswith(DISABLED):
             if launch is not None:
                 return self._kernel_failed(fault.error(), args)
             key = self._key(args)
             if key not in fault.failed:
                 fault.failed.add(key)
                 return self._kernel_failed(fault.error(), args, disable=False)
-            reason = f"kernel disabled after error: {error_message(fault.error())}"
+            reason = f"{DISABLED}: {error_message(fault.error())}"
         if launch is None:
             counters.fallback(self.op, reason)
             return fault.apply(self.reference(*args))

@@ -22,12 +22,10 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from ..kernels.grouped_gemv import ALIGN, DTYPES, MAX_ROWS, block_k
 from .match_utils import aten, is_op, linear_of, val
 from .registry import NearMiss, PatternFamily, Site, register_family
 
-MAX_ROWS = 16  # kernels/grouped_gemv.py MAX_ROWS
-ALIGN = 16  # bytes, kernels/grouped_gemv.py ALIGN: each member's slot starts 16-byte aligned
-DTYPES = (torch.bfloat16, torch.float16)
 
 
 def _static_input(n: object) -> bool:
@@ -54,7 +52,7 @@ def member_of(n: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node | None, fx.Node] | 
         return None
     # the kernel guard's static half (kernels/grouped_gemv.can_use_grouped_gemv): one member it would refuse
     # sends the whole group to the reference path
-    if wv.dim() != 2 or xv.shape[1] % 32 or wv.shape[0] % (ALIGN // xv.element_size()):
+    if wv.dim() != 2 or block_k(xv.shape[1]) is None or wv.shape[0] % (ALIGN // xv.element_size()):
         return None
     if not _static_input(weight) or (bias is not None and not _static_input(bias)):
         return None
