@@ -182,9 +182,7 @@ DEFAULT_MODELS = list(MODELS)  # FLUX.1-dev, SANA and Wan2.2-5B first: the cheap
 VARIANTS = ("eager", "inductor", "inductor-max-autotune", "lossless", "high",
             # diagnostics (host overhead): torch's aot_eager (the ATen graph run as-is, what our executor
             # starts from), lossless with no family at all, lossless without the pointwise family
-            "aot-eager", "lossless-nofuse", "lossless-nopw", "lossless-side",
-            # opt-in families: lossless with the linear_gelu family on (the FF up-projection + gelu as one GEMM)
-            "lossless-lg", "lossless-lg-cudagraphs",
+            "aot-eager", "lossless-nofuse", "lossless-nopw",
             # lossless under CUDA graphs without the grouped_gemv family (each modulation linear its own cuBLAS call)
             "lossless-nogemv-cudagraphs",
             # CUDA graphs (torch's cudagraph trees) for host-bound models: mode="reduce-overhead" for Inductor,
@@ -219,15 +217,10 @@ def compile_kwargs(variant: str, report) -> dict:
         from diffusion_fuse.patterns.registry import REGISTRY
 
         opts["patterns"] = {f: False for f in REGISTRY.names()}
-    elif variant == "lossless-side":
-        opts["side_stream"] = True
     elif variant == "lossless-nopw":
         opts["patterns"] = {"pointwise": False}
     elif variant in ("lossless-cudagraphs", "lossless-cudagraphs-tagguards"):
         opts["cudagraphs"] = True
-    elif variant in ("lossless-lg", "lossless-lg-cudagraphs"):
-        opts["patterns"] = {"linear_gelu": True}
-        opts["cudagraphs"] = variant.endswith("cudagraphs")
     elif variant == "lossless-nogemv-cudagraphs":
         opts["patterns"] = {"grouped_gemv": False}
         opts["cudagraphs"] = True
@@ -237,13 +230,13 @@ def compile_kwargs(variant: str, report) -> dict:
 # Rough per-block-class compile seconds and extra forward-equivalents on the first call (verification), for the
 # time estimate only.
 COMPILE_S = {"eager": 0, "inductor": 30, "inductor-max-autotune": 240, "lossless": 8, "high": 40, "aot-eager": 8,
-             "lossless-nofuse": 8, "lossless-nopw": 8, "lossless-side": 8, "inductor-cudagraphs": 30,
-             "lossless-cudagraphs": 8, "lossless-lg": 8, "lossless-lg-cudagraphs": 8,
+             "lossless-nofuse": 8, "lossless-nopw": 8, "inductor-cudagraphs": 30,
+             "lossless-cudagraphs": 8,
              "lossless-cudagraphs-tagguards": 8, "lossless-nogemv-cudagraphs": 8}
 FIRST_CALL_FORWARDS = {"eager": 1, "inductor": 1, "inductor-max-autotune": 1, "lossless": 3, "high": 3,
-                       "aot-eager": 1, "lossless-nofuse": 1, "lossless-nopw": 3, "lossless-side": 3,
-                       "inductor-cudagraphs": 3, "lossless-cudagraphs": 4, "lossless-lg": 3,
-                       "lossless-lg-cudagraphs": 4, "lossless-cudagraphs-tagguards": 4,
+                       "aot-eager": 1, "lossless-nofuse": 1, "lossless-nopw": 3,
+                       "inductor-cudagraphs": 3, "lossless-cudagraphs": 4,
+                       "lossless-cudagraphs-tagguards": 4,
                        "lossless-nogemv-cudagraphs": 4}
 BUILD_S = 10
 

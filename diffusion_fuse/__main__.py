@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     ins.add_argument("--quality", choices=("lossless", "high"), default="lossless")
     ins.add_argument("--no-verify", action="store_true", help="run the rewritten graph without verifying it")
     ins.add_argument("--fault", metavar="OP:KIND[:INDEX]",
-                     help="inject a fault, e.g. ln_modulate:perturb:3 or ln_modulate:raise (see lowering/faults.py)")
+                     help="inject a fault, e.g. norm_modulate:perturb:3 or norm_modulate:raise (see lowering/faults.py)")
     ins.add_argument("--diff", action="store_true", help="also print the per-site and graph code diffs")
     ins.add_argument("--html", metavar="PATH", help="write the report as one self-contained HTML file")
     ins.add_argument("--json", metavar="PATH", help="write the report as JSON")

@@ -179,12 +179,12 @@ def test_a_layout_first_seen_during_a_capture_takes_the_reference_path(monkeypat
 
     planned = []
 
-    def plan(x):
-        planned.append(x.shape)
-        return lambda x: x * 2
+    def plan(a):
+        planned.append(a[0].shape)
+        return lambda a: a[0] * 2
 
-    op = dispatch.GuardedKernel("capture_test_op", lambda x: (x.shape,), lambda x: (True, ""), plan,
-                                lambda x: x + x)
+    op = dispatch.GuardedKernel("capture_test_op", lambda args: (args[0].shape,), lambda a: (True, ""), plan,
+                                lambda x: x + x, tuple)
     x = torch.ones(3)
     before = counters.snapshot()
     monkeypatch.setattr(dispatch, "capturing", lambda: True)

@@ -49,9 +49,9 @@ def test_fp8_models_equal_eager_and_every_quantizer_is_fused(name):
     assert quantizers_fused(report) == n_linears, report.table()
     # the norm sites became the ops with the quant epilogue, and the report names them
     norm = {s.id: s for s in report.sites() if s.pattern in (N, G)}
-    assert {s.after for s in norm.values()} <= {"diffusion_fuse::ln_modulate_quant",
-                                                 "diffusion_fuse::gated_residual_ln_modulate_quant"}
-    assert "ln_modulate_quant" in report.table()
+    assert {s.after for s in norm.values()} <= {"diffusion_fuse::norm_modulate_quant",
+                                                 "diffusion_fuse::gated_residual_norm_modulate_quant"}
+    assert "norm_modulate_quant" in report.table()
     # quantizers are named by the model line that called the linear, not by testing/fp8.py
     assert not any("testing/fp8.py" in s.id for s in report.sites())
     if name == "flux":  # norm sites keep the ids they have without FP8 (tests/test_models_lossless.py)

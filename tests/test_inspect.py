@@ -90,7 +90,7 @@ def cli(tmp_path_factory):
     runs = {
         "flux": (["--model", "flux", "--html", str(tmp / "flux.html"), "--json", str(tmp / "flux.json")], {}),
         "wan21": (["--model", "wan21", "--dtype", "fp32", "--html", str(tmp / "wan21.html")], {}),
-        "script": (["--fault", f"ln_modulate:perturb:{FAULT_INDEX}", "--html", str(tmp / "script.html"),
+        "script": (["--fault", f"norm_modulate:perturb:{FAULT_INDEX}", "--html", str(tmp / "script.html"),
                     "--script", str(script), "--steps", "2"], {}),
     }
     procs = {name: subprocess.Popen([sys.executable, "-m", "diffusion_fuse", "inspect", *argv], cwd=ROOT,
@@ -176,7 +176,7 @@ def test_cli_flux_html_and_json(cli):
     assert "clone" in unattributed.text
     assert len(select(els, "ul", "removed")) == n_sites + 1 and len(select(els, "ul", "added")) == n_sites + 1
     (code,) = select(els, "pre", "code-diff")
-    assert "diffusion_fuse.ln_modulate.default" in code.text and "-    native_layer_norm" in code.text
+    assert "diffusion_fuse.norm_modulate.default" in code.text and "-    native_layer_norm" in code.text
     assert not select(els, "tr", "near-miss")
     data = json.loads((run["dir"] / "flux.json").read_text())
     assert {c: sum(r[c] for r in data["summary"] if r["family"] not in OWN_ROWS) for c in SUMMARY_COLUMNS} == FLUX
@@ -224,7 +224,7 @@ def test_cli_script_near_miss_and_injected_fault(cli):
 def test_cli_usage_errors(capsys):
     from diffusion_fuse.__main__ import main
 
-    for argv in (["inspect", "--model", "flux", "--fault", "ln_modulate:oops"], ["inspect"],
+    for argv in (["inspect", "--model", "flux", "--fault", "norm_modulate:oops"], ["inspect"],
                  ["inspect", "--model", "nosuchmodel"], ["inspect", "--model", "flux", "--json", "r.txt"]):
         with pytest.raises(SystemExit) as e:
             main(argv)
@@ -245,7 +245,7 @@ def test_explain_report_has_the_graph_level_detail(tmp_path):
     report = diffusion_fuse.explain(AdaLN().eval(), *adaln_inputs())
     (site,) = report.sites()
     assert site.status == "kept" and site.verdict == "bitwise equal" and site.first_diff is None
-    assert site.before[:2] == ["native_layer_norm", "getitem"] and site.after.endswith("ln_modulate")
+    assert site.before[:2] == ["native_layer_norm", "getitem"] and site.after.endswith("norm_modulate")
     assert site.input_shapes[0] == "float32[2, 8, 32]" and site.output_shapes == ["float32[2, 8, 32]"]
     assert "tests/helpers.py:" in site.location  # where the modulate is written
     (g,) = report.graphs
@@ -258,7 +258,7 @@ def test_explain_report_has_the_graph_level_detail(tmp_path):
     roles = {n["name"]: n["role"] for n in grp["before"]["nodes"]}
     assert all(roles[n] == "core" for n in site.nodes)
     assert {roles[n] for n in site.input_nodes} == {"input"}
-    assert "+ln_modulate" in grp["code_diff"].replace(" ", "").replace("_default", "")
+    assert "+norm_modulate" in grp["code_diff"].replace(" ", "").replace("_default", "")
     assert graph_diff.code_diff(g).startswith("--- graph 0: ATen graph")
     assert "=== graph 0" in graph_diff.format_text(report)
     json.dumps(report.to_dict())  # plain data only

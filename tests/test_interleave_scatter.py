@@ -1,7 +1,7 @@
 """fxpasses/interleave_scatter.py: even/odd halves written into ``empty_like`` become their stack (Wan's RoPE).
 
 CPU: the rewritten graph runs ATen (and the pointwise op's reference path), so outputs must equal eager's
-bitwise; the generated kernel for the rewritten RoPE runs in tests/kernels/test_pointwise_codegen.py
+bitwise; the generated kernel for the rewritten RoPE runs in tests/kernels/test_pointwise_kernel.py
 (``wan_rope``) and on the GPU in tests/gpu/test_pointwise_gpu.py (``CHAINS``).
 """
 

@@ -19,7 +19,7 @@ def test_defaults():
         ({"verify": "yes"}, "option verify='yes' is not allowed; allowed: [True, False]"),
         ({"patterns": {"no_such": True}}, "option patterns='no_such' is not allowed; allowed: "
                                           "['cat_quant', 'gated_residual', 'gated_residual_norm_modulate', 'grouped_gemv', "
-                                          "'linear_cat', 'linear_gelu', 'mean_square', 'norm_modulate', 'pointwise', 'rms_norm', 'rms_norm_cat_rope', 'rms_norm_chain', 'rms_norm_rope', 'static_quant']"),
+                                          "'linear_cat', 'mean_square', 'norm_modulate', 'pointwise', 'rms_norm', 'rms_norm_cat_rope', 'rms_norm_chain', 'rms_norm_rope', 'static_quant']"),
         ({"patterns": {"norm_modulate": 1}}, "option patterns['norm_modulate']=1 is not allowed"),
         ({"report": 3}, "option report=3 is not allowed; allowed: a file path"),
         ({"rtol": -1}, "option rtol=-1 is not allowed"),

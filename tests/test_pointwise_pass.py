@@ -2,9 +2,9 @@
 
 CPU: every op call takes the reference path (the group's ATen subgraph), so outputs equal
 eager by construction; these tests check the grouping itself, the generated index arithmetic
-(kernels/pointwise_codegen.py, no interpreter needed to read the source) and the plumbing
+(kernels/pointwise.py, no interpreter needed to read the source) and the plumbing
 (options, tier high, the verifier putting a group back). The kernels run in
-tests/kernels/test_pointwise_codegen.py (interpreter) and tests/gpu/test_pointwise_gpu.py.
+tests/kernels/test_pointwise_kernel.py (interpreter) and tests/gpu/test_pointwise_gpu.py.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import diffusion_fuse
-from diffusion_fuse.kernels.pointwise_codegen import Generator, Lin, Term, flatten
+from diffusion_fuse.kernels.pointwise import Generator, Lin, Term, flatten
 from diffusion_fuse.lowering import faults
 from diffusion_fuse.lowering.pointwise import PROGRAMS, generate_source
 from diffusion_fuse.testing import pointwise as pw

@@ -45,7 +45,7 @@ def test_new_input_signature_is_verified_again_and_a_late_fault_is_caught():
             assert bitwise_equal(model(x, t), c(x, t))
         # The kernel goes wrong only for a shape the graph has not seen yet.
         x, t = torch.randn(2, 16, 64), torch.randn(2, 64)
-        with faults.inject("ln_modulate", "perturb", 5):
+        with faults.inject("norm_modulate", "perturb", 5):
             out = c(x, t)
         assert bitwise_equal(model(x, t), out)
     (graph,) = report.graphs

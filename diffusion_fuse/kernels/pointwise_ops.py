@@ -1,6 +1,6 @@
 """What eager computes for each ATen pointwise op the pointwise pass fuses: the numerics contract.
 
-Every fused group becomes one Triton kernel (kernels/pointwise_codegen.py) that evaluates the
+Every fused group becomes one Triton kernel (kernels/pointwise.py) that evaluates the
 group's ops element by element, in fp32 registers, rounding where eager rounds. For each op
 eager launches one CUDA kernel (TensorIterator, ``gpu_kernel``) that, per element:
 

@@ -29,7 +29,6 @@ import torch.fx as fx
 from .match_utils import aten, is_op, linear_of, single_user, val
 from .registry import NearMiss, PatternFamily, Site, register_family
 
-
 VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 

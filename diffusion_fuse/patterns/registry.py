@@ -81,10 +81,15 @@ class PatternFamily:
     # A family whose sites a pass of its own finds (fxpasses/<name>.py) instead of ``match``
     # on anchors: it has no anchors, and is listed here for options, reports and docs.
     found_by_pass: ClassVar[bool] = False
-    # False: off unless ``Options(patterns={name: True})`` (a family still waiting for its end-to-end measurement)
-    default_on: ClassVar[bool] = True
     # True: searched in tier lossless only (a part of a chain that a tier-high family takes whole)
     lossless_only: ClassVar[bool] = False
+    # The kernels/ module whose kernel the family's op launches: its own (kernels/<name>.py) by default, another
+    # family's when it runs that kernel with another epilogue, None when its op calls ATen (cuBLAS) only.
+    kernel: ClassVar[str | None] = ""
+
+    @classmethod
+    def kernel_module(cls) -> str | None:
+        return cls.name if cls.kernel == "" else cls.kernel
 
     def match(self, node: fx.Node) -> Site | NearMiss | None:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -120,7 +125,7 @@ class Registry:
         return list(self._families.values())
 
     def enabled(self, pattern_enabled: Callable[..., bool]) -> list[PatternFamily]:
-        return [f for f in self.families() if pattern_enabled(f.name, f.tier, f.default_on)]
+        return [f for f in self.families() if pattern_enabled(f.name, f.tier)]
 
     def searched(self, options) -> list[PatternFamily]:
         """The families the fuse pass looks for under ``options`` (an ``Options``): the enabled ones; in tier

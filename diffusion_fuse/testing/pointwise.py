@@ -44,7 +44,7 @@ def site_ops(site) -> list[str]:
     """Short names of the computing ops a pointwise site replaced, in graph order (views left out)."""
     import operator
 
-    from ..kernels.pointwise_codegen import COMPLEX_VIEWS, MULTI_VIEW_OPS, VIEW_OPS
+    from ..kernels.pointwise import COMPLEX_VIEWS, MULTI_VIEW_OPS, VIEW_OPS
     from ..patterns.match_utils import describe
 
     views = VIEW_OPS | MULTI_VIEW_OPS | COMPLEX_VIEWS | {operator.getitem}

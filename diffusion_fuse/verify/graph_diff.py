@@ -31,7 +31,7 @@ MAX_LINE = 240  # code lines longer than this are cut in the per-site diffs
 
 # --- graph → plain data -------------------------------------------------------------------
 def target_name(node: fx.Node) -> str:
-    """``aten.mul.Tensor``, ``diffusion_fuse.ln_modulate.default``, ``getitem``, ``output``..."""
+    """``aten.mul.Tensor``, ``diffusion_fuse.norm_modulate.default``, ``getitem``, ``output``..."""
     t = node.target
     if node.op in ("placeholder", "output"):
         return node.op

@@ -1,9 +1,9 @@
-"""diffusion_fuse::ln_modulate on CUDA: bitwise equal to eager's ATen chain, or routed to it.
+"""diffusion_fuse::norm_modulate on CUDA: bitwise equal to eager's ATen chain, or routed to it.
 
 The matrix of issue #3: D in {64, 1000, 1536, 2240, 3072, 5120, 6144}, rows 1..75,600, batch 1
 and 2, amplitudes 1e-4/1/100, eps 1e-6/1e-5, scale entries exactly -1, 0, 1 and signed zeros;
 FLUX bf16 form (with/without shift, affine), fp16, Wan FP32LayerNorm form with [B,1,D] and
-per-token strided [B,S,D] modulation; each launch variant of kernels/ln_modulate.py
+per-token strided [B,S,D] modulation; each launch variant of kernels/norm_modulate.py
 (LAUNCH_CANDIDATES) on a reduced matrix. Compares ``.view(int16/int32)``. Prints a summary
 table; writes $OUT/ln_modulate_gpu.json when $OUT is set.
 """
@@ -19,9 +19,9 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
-from diffusion_fuse.kernels.ln_modulate import LAUNCH_CANDIDATES, ln_modulate_triton  # noqa: E402
+from diffusion_fuse.kernels.norm_modulate import LAUNCH_CANDIDATES, ln_modulate_triton  # noqa: E402
 from diffusion_fuse.lowering import counters  # noqa: E402
-from diffusion_fuse.lowering.norm_modulate import can_use_ln_modulate, ln_modulate_reference  # noqa: E402
+from diffusion_fuse.lowering.norm_modulate import can_use_norm_modulate, norm_modulate  # noqa: E402
 
 DIMS = (64, 1000, 1536, 2240, 3072, 5120, 6144)
 FORMS = {
@@ -70,9 +70,9 @@ def check(form, B, S, D, amp, eps, seed=0, special=False, launch=None):
     """launch: a LAUNCH_CANDIDATES name, or None for what the op launches (``default_launch_variant``)."""
     _, ln_dtype, out_dtype, *_ = FORMS[form]
     x, w, b, sc, sh = make(form, B, S, D, amp, seed, special)
-    ok, why = can_use_ln_modulate(x, w, b, eps, sc, sh, ln_dtype, out_dtype)
+    ok, why = can_use_norm_modulate(x, w, b, eps, sc, sh, ln_dtype, out_dtype)
     assert ok, why
-    ref = ln_modulate_reference(x, w, b, eps, sc, sh, ln_dtype, out_dtype)
+    ref = norm_modulate(x, w, b, eps, sc, sh, ln_dtype, out_dtype)
     got = ln_modulate_triton(x, w, b, eps, sc, sh, ln_dtype, out_dtype, launch_variant=None if launch is None else LAUNCH_CANDIDATES[launch])
     assert got.dtype == ref.dtype and got.shape == ref.shape
     ndiff = int((_bits(ref) != _bits(got)).sum())
@@ -108,7 +108,7 @@ VARIANT_LAUNCHES = [k for k in LAUNCH_CANDIDATES if k != "default"]
 @pytest.mark.parametrize("launch", VARIANT_LAUNCHES)
 @pytest.mark.parametrize("form", ["flux_bf16", "affine_bf16", "fp16", "fp32", "wan_fp32_ln", "wan22_per_token"])
 def test_launch_variants_bit_exact(form, launch):
-    # kernels/ln_modulate.py LAUNCH_CANDIDATES: a reduced matrix (row groups and the one-exchange tree run
+    # kernels/norm_modulate.py LAUNCH_CANDIDATES: a reduced matrix (row groups and the one-exchange tree run
     # for D % 512 == 0; 1000 takes the one-row kernel, with the register cap); odd row counts, B=2 with odd S
     bad = []
     for D in (1000, 3072, 5120):
@@ -136,8 +136,8 @@ def test_non_contiguous_x_is_exact_without_a_copy(layout):
     # SANA's norm1 reads a transposed patch embedding; eager copies it, the kernel reads it in place.
     x, _, _, sc, sh = make("flux_bf16", 2, 300, 1536, 1.0, 3)
     xv = torch.cat([x, x], dim=1)[:, ::2] if layout == "strided_rows" else x.transpose(1, 2).contiguous().transpose(1, 2)
-    assert not xv.is_contiguous() and can_use_ln_modulate(xv, None, None, 1e-6, sc, sh, None, None)[0]
-    ref = ln_modulate_reference(xv, None, None, 1e-6, sc, sh, None, None)
+    assert not xv.is_contiguous() and can_use_norm_modulate(xv, None, None, 1e-6, sc, sh, None, None)[0]
+    ref = norm_modulate(xv, None, None, 1e-6, sc, sh, None, None)
     got = ln_modulate_triton(xv, None, None, 1e-6, sc, sh, None, None)
     assert torch.equal(_bits(ref), _bits(got))
 
@@ -164,10 +164,10 @@ def test_guard_routes_what_the_kernel_cannot_take():
     }
     for reason, (xx, ss, hh) in cases.items():
         counters.reset()
-        out = torch.ops.diffusion_fuse.ln_modulate(xx, None, None, 1e-6, ss, hh, None, None)
-        ref = ln_modulate_reference(xx, None, None, 1e-6, ss, hh, None, None)
+        out = torch.ops.diffusion_fuse.norm_modulate(xx, None, None, 1e-6, ss, hh, None, None)
+        ref = norm_modulate(xx, None, None, 1e-6, ss, hh, None, None)
         assert torch.equal(_bits(out), _bits(ref))
-        fb = counters.snapshot()["fallback"]["ln_modulate"]
+        fb = counters.snapshot()["fallback"]["norm_modulate"]
         assert list(fb)[0].startswith(reason), fb
 
 
@@ -177,14 +177,14 @@ def test_registered_op_repeated_calls_are_exact(form):
     _, ln_dtype, out_dtype, *_ = FORMS[form]
     for seed in range(4):
         x, w, b, sc, sh = make(form, 2, 300, 3072, 10.0 ** (seed - 2), seed)
-        out = torch.ops.diffusion_fuse.ln_modulate(x, w, b, 1e-6, sc, sh, ln_dtype, out_dtype)
-        ref = ln_modulate_reference(x, w, b, 1e-6, sc, sh, ln_dtype, out_dtype)
+        out = torch.ops.diffusion_fuse.norm_modulate(x, w, b, 1e-6, sc, sh, ln_dtype, out_dtype)
+        ref = norm_modulate(x, w, b, 1e-6, sc, sh, ln_dtype, out_dtype)
         assert torch.equal(_bits(out), _bits(ref)), seed
 
 
 def test_cuda_graph_capture_and_replay_after_input_mutation():
     x, _, _, sc, sh = make("flux_bf16", 1, 512, 3072, 1.0, 0)
-    op = torch.ops.diffusion_fuse.ln_modulate
+    op = torch.ops.diffusion_fuse.norm_modulate
     op(x, None, None, 1e-6, sc, sh, None, None)  # warm-up compiles the kernel
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
@@ -195,7 +195,7 @@ def test_cuda_graph_capture_and_replay_after_input_mutation():
         x.copy_(x2), sc.copy_(sc2), sh.copy_(sh2)
         g.replay()
         torch.cuda.synchronize()
-        ref = ln_modulate_reference(x, None, None, 1e-6, sc, sh, None, None)
+        ref = norm_modulate(x, None, None, 1e-6, sc, sh, None, None)
         assert torch.equal(_bits(out), _bits(ref))
 
 

@@ -106,7 +106,8 @@ def _dispatch_cases():
 
 def _dispatch_results() -> dict:
     from diffusion_fuse.lowering import counters
-    from diffusion_fuse.lowering.rms_norm import rms_norm_chain_reference, rms_norm_reference
+    from diffusion_fuse.lowering.rms_norm import rms_norm as rms_norm_reference
+    from diffusion_fuse.lowering.rms_norm_chain import rms_norm_chain as rms_norm_chain_reference
 
     rms, chain = _dispatch_cases()
     res = {}
@@ -177,7 +178,7 @@ def _rope_cases():
 
 def _rope_results() -> dict:
     from diffusion_fuse.lowering import counters
-    from diffusion_fuse.lowering.rms_norm import rms_norm_rope_reference, rope_reference
+    from diffusion_fuse.lowering.rms_norm_rope import rms_norm_rope as rms_norm_rope_reference, rope as rope_reference
 
     res = {}
     for key, args in _rope_cases().items():
@@ -196,7 +197,8 @@ def _rope_results() -> dict:
                     "same_layout": (out.dtype, out.shape, out.stride()) == (ref.dtype, ref.shape, ref.stride())}
     # the opt-in shared cos/sin row (share_trig): the same bits as a row per row, in the interpreter
     from diffusion_fuse.kernels.rms_norm import plan_rms_norm
-    from diffusion_fuse.lowering.rms_norm import _contiguous, _rows, rms_norm_tail
+    from diffusion_fuse.kernels.rms_norm import rms_norm_tail
+    from diffusion_fuse.lowering.rms_norm import contiguous_strides as _contiguous, row_dims as _rows
 
     x, w, eps, cos, sin = _rope_cases()["heads_share_trig_fp32"]
     tail, final = rms_norm_tail(x.dtype, w, None, None, None)
@@ -209,7 +211,8 @@ def _rope_results() -> dict:
 
 def _cat_rope_results() -> dict:
     from diffusion_fuse.lowering import counters
-    from diffusion_fuse.lowering.rms_norm import rms_norm_cat_rope_reference, rope_reference
+    from diffusion_fuse.lowering.rms_norm_cat_rope import rms_norm_cat_rope as rms_norm_cat_rope_reference
+    from diffusion_fuse.lowering.rms_norm_rope import rope as rope_reference
 
     g = torch.Generator().manual_seed(2)
 
@@ -254,7 +257,8 @@ def _lane_results() -> dict:
     """The lane epilogue against the row epilogue (plan_rms_norm's lane_epilogue on / off): the same IEEE ops on the
     same values, so the interpreter must give the same bits; 17 rows leave a program partly masked."""
     from diffusion_fuse.kernels.rms_norm import lane_epilogue_ok, plan_rms_norm, stats_constexprs
-    from diffusion_fuse.lowering.rms_norm import Tail, _contiguous, _rows, rms_norm_tail
+    from diffusion_fuse.kernels.rms_norm import Tail, rms_norm_tail
+    from diffusion_fuse.lowering.rms_norm import contiguous_strides as _contiguous, row_dims as _rows
 
     g = torch.Generator().manual_seed(3)
     res = {}
@@ -318,7 +322,7 @@ def test_kernel_sums_in_eagers_order_bit_for_bit(results, D):
                                          ((1, 9, 1, 8), None), ((1, 4096, 16, 128), 4), ((1, 77, 24, 1000), None)])
 def test_rope_programs_share_a_cos_sin_row_when_their_rows_divide_the_heads(shape, want):
     from diffusion_fuse.kernels.rms_norm import shared_trig_groups
-    from diffusion_fuse.lowering.rms_norm import _contiguous, _rows
+    from diffusion_fuse.lowering.rms_norm import contiguous_strides as _contiguous, row_dims as _rows
 
     x = torch.empty(shape)
     cos = torch.empty(1, shape[1], 1, shape[3]).expand(*shape)
@@ -495,7 +499,7 @@ def _compile_sm90(D, x="bf16", push_fma=True, tail=None, out="bf16", row_dims=1,
 
     from diffusion_fuse.kernels import rms_norm as rk
     from diffusion_fuse.kernels.launch import EAGER_NUMERICS
-    from diffusion_fuse.lowering.rms_norm import Tail
+    from diffusion_fuse.kernels.rms_norm import Tail
 
     ptr = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
     k = rk._rms_norm_kernel
@@ -535,7 +539,7 @@ def test_rms_norm_compiles_for_sm90_with_only_the_push_fma(D, groups):
     import torch as _torch
     from test_compile_sm90 import shuffle_layouts_any
 
-    from diffusion_fuse.lowering.rms_norm import Tail
+    from diffusion_fuse.kernels.rms_norm import Tail
 
     tail = Tail(w=_torch.float32, c2=_torch.bfloat16)  # _fused_rms_norm's w * (x * rstd), rounded to bf16
     const, ck = _compile_sm90(D, tail=tail, groups=groups)
@@ -569,7 +573,7 @@ def test_lane_epilogue_compiles_for_sm90_reading_x_once_without_shared_memory(D,
     import torch as _torch
 
     from diffusion_fuse.kernels import rms_norm as rk
-    from diffusion_fuse.lowering.rms_norm import Tail
+    from diffusion_fuse.kernels.rms_norm import Tail
 
     tail = Tail(w=_torch.float32, c2=_torch.bfloat16)
     if form == "modulate":
@@ -614,7 +618,7 @@ def test_contiguous_rows_are_one_dim(shape, row_dims):
     import torch as _torch
 
     from diffusion_fuse.kernels.rms_norm import row_dims as dims
-    from diffusion_fuse.lowering.rms_norm import row_layout
+    from diffusion_fuse.kernels.rows import row_layout
 
     x = _torch.empty(shape)
     (L0, L1, _), _ = row_layout(x.shape, x.stride(), x.stride())
@@ -625,7 +629,7 @@ def test_contiguous_rows_are_one_dim(shape, row_dims):
 def test_rms_norm_rope_epilogue_compiles_for_sm90_without_contraction_or_partner_loads(D, groups, shared):
     import torch as _torch
 
-    from diffusion_fuse.lowering.rms_norm import Tail
+    from diffusion_fuse.kernels.rms_norm import Tail
 
     tail = Tail(w=_torch.float32, c2=_torch.bfloat16)
     const, ck = _compile_sm90(D, tail=tail, rope=True, row_dims=2, groups=groups, shared_trig=shared)
@@ -644,7 +648,7 @@ def test_rms_norm_rope_epilogue_compiles_for_sm90_without_contraction_or_partner
 def test_rms_norm_chain_tail_with_modulate_compiles_for_sm90():
     import torch as _torch
 
-    from diffusion_fuse.lowering.rms_norm import Tail
+    from diffusion_fuse.kernels.rms_norm import Tail
 
     bf = _torch.bfloat16
     _, ck = _compile_sm90(2240, tail=Tail(c1=bf, w=bf, b=bf, t=bf, u=bf, v=bf))
@@ -668,7 +672,7 @@ def test_only_the_heads_become_a_compile_time_constant(shape, mod_shape, rope, h
     import torch as _torch
 
     from diffusion_fuse.kernels.rms_norm import addressing_constexprs
-    from diffusion_fuse.lowering.rms_norm import _contiguous, _rows
+    from diffusion_fuse.lowering.rms_norm import contiguous_strides as _contiguous, row_dims as _rows
 
     x = _torch.empty(shape)
     mod = None if mod_shape is None else _torch.empty(mod_shape)

@@ -73,7 +73,7 @@ def eager(t) -> dict:
 
 
 def fused(t) -> dict:
-    """The ops as patterns/wan_temb.py emits them: table and temb rows, added in the kernel."""
+    """The ops as patterns/table_slice.py emits them: table and temb rows, added in the kernel."""
     def row(u, j):  # chunk j of a table [1,n,D] / temb [B,n,D], or per token [1,1,n,D] / [B,S,n,D] (squeezed)
         return u.select(2, j) if t.per_token else u.narrow(1, j, 1)
 
@@ -84,11 +84,11 @@ def fused(t) -> dict:
     osh, osc = row(out_table, 0), row(out_table, 1)
     o_temb = t.temb_out if t.per_token else t.temb_out.unsqueeze(1)  # one temb row for both chunks
     x = t.x
-    n1 = ops.ln_modulate(x, None, None, EPS, sc, sh, F32, BF16, sct, sht)
-    h, n2 = ops.gated_residual_ln_modulate(x, t.attn, g, t.w2, t.b2, EPS, None, None, BF16, gt, None, None, BF16, F32)
+    n1 = ops.norm_modulate(x, None, None, EPS, sc, sh, F32, BF16, sct, sht)
+    h, n2 = ops.gated_residual_norm_modulate(x, t.attn, g, t.w2, t.b2, EPS, None, None, BF16, gt, None, None, BF16, F32)
     h2 = h + t.cross
-    n3 = ops.ln_modulate(h2, None, None, EPS, csc, csh, F32, BF16, csct, csht)
-    h3, out = ops.gated_residual_ln_modulate(h2, t.ff, cg, None, None, EPS, osc, osh, BF16, cgt, o_temb, o_temb,
+    n3 = ops.norm_modulate(h2, None, None, EPS, csc, csh, F32, BF16, csct, csht)
+    h3, out = ops.gated_residual_norm_modulate(h2, t.ff, cg, None, None, EPS, osc, osh, BF16, cgt, o_temb, o_temb,
                                              BF16, F32)
     h3_alone = ops.gated_residual(h2, t.ff, cg, cgt, BF16)
     return dict(n1=n1, h=h, n2=n2, n3=n3, h3=h3, out=out, h3_alone=h3_alone)

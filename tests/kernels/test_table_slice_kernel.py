@@ -1,10 +1,10 @@
 """CPU checks, in Triton's interpreter, of the kernels reading a Wan timestep table as table + temb.
 
-The operands are the views the patterns emit (patterns/wan_temb.py): rows of the fp32 table
+The operands are the views the patterns emit (patterns/table_slice.py): rows of the fp32 table
 [1,6,D] / [1,1,6,D] and of the temb [B,6,D] / per-token [B,S,6,D] (bf16), selected or narrowed at
 the slice index. Outputs are fp32 where possible, so the only difference from the reference is
 the interpreter's rsqrt: a wrong row, stride or operand shows as an O(1) error. Bit-exactness is
-tests/gpu/test_wan_temb_gpu.py's job.
+tests/gpu/test_table_slice_gpu.py's job.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 from _interp import run_worker, worker_main
 
 B, S = 2, 5
-DIMS = (96, 512)  # 512: a UNIFORM row (D % 512 == 0), held in registers; the ln_modulate op runs 4 rows a program
+DIMS = (96, 512)  # 512: a UNIFORM row (D % 512 == 0), held in registers; the norm_modulate op runs 4 rows a program
 
 
 def tables(D: int, per_token: bool, chunks: int = 6, temb_dtype=torch.bfloat16, seed=0):
@@ -51,7 +51,7 @@ def cases() -> dict:
         w, b = torch.randn(D, generator=g), torch.randn(D, generator=g)
         sh, sc = (row(table, per_token, 0), row(temb, per_token, 0)), (row(table, per_token, 1), row(temb, per_token, 1))
         gate = (row(table, per_token, 2), row(temb, per_token, 2))
-        # norm1: ln_modulate(x, ..., scale, shift, ln f32, out fp32 here (bf16 in the model), scale_t, shift_t)
+        # norm1: norm_modulate(x, ..., scale, shift, ln f32, out fp32 here (bf16 in the model), scale_t, shift_t)
         out[f"ln_modulate_{tag}"] = ("ln", (x, None, None, 1e-6, sc[0], sh[0], torch.float32, None, sc[1], sh[1]))
         # attention residual + norm2: r bf16, affine LN of r.float(), no modulate, output fp32
         out[f"norm2_{tag}"] = ("grl", (res, x, gate[0], w, b, 1e-6, None, None, None, gate[1], None, None,
@@ -71,15 +71,16 @@ def cases() -> dict:
 
 def worker() -> dict:
     import diffusion_fuse  # noqa: F401  (registers the ops)
-    from diffusion_fuse.kernels.gated_residual_ln import gated_residual_ln_modulate_triton, gated_residual_triton
-    from diffusion_fuse.kernels.ln_modulate import ln_modulate_triton
+    from diffusion_fuse.kernels.gated_residual_norm_modulate import gated_residual_norm_modulate_triton, gated_residual_triton
+    from diffusion_fuse.kernels.norm_modulate import ln_modulate_triton
     from diffusion_fuse.lowering import counters
-    from diffusion_fuse.lowering.gated_residual import gated_residual_ln_modulate_reference, gated_residual_reference
-    from diffusion_fuse.lowering.norm_modulate import ln_modulate_reference
+    from diffusion_fuse.lowering.gated_residual import gated_residual
+    from diffusion_fuse.lowering.gated_residual_norm_modulate import gated_residual_norm_modulate
+    from diffusion_fuse.lowering.norm_modulate import norm_modulate
 
-    fns = {"ln": (ln_modulate_reference, ln_modulate_triton),
-           "grl": (gated_residual_ln_modulate_reference, gated_residual_ln_modulate_triton),
-           "gr": (gated_residual_reference, gated_residual_triton)}
+    fns = {"ln": (norm_modulate, ln_modulate_triton),
+           "grl": (gated_residual_norm_modulate, gated_residual_norm_modulate_triton),
+           "gr": (gated_residual, gated_residual_triton)}
 
     def rel(a, b):
         return float((a.double() - b.double()).norm() / a.double().norm())
@@ -93,11 +94,11 @@ def worker() -> dict:
                                "errs": [rel(a, b) for a, b in zip(ref, got)]}
         if kind == "gr" and got[0].dtype == torch.bfloat16:
             # r is rounded once from the fp32 sum; the interpreter rounds toward zero there
-            r32 = gated_residual_reference(*args[:4])
+            r32 = gated_residual(*args[:4])
             truncated = (r32.view(torch.int32) & -65536).view(torch.float32).bfloat16()
             res["kernel"][name]["r_equal_truncated"] = bool(torch.equal(truncated, got[0]))
 
-    op = torch.ops.diffusion_fuse.ln_modulate
+    op = torch.ops.diffusion_fuse.norm_modulate
     _, args = cases()["ln_modulate_per_token_96"]
     x, w, b, eps, sc, sh, ln_dt, out_dt, sct, sht = args
     calls = {
@@ -109,7 +110,7 @@ def worker() -> dict:
         counters.reset()
         out = op(*a)
         res["dispatch"][key] = {"counters": counters.snapshot(),
-                                "equal_to_reference": bool(torch.equal(out, ln_modulate_reference(*a)))}
+                                "equal_to_reference": bool(torch.equal(out, norm_modulate(*a)))}
     return res
 
 
@@ -130,7 +131,7 @@ def test_kernel_reads_table_plus_temb_like_the_reference(results, case):
 
 
 def test_guard_takes_fp32_table_sums(results):
-    assert results["dispatch"]["ok"]["counters"]["kernel"] == {"ln_modulate": 1}
+    assert results["dispatch"]["ok"]["counters"]["kernel"] == {"norm_modulate": 1}
 
 
 @pytest.mark.parametrize("key, reason", [
@@ -140,7 +141,7 @@ def test_guard_takes_fp32_table_sums(results):
 def test_guard_rejections_take_the_reference_path(results, key, reason):
     r = results["dispatch"][key]
     assert r["equal_to_reference"] and r["counters"]["kernel"] == {}
-    ((got, n),) = r["counters"]["fallback"]["ln_modulate"].items()
+    ((got, n),) = r["counters"]["fallback"]["norm_modulate"].items()
     assert got.startswith(reason) and n == 1, got
 
 

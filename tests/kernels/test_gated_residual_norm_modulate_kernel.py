@@ -1,7 +1,7 @@
-"""CPU checks of kernels/gated_residual_ln.py and its dispatch, in Triton's interpreter.
+"""CPU checks of kernels/gated_residual_norm_modulate.py and its dispatch, in Triton's interpreter.
 
 Tolerance only here (the interpreter's fp32 -> bf16 cast truncates); bit-exactness is
-tests/gpu/test_gated_residual_gpu.py's job.
+tests/gpu/test_gated_residual_norm_modulate_gpu.py's job.
 """
 
 from __future__ import annotations
@@ -41,24 +41,24 @@ def make(shape, dtype, gate_layout, affine, shift, seed=0):
 
 def worker() -> dict:
     import diffusion_fuse
-    from diffusion_fuse.kernels.gated_residual_ln import gated_residual_ln_modulate_triton, plan_gated_residual_ln_modulate
+    from diffusion_fuse.kernels.gated_residual_norm_modulate import gated_residual_norm_modulate_triton, plan_gated_residual_norm_modulate
     from diffusion_fuse.lowering import counters
-    from diffusion_fuse.lowering.gated_residual import gated_residual_ln_modulate_reference
+    from diffusion_fuse.lowering.gated_residual_norm_modulate import gated_residual_norm_modulate
 
     res: dict = {"kernel": {}, "dispatch": {}}
     for name, spec in CASES.items():
         args = make(*spec)
-        ref_r, ref_out = gated_residual_ln_modulate_reference(*args)
-        got_r, got_out = gated_residual_ln_modulate_triton(*args)
+        ref_r, ref_out = gated_residual_norm_modulate(*args)
+        got_r, got_out = gated_residual_norm_modulate_triton(*args)
 
         def rel(a, b):
             return float((a.double() - b.double()).norm() / a.double().norm())
 
         res["kernel"][name] = {"dtypes": [str(t.dtype) for t in (ref_r, got_r, ref_out, got_out)],
                                "r_err": rel(ref_r, got_r), "out_err": rel(ref_out, got_out)}
-        hinted = plan_gated_residual_ln_modulate(*args, cache_hints=3)(*args)  # same arithmetic, hints only
+        hinted = plan_gated_residual_norm_modulate(*args, cache_hints=3)(*args)  # same arithmetic, hints only
         res["kernel"][name]["hints_equal"] = all(torch.equal(a, b) for a, b in zip(hinted, (got_r, got_out)))
-    op = torch.ops.diffusion_fuse.gated_residual_ln_modulate
+    op = torch.ops.diffusion_fuse.gated_residual_norm_modulate
     base = make(*CASES["flux_bf16"])
     res_t, x, gate, *rest = base
     calls = {
@@ -70,7 +70,7 @@ def worker() -> dict:
     for key, args in calls.items():
         counters.reset()
         r, out = op(*args)
-        ref_r, ref_out = gated_residual_ln_modulate_reference(*args)
+        ref_r, ref_out = gated_residual_norm_modulate(*args)
         res["dispatch"][key] = {"counters": counters.snapshot(),
                                 "equal": bool(torch.equal(r, ref_r) and torch.equal(out, ref_out))}
     del diffusion_fuse
@@ -91,14 +91,14 @@ def test_kernel_matches_reference_to_tolerance(results, case):
 
 
 def test_cache_hints_are_checked():
-    from diffusion_fuse.kernels.gated_residual_ln import plan_gated_residual_ln_modulate
+    from diffusion_fuse.kernels.gated_residual_norm_modulate import plan_gated_residual_norm_modulate
 
     with pytest.raises(ValueError, match="cache_hints=4"):
-        plan_gated_residual_ln_modulate(*make(*CASES["flux_bf16"]), cache_hints=4)
+        plan_gated_residual_norm_modulate(*make(*CASES["flux_bf16"]), cache_hints=4)
 
 
 def test_guard_accepts_matching_rows(results):
-    assert results["dispatch"]["ok"]["counters"]["kernel"] == {"gated_residual_ln_modulate": 1}
+    assert results["dispatch"]["ok"]["counters"]["kernel"] == {"gated_residual_norm_modulate": 1}
 
 
 @pytest.mark.parametrize("key, reason", [
@@ -109,7 +109,7 @@ def test_guard_accepts_matching_rows(results):
 def test_guard_rejections_take_the_reference_path_and_are_counted(results, key, reason):
     r = results["dispatch"][key]
     assert r["equal"] and r["counters"]["kernel"] == {}
-    ((got, n),) = r["counters"]["fallback"]["gated_residual_ln_modulate"].items()
+    ((got, n),) = r["counters"]["fallback"]["gated_residual_norm_modulate"].items()
     assert got.startswith(reason) and n == 1, got
 
 

@@ -1,4 +1,4 @@
-"""Wan's chunked timestep table read by the fused ops as table + temb (patterns/wan_temb.py).
+"""Wan's chunked timestep table read by the fused ops as table + temb (patterns/table_slice.py).
 
 ``(scale_shift_table + temb.float()).chunk(6, dim)`` is never written: every LN + modulate and
 gated residual reads the table and the temb itself and adds them in fp32. Checked on the
@@ -24,8 +24,8 @@ from diffusion_fuse.testing.tiny_models import build
 from helpers import bitwise_equal, compile_and_run
 
 aten = torch.ops.aten
-LN_MOD = torch.ops.diffusion_fuse.ln_modulate.default
-GATED_LN = torch.ops.diffusion_fuse.gated_residual_ln_modulate.default
+LN_MOD = torch.ops.diffusion_fuse.norm_modulate.default
+GATED_LN = torch.ops.diffusion_fuse.gated_residual_norm_modulate.default
 GATED = torch.ops.diffusion_fuse.gated_residual.default
 DTYPES = pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 WANS = pytest.mark.parametrize("name", ["wan21", "wan22_ti2v"])
@@ -138,13 +138,13 @@ def test_a_slice_another_op_reads_keeps_the_sum_for_it_and_the_rest_still_read_t
     assert bitwise_equal(ref, out)
     g = report.graphs[0]
     assert report.count("norm_modulate", status="kept") == 3 and "split" in g.final_code
-    assert g.final_code.count("diffusion_fuse.ln_modulate.default(") == 3
+    assert g.final_code.count("diffusion_fuse.norm_modulate.default(") == 3
     assert "torch.ops.aten.select.int(unsqueeze_2, 2, 1)" in g.final_code  # norm1's scale: a table row
 
 
 def test_rejected_sites_put_the_table_sum_back():
     model, kwargs = build("wan22_ti2v", torch.bfloat16)
-    with faults.inject("gated_residual_ln_modulate", "perturb", index=5):
+    with faults.inject("gated_residual_norm_modulate", "perturb", index=5):
         ref, out, report = compile_and_run(model, kwargs)
     assert bitwise_equal(ref, out)
     statuses = {s.pattern: s.status for s in report.sites() if s.pattern != "pointwise"}  # pointwise: its own
@@ -152,7 +152,7 @@ def test_rejected_sites_put_the_table_sum_back():
     code = report.graphs[0].final_code
     # the sum is back (as the ATen add, or inside a pointwise group that computes it) and split six ways
     assert re.search(r"torch\.ops\.aten\.split\.Tensor\(\w+, 1, 2\)", code), code
-    assert "diffusion_fuse.ln_modulate.default(" in code
+    assert "diffusion_fuse.norm_modulate.default(" in code
 
 
 # --- the matcher on the spellings of the chunk ------------------------------------------------------------

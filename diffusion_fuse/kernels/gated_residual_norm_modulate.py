@@ -1,4 +1,4 @@
-"""Triton kernels for ``diffusion_fuse::gated_residual_ln_modulate`` and ``diffusion_fuse::gated_residual``.
+"""Triton kernel for ``diffusion_fuse::gated_residual_norm_modulate``: gated residual, LayerNorm and modulate.
 
 Numerics contract (lossless tier): per element, in fp32 and rounded as eager rounds each op::
 
@@ -7,17 +7,17 @@ Numerics contract (lossless tier): per element, in fp32 and rounded as eager rou
     r = round_r(residual + m)       # promote(residual, m), or r_dtype (Wan's .type_as): stored, the next residual
 
 then, on the rounded ``r`` (widened to fp32 when ln_dtype is fp32: Wan's FP32LayerNorm), exactly
-``kernels/ln_modulate.py``'s row (eager's LayerNorm statistics, normalize, modulate or not). ``r``
+``kernels/norm_modulate.py``'s row (eager's LayerNorm statistics, normalize, modulate or not). ``r``
 rounded to its dtype once from the fp32 sum is what eager's add and then ``_to_copy`` give. When D % 512 == 0 (UNIFORM) ``r`` is computed in registers in
 the LayerNorm's lane layout, stored once and normalized from registers; otherwise the row of
 ``r`` is written, a CTA barrier makes it visible to every thread of the program, and the
 LayerNorm pass reads it back (from L1/L2). The normalized tensor is never written.
-``gated_residual`` is the first part alone (one program per row, ``r`` stored and nothing else).
+kernels/gated_residual.py is the first part alone.
 
 Inputs: residual and x [M, D] or [B, S, D] of one shape with unit stride along D (any row
 strides), D % 4 == 0; gate/scale/shift and their second addends broadcast to x with unit stride
 along D ([B,1,D], [B,S,D], per-token views of Wan's [B,S,6,D] temb).
-Verified shapes: see tests/gpu/test_gated_residual_gpu.py and tests/gpu/test_wan_temb_gpu.py.
+Verified shapes: see tests/gpu/test_gated_residual_norm_modulate_gpu.py and tests/gpu/test_table_slice_gpu.py.
 """
 
 from __future__ import annotations
@@ -26,31 +26,20 @@ import torch
 import triton
 import triton.language as tl
 
-from ..lowering.gated_residual import residual_dtypes
-from ..lowering.norm_modulate import result_dtypes, sum_dtype
 from .fp8_quant import QuantEpilogue, load_scales
+from .gated_residual import gated_residual_row, residual_dtypes
 from .launch import CachedLaunch
-from .layer_norm_stats import DEFAULT_VARIANT, LANES, VEC, load_row_tile, n_iters_for, program_row, store_row_tile
-from .ln_modulate import (_DT_CODE, _row_strides, ln_modulate_row, ln_modulate_tile, modulate_constexprs, round_to,
-                          split_trailing)
-
-
-@triton.jit
-def gated_residual_row(res_row, x_row, g_row, gt_row, r_row, N, N_ITERS: tl.constexpr, LANES: tl.constexpr,
-                       VEC: tl.constexpr, M_DT: tl.constexpr, HAS_GATE_TEMB: tl.constexpr):
-    """One row of ``r = residual + (gate [+ gate_temb]) * x``, stored in r_row's dtype (the contract above)."""
-    lane = tl.arange(0, LANES)
-    col = tl.arange(0, VEC)
-    for it in tl.static_range(N_ITERS):
-        offs = (it * LANES + lane)[:, None] * VEC + col[None, :]
-        mask = offs < N
-        g = tl.load(g_row + offs, mask=mask, other=0.0).to(tl.float32)
-        if HAS_GATE_TEMB:
-            g = g + tl.load(gt_row + offs, mask=mask, other=0.0).to(tl.float32)
-        xv = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
-        m = round_to(g * xv, M_DT)
-        r = tl.load(res_row + offs, mask=mask, other=0.0).to(tl.float32) + m
-        tl.store(r_row + offs, r.to(r_row.dtype.element_ty), mask=mask)
+from .layer_norm_stats import DEFAULT_VARIANT, LANES, load_row_tile, program_row, store_row_tile
+from .norm_modulate import (
+    _DT_CODE,
+    _row_strides,
+    ln_modulate_row,
+    ln_modulate_tile,
+    modulate_constexprs,
+    result_dtypes,
+    round_to,
+    sum_dtype,
+)
 
 
 @triton.jit(do_not_specialize=["S", "q_plane", "q_lo", "q_hi"])
@@ -84,7 +73,7 @@ def _gated_residual_ln_modulate_kernel(
     if UNIFORM:
         s0, s1, s2, s3 = load_scales(S0, S1, S2, S3, N_Q)
         # r is computed in registers in the LayerNorm's lane layout: stored once, never read back.
-        # CACHE_HINTS (as ln_modulate's LaunchVariant.cache_hints): 1 evict-first loads of x and residual, read
+        # CACHE_HINTS (as norm_modulate's LaunchVariant.cache_hints): 1 evict-first loads of x and residual, read
         # once (the gate, often one row shared by every token, keeps the default policy), 2 streaming stores of
         # r and the output
         EF: tl.constexpr = (CACHE_HINTS & 1) != 0
@@ -116,84 +105,45 @@ def _gated_residual_ln_modulate_kernel(
 DEFAULT_CACHE_HINTS = 0
 
 
-def plan_gated_residual_ln_modulate(residual, x, gate, weight, bias, eps, scale, shift, out_dtype, gate_temb=None,
-                                    scale_temb=None, shift_temb=None, r_dtype=None, ln_dtype=None,
-                                    variant=DEFAULT_VARIANT, affine_fma: bool = True,
-                                    quant: tuple[int, int, bool] | None = None, nan_sign: bool | None = None,
-                                    cache_hints: int | None = None):
-    """A launch for inputs of this layout (they must satisfy ``can_use_gated_residual_ln_modulate``).
+def plan_gated_residual_norm_modulate(a, variant=DEFAULT_VARIANT, affine_fma: bool = True,
+                                      quant: tuple[int, str, bool] | None = None, nan_sign: bool | None = None,
+                                      cache_hints: int | None = None):
+    """A launch for inputs of this layout: ``a`` holds the op's arguments by name
+    (lowering/gated_residual_norm_modulate.py; its guard accepted them), and so does the launch's argument.
 
     ``cache_hints`` (default ``DEFAULT_CACHE_HINTS``; rows of D % 512 == 0 only, others ignore them): 1
     evict-first loads of x and residual, 2 streaming stores of r and the output, 3 both. Same bits either way.
 
-    ``quant``: ``(n, q_mode, keep_out)`` for ``diffusion_fuse::gated_residual_ln_modulate_quant``
-    (its launch then takes that op's arguments and returns its Tensor[]), None otherwise.
+    ``quant``: ``(n, q_mode, keep_out)`` for ``diffusion_fuse::gated_residual_norm_modulate_quant``
+    (the launch then reads that op's quantizer arguments too and returns its Tensor[]), None otherwise.
     """
+    x = a.x
     D = x.shape[-1]
     S = x.shape[1] if x.dim() == 3 else 1
-    m_dt, r_dt = residual_dtypes(residual.dtype, x.dtype, sum_dtype(gate, gate_temb), r_dtype)
+    m_dt, r_dt = residual_dtypes(a.residual.dtype, x.dtype, sum_dtype(a.gate, a.gate_temb), a.r_dtype)
     ln_dt, t_dt, u_dt, v_dt, final = result_dtypes(
-        r_dt, sum_dtype(scale, scale_temb), sum_dtype(shift, shift_temb), ln_dtype, out_dtype)
+        r_dt, sum_dtype(a.scale, a.scale_temb), sum_dtype(a.shift, a.shift_temb), a.ln_dtype, a.out_dtype)
     shape, device = x.shape, x.device
-    strides = [s for t in (residual, x, gate, scale, shift) for s in _row_strides(t, x)]
-    temb_strides = [s for t in (gate_temb, scale_temb, shift_temb) for s in _row_strides(t, x)]
+    strides = [s for t in (a.residual, x, a.gate, a.scale, a.shift) for s in _row_strides(t, x)]
+    temb_strides = [s for t in (a.gate_temb, a.scale_temb, a.shift_temb) for s in _row_strides(t, x)]
     epi = QuantEpilogue(quant, shape, _DT_CODE[final], device, nan_sign)
     const = dict(M_DT=_DT_CODE[m_dt],
-                 **modulate_constexprs(D, weight, bias, shift, ln_dt, t_dt, u_dt, v_dt, variant, affine_fma),
-                 **epi.constexprs, HAS_GATE_TEMB=gate_temb is not None, HAS_SCALE=scale is not None,
-                 HAS_SCALE_TEMB=scale_temb is not None, HAS_SHIFT_TEMB=shift_temb is not None,
+                 **modulate_constexprs(D, a.weight, a.bias, a.shift, ln_dt, t_dt, u_dt, v_dt, variant, affine_fma),
+                 **epi.constexprs, HAS_GATE_TEMB=a.gate_temb is not None, HAS_SCALE=a.scale is not None,
+                 HAS_SCALE_TEMB=a.scale_temb is not None, HAS_SHIFT_TEMB=a.shift_temb is not None,
                  CACHE_HINTS=DEFAULT_CACHE_HINTS if cache_hints is None else cache_hints)
     if const["CACHE_HINTS"] not in (0, 1, 2, 3):
         raise ValueError(f"cache_hints={cache_hints}: 0, 1 (evict-first loads), 2 (streaming stores) or 3")
     kernel = CachedLaunch(_gated_residual_ln_modulate_kernel, (x.numel() // D,), const, num_warps=LANES // 32)
 
-    def launch(residual, x, gate, weight, bias, eps, scale, shift, out_dtype, *rest):
-        quant_args, temb = split_trailing(rest, quant, 3)  # then r_dtype, ln_dtype: in the plan
+    def launch(a):
+        x = a.x
         r = torch.empty(shape, dtype=r_dt, device=device)
         out = torch.empty(shape, dtype=final, device=device) if epi.keep_out else r
-        q_args, q = epi.args(x, *quant_args)
-        kernel(residual, x, gate, *(t if t is not None else x for t in (weight, bias, scale, shift)), r, out, D, S,
-               eps, *strides, *q_args, *(t if t is not None else x for t in temb), *temb_strides)
+        q_args, q = epi.args(x, a) if quant else epi.args(x)
+        kernel(a.residual, x, a.gate, *(t if t is not None else x for t in (a.weight, a.bias, a.scale, a.shift)), r,
+               out, D, S, a.eps, *strides, *q_args,
+               *(t if t is not None else x for t in (a.gate_temb, a.scale_temb, a.shift_temb)), *temb_strides)
         return (r, out) if q is None else epi.outputs([r], out, q)
 
     return launch
-
-
-@triton.jit(do_not_specialize=["S"])
-def _gated_residual_kernel(RES, X, GATE, GATE_T, R_OUT, N, S, res_sb, res_ss, x_sb, x_ss, g_sb, g_ss, gt_sb, gt_ss,
-                           M_DT: tl.constexpr, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
-                           HAS_GATE_TEMB: tl.constexpr):
-    row, bi, si = program_row(S)
-    gated_residual_row(RES + bi * res_sb + si * res_ss, X + bi * x_sb + si * x_ss, GATE + bi * g_sb + si * g_ss,
-                       GATE_T + bi * gt_sb + si * gt_ss, R_OUT + row * N, N, N_ITERS, LANES, VEC, M_DT, HAS_GATE_TEMB)
-
-
-def plan_gated_residual(residual, x, gate, gate_temb=None, r_dtype=None):
-    """A launch for inputs of this layout (they must satisfy ``can_use_gated_residual``)."""
-    D = x.shape[-1]
-    S = x.shape[1] if x.dim() == 3 else 1
-    m_dt, r_dt = residual_dtypes(residual.dtype, x.dtype, sum_dtype(gate, gate_temb), r_dtype)
-    shape, device = x.shape, x.device
-    strides = [s for t in (residual, x, gate, gate_temb) for s in _row_strides(t, x)]
-    const = dict(M_DT=_DT_CODE[m_dt], N_ITERS=n_iters_for(D), LANES=LANES, VEC=VEC,
-                 HAS_GATE_TEMB=gate_temb is not None)
-    kernel = CachedLaunch(_gated_residual_kernel, (x.numel() // D,), const, num_warps=LANES // 32)
-
-    def launch(residual, x, gate, gate_temb=None, r_dtype=None):
-        r = torch.empty(shape, dtype=r_dt, device=device)
-        kernel(residual, x, gate, gate_temb if gate_temb is not None else gate, r, D, S, *strides)
-        return r
-
-    return launch
-
-
-def gated_residual_triton(*args):
-    """Plan and launch once (tests, benchmarks)."""
-    return plan_gated_residual(*args)(*args)
-
-
-def gated_residual_ln_modulate_triton(*args, **kwargs):
-    """Plan and launch once (tests, benchmarks); the op caches plans per layout instead."""
-    return plan_gated_residual_ln_modulate(*args, **kwargs)(*args)
-
-

@@ -1,4 +1,4 @@
-"""CPU checks of the pointwise pass's generated kernels (kernels/pointwise_codegen.py), in Triton's interpreter.
+"""CPU checks of the pointwise pass's generated kernels (kernels/pointwise.py), in Triton's interpreter.
 
 Each case is a small function diffusers-style code writes; it is traced to ATen (make_fx, no
 decompositions), grouped by the pointwise pass, and run: the op calls go through the
@@ -345,7 +345,7 @@ def test_layout_reads_and_writes_contiguously(results, case):
 def test_bf16_gelu_is_looked_up_in_eagers_table(results, case):
     """gelu (tanh) from bf16 to bf16 is a lookup in a table of CPU eager's outputs here (the GPU's eager on the
     GPU), in programs of LUT_BLOCK elements and LUT_WARPS warps; the chain's output is then CPU eager's, bitwise."""
-    from diffusion_fuse.kernels.pointwise_codegen import BLOCK, CAT_ROWS, LUT_BLOCK, LUT_WARPS
+    from diffusion_fuse.kernels.pointwise import BLOCK, CAT_ROWS, LUT_BLOCK, LUT_WARPS
 
     r = results[case]
     lookups, tables, row_grid = LUT_CASES[case]
@@ -412,7 +412,7 @@ def test_tiled_view_indices_unravel_exactly(shape, view_as, tile):
     import itertools
     import math
 
-    from diffusion_fuse.kernels.pointwise_codegen import Generator, Lin, Term, contiguous_strides, flatten
+    from diffusion_fuse.kernels.pointwise import Generator, Lin, Term, contiguous_strides, flatten
 
     gen = Generator.__new__(Generator)
     gen.lines, gen._cse = [], {}

@@ -143,7 +143,7 @@ def test_lanes_kernel_compiles_for_sm90_with_vector_loads_and_lane_shuffles():
 
     triton = pytest.importorskip("triton")
     from test_compile_sm90 import shuffle_layouts_any
-    from test_rms_norm import lane_layouts
+    from test_rms_norm_kernel import lane_layouts
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -186,7 +186,7 @@ def test_strided_lanes_kernel_compiles_for_sm90_with_one_element_per_lane(per):
 
     triton = pytest.importorskip("triton")
     from test_compile_sm90 import shuffle_layouts_any
-    from test_rms_norm import lane_layouts
+    from test_rms_norm_kernel import lane_layouts
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 

@@ -59,12 +59,12 @@ from . import triton_interpret
 from .pointwise_ops import (
     DEFAULT_VARIANTS,
     FLOAT_DTYPES,
-    complex_mul,
     LUT16_OPS,
     RECIPES,
     Emit,
     Val,
     Variants,
+    complex_mul,
     round_code,
     to_common,
 )

@@ -4,7 +4,7 @@ On a CPU build ``_fused_rms_norm`` has no kernel, so AOTAutograd decomposes it i
 on CUDA it has one and the graph keeps the op. The fixture ``fused_rms_norm_kernel_on_cpu``
 gives it a CPU kernel (its own decomposition) so that CPU graphs hold the op as CUDA graphs do.
 On CPU every op call takes its reference path: equality with eager here checks the matchers,
-the rewrite and the reference impls; the kernels are checked in tests/kernels/test_rms_norm.py
+the rewrite and the reference impls; the kernels are checked in tests/kernels/test_rms_norm_kernel.py
 (interpreter) and tests/gpu/test_rms_norm_gpu.py.
 """
 
@@ -19,7 +19,8 @@ from torch._dynamo.backends.common import aot_autograd
 
 import diffusion_fuse
 from diffusion_fuse.fxpasses import PassManager
-from diffusion_fuse.lowering.rms_norm import row_layout, rms_norm_chain_tail
+from diffusion_fuse.kernels.rms_norm import rms_norm_chain_tail
+from diffusion_fuse.kernels.rows import row_layout
 from diffusion_fuse.testing.tiny_models import build
 from helpers import bitwise_equal, compile_and_run
 from test_models_lossless import expected

@@ -1,9 +1,9 @@
-"""CPU checks of kernels/ln_modulate.py and its dispatch, in Triton's interpreter.
+"""CPU checks of kernels/norm_modulate.py and its dispatch, in Triton's interpreter.
 
 The interpreter must be on before triton is first imported, so the checks run in a child
 process (this file with ``--worker``) and report JSON. Numerics are compared within bf16
 tolerance here (the interpreter's fp32 -> bf16 cast truncates); bit-exactness is the GPU
-tests' job (tests/gpu/test_ln_modulate_gpu.py).
+tests' job (tests/gpu/test_norm_modulate_gpu.py).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ CASES = [
      False),
 ]
 UNIFORM_CASES = ["rows_2d_fp32", "uniform_per_token"]
-# Launch variants (kernels/ln_modulate.py LaunchVariant) against the default, bitwise: D 3072 / 5120 take the
+# Launch variants (kernels/norm_modulate.py LaunchVariant) against the default, bitwise: D 3072 / 5120 take the
 # row-group and one-exchange kernels, D 64 / 1000 the one-row kernel; odd row counts leave the last group
 # half full, B=2 with odd S puts a group across the batch boundary (per-token scale/shift).
 VARIANT_CASES = [
@@ -66,14 +66,14 @@ def _case_inputs(shape, dtype, ln_dtype, layout, shift, affine, seed=0):
 
 def worker() -> dict:
     import diffusion_fuse
-    from diffusion_fuse.kernels.ln_modulate import ln_modulate_triton
+    from diffusion_fuse.kernels.norm_modulate import ln_modulate_triton
     from diffusion_fuse.lowering import counters
-    from diffusion_fuse.lowering.norm_modulate import ln_modulate_reference
+    from diffusion_fuse.lowering.norm_modulate import norm_modulate
 
     res: dict = {"kernel": {}, "dispatch": {}}
     for name, shape, dtype, ln_dtype, out_dtype, layout, shift, affine in CASES:
         x, w, b, sc, sh = _case_inputs(shape, dtype, ln_dtype, layout, shift, affine)
-        ref = ln_modulate_reference(x, w, b, 1e-6, sc, sh, ln_dtype, out_dtype)
+        ref = norm_modulate(x, w, b, 1e-6, sc, sh, ln_dtype, out_dtype)
         got = ln_modulate_triton(x, w, b, 1e-6, sc, sh, ln_dtype, out_dtype)
         err = float((ref.double() - got.double()).norm() / ref.double().norm())
         res["kernel"][name] = {"dtype": str(got.dtype), "ref_dtype": str(ref.dtype), "shape": list(got.shape),
@@ -83,7 +83,7 @@ def worker() -> dict:
             one_per_row = ln_modulate_triton(x, w, b, 1e-6, sc, sh, ln_dtype, out_dtype, rows_per_program=1)
             res["kernel"][name]["rows_per_program_equals_one"] = bool(torch.equal(four_per_program, one_per_row))
 
-    from diffusion_fuse.kernels.ln_modulate import LAUNCH_CANDIDATES, LaunchVariant
+    from diffusion_fuse.kernels.norm_modulate import LAUNCH_CANDIDATES, LaunchVariant
 
     # max_registers is a compiler option the interpreter does not see: the other fields are what differ here
     variants = {name: LaunchVariant(row_group=int(name[5]), one_exchange=name.endswith("_exchange1"))
@@ -102,7 +102,7 @@ def worker() -> dict:
         k: bool(torch.equal(ln_modulate_triton(x, w, b, 1e-6, sc, sh, None, None, launch_variant=lv), base))
         for k, lv in LAUNCH_CANDIDATES.items()}
 
-    op = torch.ops.diffusion_fuse.ln_modulate
+    op = torch.ops.diffusion_fuse.norm_modulate
     x, _, _, sc, sh = _case_inputs((1, 8, 64), torch.bfloat16, None, "b1d", True, False)
     calls = {
         "ok": (x, sc, sh),
@@ -115,7 +115,7 @@ def worker() -> dict:
     for key, (xx, ss, hh) in calls.items():
         counters.reset()
         out = op(xx, None, None, 1e-6, ss, hh, None, None)
-        ref = ln_modulate_reference(xx, None, None, 1e-6, ss, hh, None, None)
+        ref = norm_modulate(xx, None, None, 1e-6, ss, hh, None, None)
         res["dispatch"][key] = {"counters": counters.snapshot(), "equal_to_reference": bool(torch.equal(out, ref))}
 
     # Whole model, kernels live: the interpreter does not round like eager, so the verifier
@@ -125,7 +125,7 @@ def worker() -> dict:
     for dtype, tag in ((torch.bfloat16, "flux_bf16"), (torch.float64, "flux_fp64")):
         model, kwargs = build("flux", dtype)
         report = diffusion_fuse.Report()
-        # fp64: only ln_modulate's guard is under test (the fp32 pieces of an fp64 model would
+        # fp64: only norm_modulate's guard is under test (the fp32 pieces of an fp64 model would
         # run pointwise kernels in the interpreter, whose numerics are not eager's)
         options = {"patterns": {"pointwise": False}} if dtype == torch.float64 else None
         compiled = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(options, report), fullgraph=True)
@@ -172,7 +172,7 @@ def test_kernel_matches_reference_to_tolerance(results, case):
 @pytest.mark.parametrize("key", ["ok", "strided_rows", "non_contiguous"])
 def test_guard_accepts_any_row_layout(results, key):
     r = results["dispatch"][key]
-    assert r["counters"]["kernel"] == {"ln_modulate": 1} and r["counters"]["fallback"] == {}
+    assert r["counters"]["kernel"] == {"norm_modulate": 1} and r["counters"]["fallback"] == {}
 
 
 @pytest.mark.parametrize("key, reason", [
@@ -184,7 +184,7 @@ def test_guard_rejections_take_the_reference_path_and_are_counted(results, key, 
     r = results["dispatch"][key]
     assert r["equal_to_reference"]
     assert r["counters"]["kernel"] == {}
-    ((got_reason, n),) = r["counters"]["fallback"]["ln_modulate"].items()
+    ((got_reason, n),) = r["counters"]["fallback"]["norm_modulate"].items()
     assert got_reason.startswith(reason) and n == 1, got_reason
 
 
@@ -201,7 +201,7 @@ def test_model_with_guard_rejected_dtype_is_counted_in_the_report(results):
     r = results["flux_fp64"]
     assert r["equal"] and set(r["statuses"]) == {"kept"}
     assert r["counters"]["kernel"] == {"linear_cat": 2}  # no Triton kernel; linear_cat's op is ATen GEMMs
-    reasons = r["counters"]["fallback"]["ln_modulate"]
+    reasons = r["counters"]["fallback"]["norm_modulate"]
     assert list(reasons) == ["unsupported dtype (x torch.float64; kernel takes ['torch.bfloat16', 'torch.float16', "
                              "'torch.float32'])"]
     assert "unsupported dtype" in r["table"]

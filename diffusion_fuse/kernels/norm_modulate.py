@@ -1,4 +1,4 @@
-"""Triton kernel for ``diffusion_fuse::ln_modulate``: LayerNorm + AdaLN modulate in one pass.
+"""Triton kernel for ``diffusion_fuse::norm_modulate``: LayerNorm + AdaLN modulate in one pass.
 
 Numerics contract (lossless tier): per row, mean/rstd are eager's
 ``vectorized_layer_norm_kernel`` values (kernels/layer_norm_stats.py); then every op of the
@@ -11,10 +11,10 @@ order, with no FMA contraction (launched with ``launch.EAGER_NUMERICS``)::
     v = round_v(u + shift)       # promote(u, shift)
     out = round_out(v)           # final cast (Wan: bf16)
 
-With a second addend (Wan's chunked ``scale_shift_table + temb.float()``, patterns/wan_temb.py),
+With a second addend (Wan's chunked ``scale_shift_table + temb.float()``, patterns/table_slice.py),
 ``scale`` is ``scale + scale_temb`` and ``shift`` is ``shift + shift_temb``: one fp32 add of the two
 values widened to fp32, as eager's add computes the slice (the guard takes fp32 sums only). Without
-a scale (HAS_SCALE=False: a LayerNorm read by no modulate, gated_residual_ln_modulate only), ``out =
+a scale (HAS_SCALE=False: a LayerNorm read by no modulate, gated_residual_norm_modulate only), ``out =
 round_out(y)``.
 
 Inputs: x [M, D] or [B, S, D] with any strides (eager LayerNorm copies a non-contiguous input
@@ -23,7 +23,7 @@ case, is specialized by Triton),
 D % 4 == 0 (the guard in lowering/norm_modulate.py routes everything else to the
 reference); scale/shift anything that broadcasts to x with unit stride along D ([B,1,D],
 [B,S,D], strided per-token slices of [B,S,6,D]).
-Verified shapes: see tests/gpu/test_ln_modulate_gpu.py and BENCHMARKS.md.
+Verified shapes: see tests/gpu/test_norm_modulate_gpu.py and BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -34,14 +34,44 @@ import torch
 import triton
 import triton.language as tl
 
-from ..lowering.norm_modulate import result_dtypes, sum_dtype
 from .fp8_quant import QuantEpilogue, load_scales, store_quants
 from .launch import CachedLaunch
-from .layer_norm_stats import (DEFAULT_VARIANT, LANES, VEC, is_uniform, layer_norm_apply_affine, load_row_group_tile,
-                               load_row_tile, n_iters_for, program_row, row_tile_trip, row_values_per_lane,
-                               welford_row_stats, welford_tile_stats)
+from .layer_norm_stats import (
+    DEFAULT_VARIANT,
+    LANES,
+    VEC,
+    is_uniform,
+    layer_norm_apply_affine,
+    load_row_group_tile,
+    load_row_tile,
+    n_iters_for,
+    program_row,
+    row_tile_trip,
+    row_values_per_lane,
+    welford_row_stats,
+    welford_tile_stats,
+)
 
 _DT_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def sum_dtype(t: torch.Tensor | None, addend: torch.Tensor | None) -> torch.dtype | None:
+    """dtype of ``t [+ addend]``."""
+    if t is None:
+        return None
+    return t.dtype if addend is None else torch.promote_types(t.dtype, addend.dtype)
+
+
+def result_dtypes(x_dtype, scale_dtype, shift_dtype, ln_dtype, out_dtype):
+    """dtypes of (ln, 1+scale, ln*(1+scale), +shift, final) as eager's type promotion gives them.
+
+    ``scale_dtype=None``: no modulate (every dtype after the LayerNorm is the LayerNorm's).
+    """
+    ln_dt = ln_dtype or x_dtype
+    t_dt = scale_dtype or ln_dt
+    u_dt = torch.promote_types(ln_dt, t_dt)
+    v_dt = torch.promote_types(u_dt, shift_dtype) if shift_dtype is not None and scale_dtype is not None else u_dt
+    return ln_dt, t_dt, u_dt, v_dt, out_dtype or v_dt
 
 
 @triton.jit
@@ -342,7 +372,7 @@ HALF_LN_VARIANT = LaunchVariant(cache_hints=3)
 
 
 def default_launch_variant(ln_dt: torch.dtype) -> LaunchVariant:
-    """What ``plan_ln_modulate`` launches when not told: by the dtype the row is normalized in."""
+    """What ``plan_norm_modulate`` launches when not told: by the dtype the row is normalized in."""
     return HALF_LN_VARIANT if ln_dt in (torch.bfloat16, torch.float16) else LAUNCH_VARIANT
 # Candidates the GPU test and benchmarks/bench_norm.py compare (FLUX/Wan2.2 D=3072 bf16 need 48 registers
 # today, 40 without spilling: 12 programs per SM instead of 10; Wan2.1 D=5120 fp32-LN 71, 56: 9 instead of 7).
@@ -379,32 +409,23 @@ def modulate_constexprs(D, weight, bias, shift, ln_dt, t_dt, u_dt, v_dt, variant
     )
 
 
-QUANT_ARGS = 5  # a _quant op's arguments after its base op's: q_scales, q_mode, lo, hi, keep_out
+def plan_norm_modulate(a, variant=DEFAULT_VARIANT, affine_fma: bool = True, rows_per_program: int | None = None,
+                       quant: tuple[int, str, bool] | None = None, nan_sign: bool | None = None,
+                       launch_variant: LaunchVariant | None = None):
+    """A launch for inputs of this layout: ``a`` holds the op's arguments by name (lowering/norm_modulate.py;
+    ``can_use_norm_modulate`` accepted them), and so does the launch's argument.
 
-
-def split_trailing(rest: tuple, quant, n: int) -> tuple[tuple, tuple]:
-    """(quant arguments, the n optional second addends) from an op's arguments after its base ones:
-    ``[q_scales, q_mode, lo, hi, keep_out,] [addends...]`` (absent addends are None)."""
-    k = QUANT_ARGS if quant else 0
-    return rest[:k], (tuple(rest[k:]) + (None,) * n)[:n]
-
-
-def plan_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, scale_temb=None, shift_temb=None,
-                     variant=DEFAULT_VARIANT, affine_fma: bool = True, rows_per_program: int | None = None,
-                     quant: tuple[int, int, bool] | None = None, nan_sign: bool | None = None,
-                     launch_variant: LaunchVariant | None = None):
-    """A launch for inputs of this layout (they must satisfy ``can_use_ln_modulate``).
-
-    ``quant``: ``(n, q_mode, keep_out)`` for ``diffusion_fuse::ln_modulate_quant`` (its launch then
-    takes that op's arguments and returns its Tensor[]), None for ``ln_modulate``.
+    ``quant``: ``(n, q_mode, keep_out)`` for ``diffusion_fuse::norm_modulate_quant`` (the launch then reads that
+    op's quantizer arguments too and returns its Tensor[]), None for ``norm_modulate``.
     ``rows_per_program`` (default ROWS_PER_PROGRAM; D % 512 == 0 only): rows one 4-warp program takes one
     after the other. ``launch_variant`` (default ``default_launch_variant``): see ``LaunchVariant``. Every choice of
     both gives the same bits.
     """
+    x, scale, shift, scale_temb, shift_temb = a.x, a.scale, a.shift, a.scale_temb, a.shift_temb
     D = x.shape[-1]
     S = x.shape[1] if x.dim() == 3 else 1
     ln_dt, t_dt, u_dt, v_dt, final = result_dtypes(
-        x.dtype, sum_dtype(scale, scale_temb), sum_dtype(shift, shift_temb), ln_dtype, out_dtype)
+        x.dtype, sum_dtype(scale, scale_temb), sum_dtype(shift, shift_temb), a.ln_dtype, a.out_dtype)
     shape, device = x.shape, x.device
     strides = (*_row_strides(x, x), x.stride(-1), *_row_strides(scale, x), *_row_strides(shift, x))
     temb_strides = (*_row_strides(scale_temb, x), *_row_strides(shift_temb, x))
@@ -413,7 +434,7 @@ def plan_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, sc
         lv = launch_variant
     else:  # the hints need the one-row kernel
         lv = default_launch_variant(ln_dt) if (rows_per_program or ROWS_PER_PROGRAM) == 1 else LAUNCH_VARIANT
-    const = {**modulate_constexprs(D, weight, bias, shift, ln_dt, t_dt, u_dt, v_dt, variant, affine_fma),
+    const = {**modulate_constexprs(D, a.weight, a.bias, shift, ln_dt, t_dt, u_dt, v_dt, variant, affine_fma),
              **epi.constexprs, "HAS_SCALE_TEMB": scale_temb is not None, "HAS_SHIFT_TEMB": shift_temb is not None,
              "ONE_EXCHANGE": lv.one_exchange}
     rows = x.numel() // D
@@ -434,24 +455,14 @@ def plan_ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, sc
                               num_warps=LANES // 32, **options)
         sizes = (D, S)
 
-    def launch(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, *rest):
-        quant_args, (scale_temb, shift_temb) = split_trailing(rest, quant, 2)
+    def launch(a):
+        x, scale = a.x, a.scale
         out = torch.empty(shape, dtype=final, device=device) if epi.keep_out else x
-        q_args, q = epi.args(x, *quant_args)
-        kernel(x, weight if weight is not None else x, bias if bias is not None else x, scale,
-               shift if shift is not None else scale, out, *sizes, eps, *strides, *q_args,
-               scale_temb if scale_temb is not None else scale, shift_temb if shift_temb is not None else scale,
+        q_args, q = epi.args(x, a) if quant else epi.args(x)
+        kernel(x, a.weight if a.weight is not None else x, a.bias if a.bias is not None else x, scale,
+               a.shift if a.shift is not None else scale, out, *sizes, a.eps, *strides, *q_args,
+               a.scale_temb if a.scale_temb is not None else scale, a.shift_temb if a.shift_temb is not None else scale,
                *temb_strides)
         return out if q is None else epi.outputs([], out, q)
 
     return launch
-
-
-def ln_modulate_triton(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, scale_temb=None, shift_temb=None,
-                       variant=DEFAULT_VARIANT, affine_fma: bool = True,
-                       rows_per_program: int | None = None,
-                       launch_variant: LaunchVariant | None = None) -> torch.Tensor:
-    """Plan and launch once (tests, benchmarks); the op caches plans per layout instead."""
-    args = (x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, scale_temb, shift_temb)
-    return plan_ln_modulate(*args, variant=variant, affine_fma=affine_fma, rows_per_program=rows_per_program,
-                            launch_variant=launch_variant)(*args)

@@ -83,23 +83,23 @@ def worker() -> dict:
     sc, sh = (rn(1, 1, D).to(torch.bfloat16) for _ in range(2))
     scales = [torch.tensor(v) for v in (0.01, 0.05, 0.3, 1.7)]
     for n, keep in ((1, False), (3, True), (4, False)):
-        run(f"ln_n{n}_keep{keep}", ops.ln_modulate_quant, L.ln_modulate_quant_reference,
+        run(f"ln_n{n}_keep{keep}", ops.norm_modulate_quant, L.ln_modulate_quant_reference,
             xin, None, None, 1e-6, sc, sh, None, None, scales[:n], L.Q_DIV, -448.0, 448.0, keep)
     # Wan: fp32 LayerNorm and modulate, cast to bf16, then quantized
     scf, shf = (rn(1, 1, D) for _ in range(2))
-    run("ln_wan_fp32", ops.ln_modulate_quant, L.ln_modulate_quant_reference,
+    run("ln_wan_fp32", ops.norm_modulate_quant, L.ln_modulate_quant_reference,
         xin, None, None, 1e-6, scf, shf, torch.float32, torch.bfloat16, scales[:3], L.Q_MUL, -448.0, 448.0, False)
     res_in, gate = (rn(1, 12, D) * 4).to(torch.bfloat16), rn(1, 1, D).to(torch.bfloat16)
     for keep in (False, True):
-        run(f"gated_keep{keep}", ops.gated_residual_ln_modulate_quant, L.gated_residual_ln_modulate_quant_reference,
+        run(f"gated_keep{keep}", ops.gated_residual_norm_modulate_quant, L.gated_residual_norm_modulate_quant_reference,
             res_in, xin, gate, None, None, 1e-6, sc, sh, None, scales[:2], L.Q_DIV, -448.0, 448.0, keep)
     # D % 512 == 0: rows held in registers (the register tile, for ln and gated)
     D = 512
     xin, res_in = ((rn(1, 10, D) * 3 + 1).to(torch.bfloat16) for _ in range(2))
     sc, sh, gate = (rn(1, 1, D).to(torch.bfloat16) for _ in range(3))
-    run("ln_uniform", ops.ln_modulate_quant, L.ln_modulate_quant_reference,
+    run("ln_uniform", ops.norm_modulate_quant, L.ln_modulate_quant_reference,
         xin, None, None, 1e-6, sc, sh, None, None, scales[:2], L.Q_DIV, -448.0, 448.0, False)
-    run("gated_uniform", ops.gated_residual_ln_modulate_quant, L.gated_residual_ln_modulate_quant_reference,
+    run("gated_uniform", ops.gated_residual_norm_modulate_quant, L.gated_residual_norm_modulate_quant_reference,
         res_in, xin, gate, None, None, 1e-6, sc, sh, None, scales[1:4], L.Q_DIV, -448.0, 448.0, True)
     return res
 
