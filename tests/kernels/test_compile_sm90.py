@@ -506,29 +506,6 @@ def test_lut16_gelu_takes_fewer_instructions_than_its_recipe():
     assert len(lk) < 0.7 * len(r)
 
 
-@pytest.mark.parametrize("split, expect_spill", [(1, True), (2, False), (4, False)])
-def test_gemm_probe_gelu_epilogue_spills_only_as_a_whole_tile(split, expect_spill):
-    """benchmarks/probe_gemm_exact.py's persistent TMA GEMM (128x256x64 tiles, 8 warps) with eager's gelu-tanh
-    in its epilogue: the whole tile's epilogue spills registers to the stack in the sm_90 build, the epilogue in
-    2 or 4 column parts does not (what BENCHMARKS.md says of runs 2 and 3). ``-s`` prints registers and stack."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    import probe_gemm_exact as probe
-
-    k = probe._mm_tma_persistent_kernel
-    const = dict(M=4096, N=12288, K=3072, ldc=12288, BM=128, BN=256, BK=64, GROUP_M=8, EPI=2, NUM_SMS=132,
-                 TMA_STORE=True, SPLIT=split)
-    sig = {n: ("constexpr" if n in const else "*bf16") for n in k.arg_names}
-    src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(n),): v for n, v in const.items()})
-    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                        options={"num_warps": 8, "num_stages": 3 if split < 4 else 4, **EAGER_NUMERICS})
-    stack = cubin_stack_bytes(ck)
-    print(f"gelu epilogue in {split} part(s): {cubin_registers(ck)} registers, {stack} stack bytes")
-    assert (stack > 0) == expect_spill
-
-
 @pytest.mark.parametrize("epi, has_bias", [(3, True), (3, False), (2, True), (0, True)])
 def test_linear_gelu_kernel_builds_for_sm90(epi, has_bias):
     """kernels/linear_gelu.py (EPI 3: the op's gelu looked up; 2: the recipe and 0: the linear alone, for
@@ -564,43 +541,3 @@ def test_linear_gelu_kernel_builds_for_sm90(epi, has_bias):
     assert ("tanh" in ptx) == (epi == 2)
     if epi == 3:
         assert "ld.shared" in ptx
-
-
-@pytest.mark.parametrize("epi", [3, 0])
-def test_probe_cooperative_gemm_builds_for_sm90(epi):
-    """benchmarks/probe_gemm_ws.py's cooperative kernel (both MMA warpgroups on one 128x256 tile, m64n256k16, the
-    epilogue in its own warpgroup): 12 warps, within an SM's shared memory. It spills ~112 bytes per thread in
-    the MMA partition's per-tile epilogue (outside the K loop); ``-s`` prints it. Measured exact and slower than
-    the ping-pong kernel (results/h200-2026-12-01a/run3)."""
-    import sys
-    from pathlib import Path
-
-    import torch
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    from triton.runtime.jit import mangle_type
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    import probe_gemm_ws as probe
-
-    from diffusion_fuse.kernels import linear_gelu as lg
-
-    k = probe._linear_gelu_coop_kernel
-
-    def desc(rows):
-        return mangle_type(TensorDescriptor.from_tensor(torch.empty(2 * rows, 128, dtype=torch.bfloat16), [rows, 64],
-                                                        gl.NVMMASharedLayout.get_default_for([rows, 64], gl.bfloat16)))
-
-    const = dict(NUM_PROGS=132, HAS_BIAS=True, EPI=epi, TBM=lg.BM, TBN=probe.COOP["bn"], TBK=lg.BK, GROUP=lg.GROUP_M,
-                 STG=probe.COOP["stages"], LO=0x3C00, SPAN=1500, SPECIAL=0x7F80, TABLE=4096)
-    sig = {"a_desc": desc(128), "w_desc": desc(256), "LUT": "*i32", "BIAS": "*bf16", "C": "*bf16", "M": "i32",
-           "N": "i32", "K": "i32", "LDC": "i32", **{n: "constexpr" for n in const}}
-    src = GluonASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(n),): v for n, v in const.items()})
-    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={
-        "num_warps": probe.COOP["num_warps"], "maxnreg": probe.COOP["maxnreg"], **EAGER_NUMERICS})
-    ptx = ck.asm["ptx"]
-    print(f"cooperative EPI {epi}: {cubin_registers(ck)} registers, {cubin_stack_bytes(ck)} stack bytes, "
-          f"{ck.metadata.shared} bytes of shared memory")
-    assert ck.metadata.num_warps == 12 and "wgmma.mma_async.sync.aligned.m64n256k16" in ptx
-    assert ck.metadata.shared <= 232448
