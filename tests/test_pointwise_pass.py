@@ -14,6 +14,7 @@ import operator
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import bitwise_equal, compile_and_run
 
 import diffusion_fuse
 from diffusion_fuse.kernels.pointwise import Generator, Lin, Term, flatten
@@ -21,7 +22,6 @@ from diffusion_fuse.lowering import faults
 from diffusion_fuse.lowering.pointwise import PROGRAMS, generate_source
 from diffusion_fuse.testing import pointwise as pw
 from diffusion_fuse.testing.tiny_models import build
-from helpers import bitwise_equal, compile_and_run
 
 bf16, f32 = torch.bfloat16, torch.float32
 
@@ -231,7 +231,8 @@ def test_bf16_operands_round_after_every_op():
 
 
 def test_bf16_gelu_is_a_lookup_in_eagers_outputs_and_the_recipe_where_no_table_is_built(monkeypatch):
-    from diffusion_fuse.kernels import lut16, pointwise_codegen
+    from diffusion_fuse.kernels import lut16
+    from diffusion_fuse.kernels import pointwise as pointwise_codegen
 
     fn = lambda x: torch.nn.functional.gelu(x, approximate="tanh").clone()  # noqa: E731
     src = generate_source([rn(4, 40)], pw.program_of(fn, rn(4, 40)))
