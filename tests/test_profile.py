@@ -16,6 +16,7 @@ import types
 
 import pytest
 import torch
+from html_report import parse, select
 
 import diffusion_fuse
 from diffusion_fuse.__main__ import main
@@ -23,7 +24,6 @@ from diffusion_fuse.lowering import dispatch, profiling
 from diffusion_fuse.patterns import REGISTRY
 from diffusion_fuse.profile import COMPUTE, EAGER, HOST, OURS
 from diffusion_fuse.testing.tiny_models import build
-from html_report import parse, select
 
 LOCATION = re.compile(r"^.+\.py:\d+ \(.+\)$")
 INDUCTOR_KERNEL = re.compile(r"^(triton|cpp)_[a-z]+_\w+$")
@@ -159,7 +159,7 @@ def test_cli_tiny_model(tmp_path, capsys):
                  "--html", str(html_path), "--json", str(json_path)])
     out = capsys.readouterr().out
     assert code == 0
-    assert "diffusion_fuse profile: tiny flux (fp32" in out and "eager ATen ops left unfused" in out
+    assert "diffusion_fuse profile: tiny flux (fp32" in out and "left unfused" in out and "(target ≤ 5%)" in out
     assert "above floor ms" in out and "Inductor kernels (ms)" in out
     d = json.loads(json_path.read_text())
     assert d["variants"] == ["eager", "diffusion_fuse", "inductor"] and d["classes"]
@@ -315,3 +315,18 @@ def test_gpu_attribution_on_a_synthetic_trace():
         got[i.cls] += i.ns
     assert got == {OURS + "fam": 100, EAGER: 70, "GEMM": 250, MEMCPY: 50}
     assert any("5 of 5 kernels matched" in n for n in graphed.notes)
+
+
+def test_a_variant_that_fails_is_left_out_and_said(monkeypatch):
+    from helpers import AdaLN, adaln_inputs
+    from torch._inductor import compile_fx
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Inductor stand-in failure")
+
+    monkeypatch.setattr(compile_fx, "compile_fx", broken)
+    x, emb = adaln_inputs()
+    report = diffusion_fuse.profile(AdaLN().eval(), x, emb, forwards=1, warmup=1)
+    assert report.variants == ["eager", "diffusion_fuse"]
+    assert any(n.startswith("inductor: failed and left out: BackendCompilerFailed") for n in report.notes)
+    assert report.families() and not any(ln.inductor for ln in report.lines)
