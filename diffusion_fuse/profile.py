@@ -242,12 +242,13 @@ class ProfileReport:
     def lines_table(self, limit: int | None = 15) -> str:
         rows = []
         for ln in self.lines[:limit]:
-            ind = ", ".join(f"{k} {_ms(t)}" for k, t in ln.inductor[:3]) + (" ..." if len(ln.inductor) > 3 else "")
+            ind = ", ".join(f"{_short(k, 36)} {_ms(t)}" for k, t in ln.inductor[:2])
+            ind += f" (+{len(ln.inductor) - 2} more)" if len(ln.inductor) > 2 else ""
             rows.append([ln.location, ln.code, " ".join(f"{op}×{n:g}" for op, n in ln.ops.items()), _ms(ln.ms),
                          _ms(ln.floor_ms), _ms(ln.above_floor_ms), _ms(ln.inductor_ms), ind or "(none)"])
         return tabulate(rows, headers=["source line", "code", "eager ATen ops", "ms", "floor ms", "above floor ms",
                                        "inductor ms", "Inductor kernels (ms)"],
-                        maxcolwidths=[40, 40, 36, None, None, None, None, 60], disable_numparse=True)
+                        maxcolwidths=[36, 36, 30, None, None, None, None, 44], disable_numparse=True)
 
     def headline(self) -> str:
         return (f"eager ATen ops and copies left unfused (not GEMM, attention, convolution or ours): "
@@ -297,6 +298,11 @@ class ProfileReport:
 
 def _ms(v: float | None) -> str:
     return "" if v is None else f"{v:.3f}"
+
+
+def _short(name: str, n: int) -> str:
+    """``name`` in at most ``n`` characters: its start and its end (an Inductor kernel's name lists every op)."""
+    return name if len(name) <= n else name[:n - 13] + "…" + name[-12:]
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -628,7 +634,7 @@ def _analyze(kr: Any, cuda: bool, family_of: Callable[[str], str], records: list
                    if e.device_type() == DeviceType.CPU and _RUNTIME_RE.match(e.name())}
         fwd_of_linked: dict[int, int | None] = {}
         per_fwd: list[list[tuple[int, int, str, _Inst | None]]] = [[] for _ in range(nf)]
-        unplaced = 0
+        unplaced = outside = 0
         for d in events:
             if d.device_type() != DeviceType.CUDA:
                 continue
@@ -646,6 +652,8 @@ def _analyze(kr: Any, cuda: bool, family_of: Callable[[str], str], records: list
                 unplaced += 1
                 continue
             fwd = tree.forwards[fi]
+            if linked is not None and t is not None and not linked.start_time_ns <= t <= linked.end_time_ns:
+                outside += 1  # the launch's host time is not inside its linked op: the clocks disagree
             start = linked if linked is not None else fwd
             deep = tree.deepest(start, t) if t is not None else start
             name = d.name()
@@ -653,6 +661,9 @@ def _analyze(kr: Any, cuda: bool, family_of: Callable[[str], str], records: list
             per_fwd[fi].append((d.start_ns(), d.end_ns(), name, inst))
         if unplaced:
             notes.append(f"{unplaced} device event(s) outside the profiled forwards left out")
+        if outside:
+            notes.append(f"{outside} launch(es) whose CUDA runtime call lies outside its linked op: those kernels "
+                         "are placed under the linked op, without the scopes inside it")
         for fi, evs in enumerate(per_fwd):
             if not evs:
                 continue
