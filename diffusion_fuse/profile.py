@@ -16,7 +16,7 @@ each forward in a ``diffusion_fuse.profile::forward`` scope that ends with a dev
 Time is device time on a GPU (each instant a kernel, copy or set runs counted once: overlapping streams are not
 counted twice) and CPU time on the CPU. Classes:
 
-- ``GEMM``, ``attention``, ``convolution``: kernels (CPU time) under an ATen op of that kind (``aten::mm``,
+- ``GEMM``, ``attention``, ``convolution``: the time under an ATen op of that kind (``aten::mm``,
   ``aten::scaled_dot_product_attention``, ``aten::convolution``...), counted under the outermost ATen op;
 - ``ours: <family>``: everything that runs inside one of our ops' calls. The runtime graph calls our ops without
   the dispatcher (fxpasses/direct_calls.py), so while a profiler records each call is wrapped in a
@@ -42,8 +42,8 @@ is the line reported. (The profiler's own ``with_stack`` records Python frames a
 line where each function starts, so it cannot name the line an op came from.)
 
 Launching op: a kernel's CUDA runtime call (same correlation id) gives its host time; the deepest profiler event
-open then, below the kernel's linked ATen op, is where the kernel comes from (our scopes are user annotations, so
-the profiler links a kernel launched in one to the enclosing op). A CUDA graph replay launches its kernels from
+open then, below the op the profiler links the kernel to, is where the kernel comes from (our scopes are user
+annotations, so the profiler links a kernel launched in one to the enclosing op, a graph node's scope). A CUDA graph replay launches its kernels from
 ``cudaGraphLaunch``, with no op around them: they are matched one by one to the kernels of the
 ``diffusion_fuse`` run (the same graphs, without CUDA graphs) by kernel name sequence (``difflib``), and take their
 class, op and floor from there; kernels that find no match take the class their name has there, else ``other``.
@@ -56,8 +56,8 @@ nothing. Our ops' bytes are their arguments' and outputs' spans, counted by the 
 that of its ops fused: inputs from outside the line read once, outputs the rest of the forward keeps (not freed
 before the next op, or read by an op of another line) written once; what stays between the line's ops moves
 nothing. A class's floor is the sum of its ops' floors (each op on its own). Compute-bound classes (GEMM,
-attention, convolution) get none: their floor is compute, not bytes; a family that runs a GEMM (``linear_cat``)
-has a bytes floor far below its time.
+attention, convolution) get none: their floor is compute, not bytes; a family whose op runs a GEMM has a bytes
+floor far below its time.
 
 Inductor column: Inductor is compiled with ``torch._inductor.config.trace.provenance_tracking_level = 1``, which
 records each generated kernel's source stack traces (``torch._dynamo.utils.get_compilation_metrics()``'s
@@ -477,10 +477,11 @@ def _io(e: Any, ours: bool) -> _IO:
             io.written[_tensor_key(inplace)] = _tensor_span(inplace)
     if not ours and not io.produced and inplace is None:
         return io  # a view (or an op that moves nothing the profiler can see)
+    skip = _tensor_key(inplace) if inplace is not None and name in _OVERWRITE_OPS else None  # not read, only written
     for t in tensors_in:
-        if inplace is not None and t is inplace and name in _OVERWRITE_OPS:
-            continue
         k = _tensor_key(t)
+        if k == skip:
+            continue
         if k not in made:
             io.reads[k] = max(io.reads.get(k, 0), _tensor_span(t))
     return io
