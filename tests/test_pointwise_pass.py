@@ -400,3 +400,17 @@ def test_a_write_into_a_slice_is_one_group_with_eagers_output(text):
     assert any(n.target is torch.ops.aten.slice_scatter.default for n in site.nodes) == (text > 0)
     ref, out, report = compile_and_run(lambda q, cos, sin: fn(q, cos, sin), dict(q=q, cos=cos, sin=sin))
     assert bitwise_equal(ref, out) and report.count("pointwise", status="kept") == 1, report.table()
+
+
+def test_a_write_into_a_row_is_one_group_with_eagers_output():
+    def fn(x, y):
+        x = x * 2
+        x[:, 1] = torch.sigmoid(y)
+        return x + 1
+
+    x, y = rn(2, 5, 16), rn(2, 16, seed=1)
+    gm, sites = pw.fuse(fn, x, y)
+    (site,) = sites
+    assert any(n.target is torch.ops.aten.select_scatter.default for n in site.nodes)
+    ref, out, report = compile_and_run(lambda x, y: fn(x, y), dict(x=x, y=y))
+    assert bitwise_equal(ref, out) and report.count("pointwise", status="kept") == 1, report.table()
