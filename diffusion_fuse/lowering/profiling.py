@@ -3,10 +3,11 @@
 The runtime graph calls each op's ``GuardedKernel`` directly (fxpasses/direct_calls.py), so the dispatcher, which
 is what records an op for ``torch.profiler``, never sees our ops: their kernels would show up under whatever ATen op
 or scope encloses them. While a profiler records, ``GuardedKernel.__call__`` hands the call to ``named_call``,
-which runs it inside ``torch.profiler.record_function("diffusion_fuse::<op>")``. When no profiler runs the check is
-one module attribute read (``torch.autograd.profiler._is_profiler_enabled``, which the profiler sets on start and
-clears on stop). The scope is a host-side record only, so it is safe inside a CUDA graph capture; a replay runs no
-Python and records no scope.
+which runs it inside a ``diffusion_fuse::<op>`` profiler range (``_RecordFunctionFast``, as Inductor marks its
+kernels). When no profiler runs the check is one module attribute read
+(``torch.autograd.profiler._is_profiler_enabled``, which the profiler sets on start and clears on stop).
+The scope is a host-side record only, so it is safe inside a CUDA graph capture; a replay runs no Python and
+records no scope.
 
 ``diffusion_fuse.profile`` also sets ``records`` while it profiles: each named call then appends its op's name and
 the bytes it reads and writes (its tensor arguments' and outputs' storage spans), which become the op's HBM floor.
@@ -48,7 +49,10 @@ def named_call(kernel: Any, args: tuple) -> Any:
     outer = getattr(_state, "inside", False)
     _state.inside = True
     try:
-        with torch.profiler.record_function("diffusion_fuse::" + kernel.op):
+        # _RecordFunctionFast, as Inductor's kernel markers: a kernel launched inside it is linked to it by
+        # correlation id; a user scope (torch.profiler.record_function) is not, and a Triton launch's driver
+        # call may have no runtime event to place it by time
+        with torch._C._profiler._RecordFunctionFast("diffusion_fuse::" + kernel.op):
             out = kernel(*args)
     finally:
         _state.inside = outer

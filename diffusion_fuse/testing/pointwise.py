@@ -166,7 +166,8 @@ def rope_freqs(tokens: int, pairs: int, device="cuda", generator=None) -> torch.
     return torch.polar(torch.ones_like(theta), theta).to(torch.complex64)
 
 
-def rope_into_slice(q, cos, sin, text: int = 256):  # ``q[:, :, text:] = rope(q[:, :, text:])``: the image tokens only
+def rope_into_slice(q, cos, sin):  # ``q[:, :, text:] = rope(q[:, :, text:])``: the image tokens only
+    text = q.shape[1] - cos.shape[0]
     q = q.transpose(1, 2).clone()  # [B, S, H, D] from the projection, attended as [B, H, S, D]
     q[:, :, text:] = rope(q[:, :, text:].transpose(1, 2), cos, sin).transpose(1, 2)
     return q
