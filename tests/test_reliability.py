@@ -211,7 +211,7 @@ def test_a_three_resolution_service_compiles_at_most_two_graphs(dynamic):
 @pytest.mark.parametrize("name", ["flux", "flux2", "wan21", "wan22_ti2v", "sana", "qwen_image", "sd35"])
 def test_every_tiny_model_compiles_with_dynamic_shapes_and_no_rewrite_raises(name):
     """``dynamic=True``: every size symbolic from the first call. Each pass must leave what it cannot express
-    with symbolic sizes as traced (session 15's interleave_scatter printed a size symbol into the graph's code);
+    with symbolic sizes as traced (a pass that prints a size symbol into the graph's code breaks the graph);
     the verifier would put such a graph's sites back, which this test calls a failure too."""
     from diffusion_fuse.testing.tiny_models import wider
 
