@@ -553,7 +553,7 @@ def markdown(runs: list[dict]) -> str:
         meta = data["meta"]
         clock = "perf_counter" if meta.get("tiny") else "CUDA events"
         models = ", ".join(rec["label"] for rec in data["models"])
-        lines.append(f"`{meta['command']}` ({meta['date']}; {models}): {meta['device']}, torch {meta['torch']}, "
+        lines.append(f"`{meta['command']}` ({models}): {meta['device']}, torch {meta['torch']}, "
                      f"triton {meta['triton']}, diffusers {meta['diffusers']}; {meta['reps']} timed forwards per "
                      f"variant (ABBA-interleaved, {clock}, medians); random bf16 weights; "
                      + ("compiled variants compile the whole transformer (`torch.compile(model)`, `dynamic=False`)."
@@ -568,8 +568,8 @@ def markdown(runs: list[dict]) -> str:
     lines += ["| " + " | ".join(TABLE_HEADERS) + " |", "|" + "---|" * len(TABLE_HEADERS)]
     # a model measured in more than one run: its rows and notes name the run by its start time
     seen = collections.Counter(rec["label"] for run in runs for rec in run["models"])
-    data = {"models": [dict(rec, label=f"{rec['label']} [{run['meta']['date']}]")
-                       if seen[rec["label"]] > 1 else rec for run in runs for rec in run["models"]]}
+    data = {"models": [dict(rec, label=f"{rec['label']} [run {i + 1}]")
+                       if seen[rec["label"]] > 1 else rec for i, run in enumerate(runs) for rec in run["models"]]}
     notes = []
     for rec in data["models"]:
         for row in table_rows(rec):
@@ -593,7 +593,9 @@ def write_table(json_paths: str, md_path: str) -> None:
     runs = []
     for path in json_paths.split(","):
         with open(path) as f:
-            runs.append(json.load(f))
+            data = json.load(f)
+        # one run as this script writes it, or several gathered as {"about": ..., "runs": [...]}
+        runs += data["runs"] if "runs" in data else [data]
     text = open(md_path).read()
     if BEGIN not in text or END not in text:
         sys.exit(f"{md_path}: markers not found ({BEGIN!r} ... {END!r})")
