@@ -29,12 +29,12 @@ are no other roundings. Which lane form and warp order eager uses is found per d
 (``eager_order``: every candidate of ``CANDIDATES[D]`` against eager's mean of one wide-range [64, D] fp32
 draw); the guard refuses a D for which none matches, and the verifier still checks every site.
 
-Measured (H200, torch 2.11, ``tests/gpu/test_mean_square_gpu.py``): strided lanes with descending offsets are
-eager's bits at D = 32 and 64 (bf16, fp16 and fp32 inputs over six decades, 4097 and 4800 rows: 0 rows differ;
-ascending: ~40% differ; results/h200-2026-12-01e/run4). At D = 128 **vectorized lanes with descending offsets**
-are (0 rows differ at Qwen-Image's image and text q shapes, all three dtypes); every other form differs in ~42%
-of rows (results/h200-2026-12-01f/run1). Fewer than 16 rows change the block shape (and the order): the
-reference path runs them.
+Measured (H200, torch 2.11, ``tests/gpu/test_mean_square_gpu.py`` prints the differing rows per candidate):
+strided lanes with descending offsets are eager's bits at D = 32 and 64 (bf16, fp16 and fp32 inputs over six
+decades, 4097 and 4800 rows: no row differs; ascending: ~40% differ). At D = 128 **vectorized lanes with
+descending offsets** are (no row differs at Qwen-Image's image and text q shapes, all three dtypes); every other
+form differs in ~42% of rows. Fewer than 16 rows change the block shape (and the order): the reference path runs
+them.
 
 Three kernels. ``mean_square_kernel`` takes every form: a program's 16 rows as a [16, 32] lane tensor, the warp
 tree as reshapes (Triton lays them out through shared memory). Eager's forms run on lane kernels, with each thread
@@ -47,9 +47,8 @@ the sm_90 build):
 - ``mean_square_strided_lanes_kernel``, D = 32 and 64: lane t loads elements t, t + 32 one at a time (a load that
   Triton vectorized would put several lanes in one thread).
 
-The sums are the same bits as the generic kernel's (the tests check every kernel against one numpy model). On
-Qwen-Image at 1024² the generic kernel took 18 µs a call (240 calls a forward, results/h200-2026-12-01f/run2), the
-lanes kernel 8.2 µs for the image q (floor 6.0; eager's pow + mean 89.8, run3).
+The sums are the same bits as the generic kernel's (the tests check every kernel against one numpy model); the
+lane kernels run eager's forms because they are faster (``benchmarks/bench_rms_norm.py`` times the op).
 """
 
 from __future__ import annotations
@@ -130,7 +129,8 @@ def mean_square_lanes_kernel(X, OUT, n_rows, row_stride, factor, ROWS: tl.conste
     first = tl.program_id(0) * ROWS
     lane_row = first + tl.arange(0, ROWS * 32) // 32
     x_lanes = X + lane_row.to(tl.int64) * row_stride
-    s = rms_row_sum_squares(x_lanes, lane_row < n_rows, 128, 1, 1, ROWS, 32, 4, False, True)
+    s = rms_row_sum_squares(x_lanes=x_lanes, lane_ok=lane_row < n_rows, N=128, stride_d=1, N_ITERS=1, ROWS=ROWS,
+                            LPR=32, VEC=4, PUSH_FMA=False, UNIFORM=True)
     r = first + tl.arange(0, ROWS)
     tl.store(OUT + r, s * factor, mask=r < n_rows)
 
