@@ -4,8 +4,8 @@ For each shape (Qwen-Image's q/k rows: 4096 image and 512 text tokens x 24 heads
 bf16, fp16 and fp32 inputs over six decades), every candidate order of the kernel (``CANDIDATES``: a lane's
 elements in order, as a tree, by halves, or as one vector; warp offsets descending or ascending) is compared
 with eager's ``x.float().pow(2).mean(-1, keepdim=True)``; the test passes when the order ``eager_order`` finds
-for each D (the one the kernel runs in) is bitwise eager's everywhere, and D = 32 and 64 have one. The per-order counts of
-differing rows go to $OUT/mean_square_gpu.json.
+for each D (the one the kernel runs in) is bitwise eager's everywhere, and D = 32 and 64 have one. The per-order
+counts of differing rows go to $OUT/mean_square_gpu.json.
 """
 
 from __future__ import annotations

@@ -130,8 +130,10 @@ def test_eagers_forms_run_the_lane_kernels():
 
     x = torch.zeros(40, 128)
     assert kernel(x, (ms.VECTOR, True)) is ms.mean_square_lanes_kernel
-    assert {kernel(x, o) for o in ms.CANDIDATES[128][1:]} == {ms.mean_square_kernel, ms.mean_square_strided_lanes_kernel}
-    for d in (32, 64):  # eager's form there (strided lanes, descending) on the lane kernel; the other on the generic one
+    others = {kernel(x, o) for o in ms.CANDIDATES[128][1:]}
+    assert others == {ms.mean_square_kernel, ms.mean_square_strided_lanes_kernel}
+    # eager's form at 32 and 64 (strided lanes, descending) on the lane kernel; the other on the generic one
+    for d in (32, 64):
         assert kernel(torch.zeros(40, d), (ms.SEQUENTIAL, True)) is ms.mean_square_strided_lanes_kernel
         assert kernel(torch.zeros(40, d), (ms.SEQUENTIAL, False)) is ms.mean_square_kernel
 
@@ -174,10 +176,6 @@ def test_guard_names_what_it_rejects(results):
     assert "dtype" in g["int"] and "evenly strided" in g["uneven_rows"]
 
 
-if __name__ == "__main__":
-    worker_main(worker)
-
-
 @pytest.mark.parametrize("per", [1, 2])
 def test_strided_lanes_kernel_compiles_for_sm90_with_one_element_per_lane(per):
     """D = 32, 64: every lane's load is one element (a vector would hold several lanes in one thread), one per row
@@ -208,3 +206,7 @@ def test_strided_lanes_kernel_compiles_for_sm90_with_one_element_per_lane(per):
             assert ptx.count("shfl.sync.down") == 5 * ms.LANE_GROUPS
             layouts = shuffle_layouts_any(ck.asm["ttgir"])
             assert layouts and layouts <= lane_layouts(ms.LANE_GROUPS), layouts
+
+
+if __name__ == "__main__":
+    worker_main(worker)
