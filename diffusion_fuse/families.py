@@ -15,8 +15,8 @@ import importlib.util
 
 FAMILIES: tuple[str, ...] = (
     "norm_modulate",
-    "gated_residual_norm_modulate",
     "gated_residual",
+    "gated_residual_norm_modulate",
     "grouped_gemv",
     "linear_cat",
     "mean_square",
@@ -27,6 +27,7 @@ FAMILIES: tuple[str, ...] = (
     "rms_norm_chain",
     "static_quant",
     "cat_quant",
+    "layer_norm",
 )
 
 STAGES = ("patterns", "lowering", "fxpasses")

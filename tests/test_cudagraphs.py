@@ -151,7 +151,6 @@ def test_verify_false_goes_to_the_tree_from_the_first_call(fake_trees):
 
 def test_tier_high_hands_cudagraphs_to_inductor(monkeypatch):
     import torch._inductor.compile_fx as compile_fx
-
     from helpers import AdaLN, adaln_inputs
 
     patches = []

@@ -3,11 +3,11 @@ ops' kernels without the dispatcher."""
 
 import torch
 import torch.fx as fx
+from helpers import bitwise_equal, lossless_tiny_model
 
 from diffusion_fuse.fxpasses.direct_calls import direct_calls
 from diffusion_fuse.lowering import dispatch
 from diffusion_fuse.lowering.dispatch import DIRECT, GuardedKernel
-from helpers import bitwise_equal, lossless_tiny_model
 
 ops = torch.ops.diffusion_fuse
 

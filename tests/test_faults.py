@@ -7,13 +7,13 @@ import logging
 
 import pytest
 import torch
+from helpers import AdaLN, adaln_inputs, bitwise_equal, compile_and_run
+from html_report import parse, select
 
 import diffusion_fuse
 from diffusion_fuse.lowering import counters, faults
 from diffusion_fuse.lowering.dispatch import GuardedKernel
 from diffusion_fuse.testing.tiny_models import build
-from helpers import AdaLN, adaln_inputs, bitwise_equal, compile_and_run
-from html_report import parse, select
 
 LN_OP = "diffusion_fuse::norm_modulate"
 

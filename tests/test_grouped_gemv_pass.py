@@ -153,10 +153,10 @@ def test_scalars_equal_by_value_but_not_by_bits_are_not_merged():
 
 
 def _rewritten_graph(model, kwargs) -> fx.Graph:
+    from census_sites import capture_graphs
+
     from diffusion_fuse.config import Options
     from diffusion_fuse.fxpasses.pass_manager import PassManager
-
-    from census_sites import capture_graphs
 
     (gm,) = capture_graphs(model, kwargs)
     PassManager(Options()).run(gm.graph)

@@ -8,9 +8,10 @@ import collections
 
 import pytest
 import torch
+from helpers import bitwise_equal
+
 import diffusion_fuse
 from diffusion_fuse.testing.tiny_models import QKNorm
-from helpers import bitwise_equal
 
 
 def _compile(model, x, options=None):

@@ -26,9 +26,9 @@ Family ``pointwise`` (on by default) then groups what is left; its counts are it
 
 import pytest
 import torch
+from helpers import bitwise_equal, compile_and_run
 
 from diffusion_fuse.testing.tiny_models import MODEL_NAMES, build
-from helpers import bitwise_equal, compile_and_run
 
 N, G, R = "norm_modulate", "gated_residual_norm_modulate", "gated_residual"
 EXPECTED_BY_FAMILY = {

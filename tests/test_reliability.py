@@ -7,12 +7,12 @@ import threading
 
 import pytest
 import torch
+from helpers import AdaLN as _AdaLN
+from helpers import bitwise_equal
 
 import diffusion_fuse
 from diffusion_fuse.lowering import counters, faults
 from diffusion_fuse.testing.tiny_models import build
-from helpers import AdaLN as _AdaLN
-from helpers import bitwise_equal
 
 
 def AdaLN(dim: int = 64):  # noqa: N802 - reads like the model class it builds
@@ -135,6 +135,9 @@ def test_counters_are_thread_safe():
 
 def test_verifier_frees_reference_values_as_it_goes():
     """The reference run keeps a value only while a later node or a site check needs it."""
+    import operator
+    import weakref
+
     from diffusion_fuse.verify.verifier import run_with_site_checks
 
     class Chain(torch.nn.Module):
@@ -144,29 +147,26 @@ def test_verifier_frees_reference_values_as_it_goes():
             return x
 
     gm = torch.fx.symbolic_trace(Chain())
-    alive = []
-    x = torch.randn(1000)
+    made: list[weakref.ref] = []  # every value the run computes
+    alive: list[int] = []  # how many of them are still referenced when each op runs
 
-    class Probe:  # count tensors that are still referenced while the run is in progress
-        def __call__(self, *args):
-            alive.append(sum(isinstance(o, torch.Tensor) and o.numel() == 1000 for o in gc.get_objects()))
-            return True
+    def tracked(fn):
+        def run(*args):
+            alive.append(sum(r() is not None for r in made))
+            out = fn(*args)
+            made.append(weakref.ref(out))
+            return out
+
+        return run
 
     for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target is torch.sin:
-            n.target = _probed_sin(Probe())
+        if n.op == "call_function" and n.target in (torch.sin, operator.add):
+            n.target = tracked(n.target)
     gm.recompile()
+    x = torch.randn(1000)
     out, verdicts = run_with_site_checks(gm, [x], [], lambda *a: None)
     assert torch.equal(out, Chain()(x)) and verdicts == {}
-    assert max(alive) <= 4, alive  # the input, one or two live intermediates, nothing that piles up
-
-
-def _probed_sin(probe):
-    def sin(x):
-        probe()
-        return torch.sin(x)
-
-    return sin
+    assert len(made) == 40 and max(alive) <= 1, alive  # only the value the next op reads is alive
 
 
 def test_outputs_that_alias_inputs_and_each_other():

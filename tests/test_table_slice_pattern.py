@@ -15,13 +15,13 @@ import pytest
 import torch
 import torch.fx as fx
 from functorch.compile import make_boxed_func
+from helpers import bitwise_equal, compile_and_run
 from torch._dynamo.backends.common import aot_autograd
 
 import diffusion_fuse
 from diffusion_fuse.fxpasses import PassManager
 from diffusion_fuse.lowering import faults
 from diffusion_fuse.testing.tiny_models import build
-from helpers import bitwise_equal, compile_and_run
 
 aten = torch.ops.aten
 LN_MOD = torch.ops.diffusion_fuse.norm_modulate.default

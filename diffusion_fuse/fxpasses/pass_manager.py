@@ -26,10 +26,8 @@ import torch.fx as fx
 from ..config import Options
 from ..log import error_message, get_logger
 from . import cat_of_slices, cleanup, drop_clones, fuse_patterns, interleave_scatter  # noqa: F401  (register)
+from . import direct_calls, python_bindings, recompose_linear
 from .base import PASSES, GraphPass, PassContext
-from .direct_calls import direct_calls
-from .python_bindings import python_bindings
-from .recompose_linear import recompose_linear
 
 _log = get_logger("fxpasses")
 
@@ -112,9 +110,9 @@ class PassManager:
         ATen-level runtime rewrites changed (``rewrite=False``: our ops' direct calls only)."""
         counts = {"linears_recomposed": 0, "python_bindings": 0}
         if rewrite:
-            gm, counts["linears_recomposed"] = recompose_linear(gm)
-            gm, counts["python_bindings"] = python_bindings(gm)
-        return direct_calls(gm), counts
+            gm, counts["linears_recomposed"] = recompose_linear.recompose_linear(gm)
+            gm, counts["python_bindings"] = python_bindings.python_bindings(gm)
+        return direct_calls.direct_calls(gm), counts
 
     def uuid(self) -> str:
         h = hashlib.sha256()

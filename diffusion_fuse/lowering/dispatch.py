@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from ..log import error_message, get_logger
-from . import counters, faults
+from . import counters, faults, profiling
 
 _log = get_logger("lowering")
 
@@ -148,6 +148,8 @@ class GuardedKernel:
             return f"{DISABLED}: {msg}", None
 
     def __call__(self, *args: Any) -> Any:
+        if profiling.autograd_profiler._is_profiler_enabled and profiling.unnamed():  # name the call in the trace
+            return profiling.named_call(self, args)
         fault = faults.active(self.op)  # None unless a fault is injected (lowering/faults.py)
         if fault is not None:
             return self._call_with_fault(fault, args)

@@ -11,7 +11,7 @@ import torch.fx as fx
 
 from .match_utils import aten, val
 from .quant_chain import emit_quant_op, quant_consumers
-from .registry import NearMiss, PatternFamily, Site, register_family
+from .registry import Example, NearMiss, PatternFamily, Site, example_tensor, register_family
 
 
 @register_family
@@ -24,6 +24,14 @@ class CatQuant(PatternFamily):
         "cat([view(attn), gelu(mlp)], 2) → quantizer   (FLUX single block → proj_out)",
         "cat([view(attn), silu(g) * u], -1) → quantizer (FLUX.2 single block → to_out)",
     )
+
+
+    def example(self) -> Example:
+        def cat_then_quantize(a, b, s):
+            c = torch.cat([a, torch.nn.functional.gelu(b, approximate="tanh")], -1)
+            return (c.float() / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
+        return cat_then_quantize, (example_tensor(1, 8, 32), example_tensor(1, 8, 16, seed=1), torch.tensor([4.0]))
 
     def match(self, node: fx.Node) -> Site | NearMiss | None:
         tensors = node.args[0]

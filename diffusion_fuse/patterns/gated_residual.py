@@ -26,7 +26,7 @@ import torch
 import torch.fx as fx
 
 from .match_utils import aten, cast_dtype, dtype_of, fold_upcast, is_op, single_user, val
-from .registry import NearMiss, PatternFamily, Site, register_family
+from .registry import Example, NearMiss, PatternFamily, Site, example_tensor, register_family
 from .table_slice import ModOperand, temb_slice, trim_defaults
 
 
@@ -101,6 +101,14 @@ class GatedResidual(PatternFamily):
         "cast(add(residual.float(), x[.float()] * gate), residual dtype)  (Wan FFN residual at a block's end)",
         "add(residual, x * gate), gate = (table + temb.float()).chunk(n)[j]  (Wan/SANA, fp32 model)",
     )
+
+
+    def example(self) -> Example:
+        def residual_round_trip(residual, x, gate):  # (residual.float() + x * gate).type_as(residual), gate fp32
+            return (residual.float() + x * gate[:, None]).type_as(residual)
+
+        return residual_round_trip, (example_tensor(2, 8, 64), example_tensor(2, 8, 64, seed=1),
+                                     example_tensor(2, 64, dtype=torch.float32, seed=2))
 
     def match(self, node: fx.Node) -> Site | NearMiss | None:
         gated = match_gated_residual(node)

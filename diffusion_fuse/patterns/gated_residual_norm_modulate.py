@@ -37,7 +37,7 @@ from .gated_residual import match_gated_residual
 from .match_utils import aten, cast_dtype, getitem_users, is_op, single_user
 from .norm_modulate import ModulateChain, match_ln_chains
 from .quant_chain import emit_quant_op, quant_chain, quant_consumers
-from .registry import NearMiss, PatternFamily, Site, register_family
+from .registry import Example, NearMiss, PatternFamily, Site, example_tensor, register_family
 from .table_slice import trim_defaults
 
 
@@ -72,6 +72,16 @@ class GatedResidualNormModulate(PatternFamily):
         "gate/scale/shift = (table + temb.float()).chunk(n)[j] [.squeeze]  (Wan, read as table + temb in the op)",
         "the output read by up to 4 static FP8 quantizers (patterns/static_quant.py) → ..._quant op",
     )
+
+
+    def example(self) -> Example:
+        def block_end(residual, x, gate, scale, shift):  # the next residual, and the next norm's modulated output
+            r = residual + gate[:, None] * x
+            ln = torch.nn.functional.layer_norm(r, (r.shape[-1],), eps=1e-6)
+            return r, ln * (1 + scale[:, None]) + shift[:, None]
+
+        return block_end, (example_tensor(2, 8, 64), example_tensor(2, 8, 64, seed=1), example_tensor(2, 64, seed=2),
+                           example_tensor(2, 64, seed=3), example_tensor(2, 64, seed=4))
 
     def match(self, node: fx.Node) -> Site | NearMiss | None:
         x_in, _, weight, bias, eps = node.args[:5]

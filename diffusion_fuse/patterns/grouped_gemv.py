@@ -23,7 +23,7 @@ import torch
 import torch.fx as fx
 
 from .match_utils import aten, is_op, linear_of, val
-from .registry import NearMiss, PatternFamily, Site, register_family
+from .registry import Example, NearMiss, PatternFamily, Site, example_tensor, register_family
 
 
 def _static_input(n: object) -> bool:
@@ -63,6 +63,19 @@ class GroupedGemv(PatternFamily):
         "addmm(b, x, t(W)) for every block's modulation, x = silu(temb) [1 or 2 rows]",
         "mm(x, t(W)) (no bias)",
     )
+
+
+    def example(self) -> Example:
+        class Modulations(torch.nn.Module):  # two blocks' AdaLN linears on one silu(temb)
+            def __init__(self) -> None:
+                super().__init__()
+                self.a, self.b = torch.nn.Linear(64, 128), torch.nn.Linear(64, 192)
+
+            def forward(self, temb):
+                return self.a(torch.nn.functional.silu(temb)), self.b(torch.nn.functional.silu(temb))
+
+        torch.manual_seed(0)
+        return Modulations().to(torch.bfloat16), (example_tensor(1, 64),)
 
     def match(self, node: fx.Node) -> Site | NearMiss | None:  # pragma: no cover - found by the pass
         return None

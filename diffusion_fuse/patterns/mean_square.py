@@ -19,7 +19,7 @@ import torch
 import torch.fx as fx
 
 from .match_utils import aten, cast_dtype, dtype_of, is_op, single_user, val
-from .registry import PatternFamily, Site, register_family
+from .registry import Example, PatternFamily, Site, example_tensor, register_family
 
 _SOURCE_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -44,6 +44,19 @@ class MeanSquare(PatternFamily):
         "mean(pow(_to_copy(x, float32), 2), [-1], keepdim)  (x bf16/fp16)",
         "mean(pow(x, 2), [-1], keepdim)  (x fp32)",
     )
+
+
+    def example(self) -> Example:
+        def variance(x):  # diffusers RMSNorm's variance over a head dim of 64
+            return x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+
+        return variance, (example_tensor(2, 8, 4, 64),)
+
+    def near_miss_example(self) -> Example:
+        def variance(x):  # a row of 16: no kernel reproduces ATen's order there
+            return x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+
+        return variance, (example_tensor(2, 8, 4, 16),)
 
     def match(self, node: fx.Node) -> Site | None:
         sq = node.args[0]

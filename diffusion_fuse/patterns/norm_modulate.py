@@ -36,7 +36,7 @@ from .match_utils import (
     val,
 )
 from .quant_chain import emit_quant_op, quant_chain, quant_consumers
-from .registry import NearMiss, PatternFamily, Site, register_family
+from .registry import Example, NearMiss, PatternFamily, Site, example_tensor, register_family
 from .table_slice import ModOperand, trim_defaults
 
 
@@ -73,6 +73,14 @@ class NormModulate(PatternFamily):
         "scale/shift = (table + temb.float()).chunk(n)[j] [.squeeze]  (Wan, read as table + temb in the op)",
         "any of these read by up to 4 static FP8 quantizers (patterns/static_quant.py) → norm_modulate_quant",
     )
+
+
+    def example(self) -> Example:
+        def adaln(x, scale, shift):  # LN(x) * (1 + scale) + shift, scale and shift per batch
+            ln = torch.nn.functional.layer_norm(x, (x.shape[-1],), eps=1e-6)
+            return ln * (1 + scale[:, None]) + shift[:, None]
+
+        return adaln, (example_tensor(2, 8, 64), example_tensor(2, 64, seed=1), example_tensor(2, 64, seed=2))
 
     def match(self, node: fx.Node) -> Site | NearMiss | None:
         x_in, _, weight, bias, eps = node.args[:5]

@@ -21,6 +21,9 @@ from .match_utils import aten, cast_dtype, is_op, single_user, val
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)
+# Quantizers one ``_quant`` op takes (its kernel's scales S0..S3: kernels/fp8_quant.MAX_QUANTS, which
+# tests/test_layout.py checks this equals); more readers of one form stay outside the op.
+MAX_FUSED_QUANTIZERS = 4
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -95,13 +98,13 @@ def quant_chain(source: fx.Node, first: fx.Node) -> QuantChain | str:
 
 
 def quant_consumers(source: fx.Node) -> tuple[list[QuantChain], int]:
-    """The quantizers reading ``source`` (of one form) and how many other readers it has. How many one kernel can
-    feed is the ``_quant`` op's static guard's to say (lowering/fp8.py)."""
+    """The quantizers reading ``source`` (up to MAX_FUSED_QUANTIZERS of one form) and how many other readers it
+    has."""
     chains: list[QuantChain] = []
     others = 0
     for user in source.users:
         chain = quant_chain(source, user)
-        if isinstance(chain, str) or (chains and not chains[0].same_form(chain)):
+        if isinstance(chain, str) or len(chains) == MAX_FUSED_QUANTIZERS or (chains and not chains[0].same_form(chain)):
             others += 1
         else:
             chains.append(chain)

@@ -14,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
+import torch
 import torch.fx as fx
 
 TIERS = ("lossless", "high")
@@ -23,6 +24,14 @@ TIERS = ("lossless", "high")
 # Emits the replacement into the graph at its current insertion point, given the nodes
 # that stand for the site's inputs; returns one node per site output.
 EmitFn = Callable[[fx.Graph, Sequence[fx.Node]], Sequence[fx.Node]]
+# A plain-PyTorch callable (a function or a module) and inputs that hold the family's form: what the conformance
+# test (tests/test_families.py) compiles for every registered family, and what docs show.
+Example = tuple[Callable[..., Any], tuple[Any, ...]]
+
+
+def example_tensor(*shape: int, dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> torch.Tensor:
+    """A seeded random tensor for a family's ``example``."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
 @dataclasses.dataclass
@@ -93,6 +102,14 @@ class PatternFamily:
 
     def match(self, node: fx.Node) -> Site | NearMiss | None:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def example(self) -> Example | None:
+        """One of the family's forms: compiled, it holds at least one of the family's sites."""
+        return None
+
+    def near_miss_example(self) -> Example | None:
+        """A form the family recognises but cannot take: compiled, it gives the family a near miss."""
+        return None
 
 
 class Registry:

@@ -20,7 +20,7 @@ import torch.fx as fx
 
 from .match_utils import arg, aten, getitem_users, single_user
 from .norm_modulate import ModulateChain, modulate_chain
-from .registry import NearMiss, PatternFamily, Site, register_family
+from .registry import Example, NearMiss, PatternFamily, Site, example_tensor, register_family
 from .table_slice import ModOperand
 
 
@@ -60,6 +60,20 @@ class RmsNorm(PatternFamily):
         "_fused_rms_norm(x, [D], None, eps)[0]             (no weight)",
         "_fused_rms_norm(...)[0] * (1 + scale) [+ shift] [→ cast]   (modulate, any norm_modulate spelling)",
     )
+
+
+    def example(self) -> Example:
+        def qk_norm(x, w):  # torch.nn.RMSNorm over the head dim, then a modulate
+            return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, 1e-6) * 2
+
+        return qk_norm, (example_tensor(2, 8, 4, 64), example_tensor(64, seed=1))
+
+    def near_miss_example(self) -> Example:
+        def norm_and_rstd(x):  # the rstd output read: the op does not return it
+            y, rstd = torch.ops.aten._fused_rms_norm(x, [x.shape[-1]], None, 1e-6)
+            return y, rstd
+
+        return norm_and_rstd, (example_tensor(2, 8, 64),)
 
     def match(self, node: fx.Node) -> Site | NearMiss | None:
         x, normalized_shape = node.args[:2]

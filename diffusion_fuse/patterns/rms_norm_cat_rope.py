@@ -10,20 +10,32 @@ import torch
 import torch.fx as fx
 
 from .match_utils import arg, aten, is_op, single_user, val
-from .registry import NearMiss, PatternFamily, Site, register_family
-from .rms_norm_rope import Rope, norm_output, normalized
+from .registry import Example, NearMiss, PatternFamily, Site, example_tensor, register_family
+from .rms_norm_rope import Rope, example_rope_tables, example_rotary, norm_output, normalized
 
 
 @register_family
 class RmsNormCatRope(PatternFamily):
     name = "rms_norm_cat_rope"
     tier = "lossless"
+    kernel = "rms_norm"  # two launches of the rms_norm kernel with the RoPE epilogue
     priority = 2  # tried before rms_norm_rope and rms_norm on the same anchor: the larger site
     anchors = (aten._fused_rms_norm.default,)
     description = "two RMSNorms (_fused_rms_norm) → cat along a row dim → RoPE (FLUX/FLUX.2 double-block q and k)"
     variants = (
         "cat([_fused_rms_norm(x_txt)[0], _fused_rms_norm(x_img)[0]], 1) → apply_rotary_emb(·, (cos, sin))",
     )
+
+
+    def example(self) -> Example:
+        def joint_q(x_txt, x_img, w_txt, w_img, cos, sin):  # text and image q normed, cat along the sequence
+            norm = torch.nn.functional.rms_norm
+            q = torch.cat([norm(x_txt, (x_txt.shape[-1],), w_txt, 1e-6), norm(x_img, (x_img.shape[-1],), w_img, 1e-6)],
+                          dim=1)
+            return example_rotary(q, cos, sin)
+
+        return joint_q, (example_tensor(2, 3, 4, 32), example_tensor(2, 5, 4, 32, seed=1), example_tensor(32, seed=2),
+                         example_tensor(32, seed=3), *example_rope_tables(8, 32))
 
     def match(self, node: fx.Node) -> Site | NearMiss | None:
         y = normalized(node)

@@ -14,7 +14,7 @@ import torch
 import torch.fx as fx
 
 from .match_utils import arg, aten, cast_dtype, is_op, is_scalar, other_operand, same_shape, single_user, val
-from .registry import NearMiss, PatternFamily, Site, register_family
+from .registry import Example, NearMiss, PatternFamily, Site, example_tensor, register_family
 from .rms_norm import emit_modulate, modulate_inputs, single_modulate
 
 _HALF = (torch.bfloat16, torch.float16)
@@ -69,6 +69,7 @@ class _Tail:
 class RmsNormChain(PatternFamily):
     name = "rms_norm_chain"
     tier = "high"
+    kernel = "rms_norm"  # the rms_norm kernel with the chain's tail
     anchors = (aten.rsqrt.default,)
     description = "RMSNorm as pow → mean → rsqrt (diffusers RMSNorm, composite rms_norm) [+ modulate]; not exact"
     variants = (
@@ -78,6 +79,14 @@ class RmsNormChain(PatternFamily):
         "xf * r → * w → .to(x.dtype)                                               (composite rms_norm)",
         "... → * (1 + scale) [+ shift] [→ cast]                                   (LTX, Cosmos, Lumina AdaLN)",
     )
+
+
+    def example(self) -> Example:
+        def diffusers_rms_norm(x, w):  # diffusers' RMSNorm with a half-precision weight
+            variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+            return (x * torch.rsqrt(variance + 1e-6)).to(w.dtype) * w
+
+        return diffusers_rms_norm, (example_tensor(2, 8, 64), example_tensor(64, seed=1))
 
     def match(self, node: fx.Node) -> Site | NearMiss | None:
         found = _eps_of(node.args[0])

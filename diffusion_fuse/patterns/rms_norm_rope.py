@@ -12,7 +12,7 @@ import torch
 import torch.fx as fx
 
 from .match_utils import arg, aten, cast_dtype, getitem_users, is_op, other_operand, same_shape, single_user, val
-from .registry import NearMiss, PatternFamily, Site, register_family
+from .registry import Example, NearMiss, PatternFamily, Site, example_tensor, register_family
 
 
 def normalized(norm: fx.Node) -> fx.Node | None:
@@ -32,6 +32,16 @@ def norm_output(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     if not is_op(norm, aten._fused_rms_norm.default) or len(norm.args[1]) != 1:
         return None
     return (norm, node) if normalized(norm) is node else None
+
+
+def example_rotary(y, cos, sin):  # diffusers' apply_rotary_emb (use_real, pairs along the head dim)
+    re, im = y.reshape(*y.shape[:-1], -1, 2).unbind(-1)
+    return (y.float() * cos + torch.stack([-im, re], -1).flatten(3).float() * sin).to(y.dtype)
+
+
+def example_rope_tables(seq: int, d: int):
+    pos = example_tensor(seq, d // 2, dtype=torch.float64, seed=7) * 20
+    return tuple(f(pos).repeat_interleave(2, dim=1)[:, None].float() for f in (torch.cos, torch.sin))
 
 
 class Rope:
@@ -114,12 +124,20 @@ class Rope:
 class RmsNormRope(PatternFamily):
     name = "rms_norm_rope"
     tier = "lossless"
+    kernel = "rms_norm"  # the rms_norm kernel with the RoPE epilogue
     priority = 1  # tried before rms_norm on the same anchor: the larger site
     anchors = (aten._fused_rms_norm.default,)
     description = "torch.nn.RMSNorm (_fused_rms_norm) → RoPE (apply_rotary_emb, use_real, pairs along D)"
     variants = (
         "_fused_rms_norm(x, [D], w, eps)[0] → apply_rotary_emb(·, (cos, sin))   (FLUX/FLUX.2 single-block q and k)",
     )
+
+
+    def example(self) -> Example:
+        def q(x, w, cos, sin):
+            return example_rotary(torch.nn.functional.rms_norm(x, (x.shape[-1],), w, 1e-6), cos, sin)
+
+        return q, (example_tensor(2, 8, 4, 32), example_tensor(32, seed=1), *example_rope_tables(8, 32))
 
     def match(self, node: fx.Node) -> Site | NearMiss | None:
         x, normalized_shape = node.args[:2]

@@ -24,7 +24,7 @@ import torch.fx as fx
 
 from .match_utils import aten, cast_dtype, is_op, single_user, val
 from .quant_chain import FP8, clamp_bounds, quant_chain
-from .registry import NearMiss, PatternFamily, Site, register_family
+from .registry import Example, NearMiss, PatternFamily, Site, example_tensor, register_family
 
 
 @register_family
@@ -38,6 +38,19 @@ class StaticQuant(PatternFamily):
         "_to_copy(x,f32) → mul(·, 1/s) → clamp → _to_copy(e4m3)            (the * (1 / s) form)",
         "an fp32 x (no _to_copy); a clone in front folded in",
     )
+
+
+    def example(self) -> Example:
+        def quantize(x, s):  # (x.float() / s).clamp(-448, 448).to(e4m3)
+            return (x.float() / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
+        return quantize, (example_tensor(8, 64) * 30, torch.tensor([2.0]))
+
+    def near_miss_example(self) -> Example:
+        def quantize(x):  # a Python-number scale: eager multiplies by a host reciprocal
+            return (x.float() / 2.0).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
+        return quantize, (example_tensor(8, 64) * 30,)
 
     def match(self, node: fx.Node) -> Site | NearMiss | None:
         scaled = node.args[0]
