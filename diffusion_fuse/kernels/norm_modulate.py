@@ -14,16 +14,18 @@ order, with no FMA contraction (launched with ``launch.EAGER_NUMERICS``)::
 With a second addend (Wan's chunked ``scale_shift_table + temb.float()``, patterns/table_slice.py),
 ``scale`` is ``scale + scale_temb`` and ``shift`` is ``shift + shift_temb``: one fp32 add of the two
 values widened to fp32, as eager's add computes the slice (the guard takes fp32 sums only). Without
-a scale (HAS_SCALE=False: a LayerNorm read by no modulate, gated_residual_norm_modulate only), ``out =
-round_out(y)``.
+a scale (HAS_SCALE=False: a LayerNorm read by no modulate, gated_residual_norm_modulate's norm2 and
+family layer_norm), ``out = round_out(y)``: eager's ``native_layer_norm`` output (affine included),
+then its output cast, each rounded as eager rounds it.
 
 Inputs: x [M, D] or [B, S, D] with any strides (eager LayerNorm copies a non-contiguous input
 to a fresh, aligned buffer and normalizes the same values; a unit stride along D, the usual
 case, is specialized by Triton),
 D % 4 == 0 (the guard in lowering/norm_modulate.py routes everything else to the
 reference); scale/shift anything that broadcasts to x with unit stride along D ([B,1,D],
-[B,S,D], strided per-token slices of [B,S,6,D]).
-Verified shapes: tests/gpu/test_norm_modulate_gpu.py (and tests/gpu/test_table_slice_gpu.py for the second addends).
+[B,S,D], strided per-token slices of [B,S,6,D]), or None.
+Verified shapes: tests/gpu/test_norm_modulate_gpu.py, tests/gpu/test_layer_norm_gpu.py (no modulate) and
+tests/gpu/test_table_slice_gpu.py (the second addends).
 """
 
 from __future__ import annotations
@@ -227,7 +229,7 @@ def _norm_modulate_kernel(
     PUSH_MEAN_FMA: tl.constexpr, PUSH_M2_FMA: tl.constexpr, COMB_MEAN: tl.constexpr,
     COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr, UNIFORM: tl.constexpr,
     N_Q: tl.constexpr, STORE_OUT: tl.constexpr, OUT_DT: tl.constexpr, Q_MODE: tl.constexpr, NAN_SIGN: tl.constexpr,
-    HAS_SCALE_TEMB: tl.constexpr, HAS_SHIFT_TEMB: tl.constexpr, CACHE_HINTS: tl.constexpr,
+    HAS_SCALE: tl.constexpr, HAS_SCALE_TEMB: tl.constexpr, HAS_SHIFT_TEMB: tl.constexpr, CACHE_HINTS: tl.constexpr,
 ):
     row, bi, si = program_row(S)
     norm_modulate_row(
@@ -239,7 +241,7 @@ def _norm_modulate_kernel(
         AFFINE_FMA=AFFINE_FMA, UNIFORM=UNIFORM,
         q_row=Q + row * N, q_plane=q_plane, S0=S0, S1=S1, S2=S2, S3=S3, q_lo=q_lo, q_hi=q_hi,
         N_Q=N_Q, STORE_OUT=STORE_OUT, OUT_DT=OUT_DT, Q_MODE=Q_MODE, NAN_SIGN=NAN_SIGN,
-        sct_row=SCALE_T + bi * sct_sb + si * sct_ss, sht_row=SHIFT_T + bi * sht_sb + si * sht_ss, HAS_SCALE=True,
+        sct_row=SCALE_T + bi * sct_sb + si * sct_ss, sht_row=SHIFT_T + bi * sht_sb + si * sht_ss, HAS_SCALE=HAS_SCALE,
         HAS_SCALE_TEMB=HAS_SCALE_TEMB, HAS_SHIFT_TEMB=HAS_SHIFT_TEMB, CACHE_HINTS=CACHE_HINTS)
 
 
@@ -288,12 +290,14 @@ def plan_norm_modulate(a, quant: tuple[int, str, bool] | None = None):
     temb_strides = (*batch_token_strides(scale_temb, x), *batch_token_strides(shift_temb, x))
     epi = QuantEpilogue(quant, shape, DT_CODE[final], device)
     const = {**modulate_constexprs(D, a.weight, a.bias, shift, ln_dt, t_dt, u_dt, v_dt), **epi.constexprs,
-             "HAS_SCALE_TEMB": scale_temb is not None, "HAS_SHIFT_TEMB": shift_temb is not None,
+             "HAS_SCALE": scale is not None, "HAS_SCALE_TEMB": scale_temb is not None,
+             "HAS_SHIFT_TEMB": shift_temb is not None,
              "CACHE_HINTS": use_cache_hints(ln_dt)}
     kernel = CachedLaunch(_norm_modulate_kernel, (x.numel() // D,), const, num_warps=LANES // 32)
 
     def launch(a):
-        x, scale = a.x, a.scale
+        x = a.x
+        scale = a.scale if a.scale is not None else x  # a placeholder pointer: HAS_SCALE=False reads no scale
         out = torch.empty(shape, dtype=final, device=device) if epi.keep_out else x
         q_args, q = epi.args(x, a) if quant else epi.args(x)
         kernel(x, a.weight if a.weight is not None else x, a.bias if a.bias is not None else x, scale,

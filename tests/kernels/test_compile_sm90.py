@@ -38,18 +38,20 @@ def compile_for_sm90(kernel, types: dict, const: dict):
 
 
 def compile_norm_modulate(D, x="bf16", mod="bf16", out="bf16", ln="bf16", affine=False, shift=True, n_q=0,
-                          keep_out=True, temb=None, cache_hints=False):
+                          keep_out=True, temb=None, cache_hints=False, scale=True):
     """Compile as the launcher does for contiguous, 16-byte aligned operands: x's unit stride along D
     is a constant, pointers and row strides carry Triton's divisibility-by-16 specialization.
     ``temb``: the dtype of scale's and shift's second addends (Wan's timestep table), or None.
-    ``cache_hints``: the kernel's CACHE_HINTS (what rows normalized in 16 bits take)."""
+    ``cache_hints``: the kernel's CACHE_HINTS (what rows normalized in 16 bits take).
+    ``scale=False``: no modulate (family layer_norm's launch)."""
     k = lm._norm_modulate_kernel
     n_iters = lns.n_iters_for(D)
     const = dict(N_ITERS=n_iters, LANES=lns.LANES, VEC=lns.VEC, HAS_W=affine, HAS_B=affine, HAS_SHIFT=shift,
                  LN_DT=CODE[ln], T_DT=CODE[mod], U_DT=CODE[mod], V_DT=CODE[mod], AFFINE_FMA=True,
                  **lns.DEFAULT_VARIANT.constexprs(), UNIFORM=lns.is_uniform(D, n_iters),
                  **quant_constexprs(n_q, keep_out, out),
-                 HAS_SCALE_TEMB=temb is not None, HAS_SHIFT_TEMB=temb is not None and shift, CACHE_HINTS=cache_hints)
+                 HAS_SCALE=scale, HAS_SCALE_TEMB=temb is not None, HAS_SHIFT_TEMB=temb is not None and shift,
+                 CACHE_HINTS=cache_hints)
     names = k.arg_names
     sig = {"X": PTR[x], "W": PTR[ln], "B": PTR[ln], "SCALE": PTR[mod], "SHIFT": PTR[mod], "OUT": PTR[out],
            "SCALE_T": PTR[temb or mod], "SHIFT_T": PTR[temb or mod],
@@ -156,6 +158,18 @@ def test_ln_modulate_compiles_for_sm90(D, form):
     assert ".ftz" not in ptx  # launch.EAGER_NUMERICS: libdevice without its FTZ reflect (rsqrt.approx.f32)
     if lns.is_uniform(D, lns.n_iters_for(D)):
         assert "div.rn.f32" in ptx  # only var = m2 / N remains a division
+
+
+@pytest.mark.parametrize("D", [1000, 3072])
+@pytest.mark.parametrize("affine", [False, True])
+def test_layer_norm_launch_compiles_for_sm90_and_reads_no_scale(D, affine):
+    # family layer_norm: the kernel without its modulate (HAS_SCALE=False), eager's numerics as with it
+    kw = dict(affine=affine, shift=False)
+    ck, modulated = compile_norm_modulate(D, scale=False, **kw), compile_norm_modulate(D, **kw)
+    ptx = ck.asm["ptx"]
+    assert ck.asm.get("cubin")
+    assert ".approx" not in ptx.replace("rsqrt.approx", "").replace("ex2.approx", "") and ".ftz" not in ptx
+    assert ptx.count("ld.global") < modulated.asm["ptx"].count("ld.global")  # the scale loads are gone
 
 
 def test_table_addends_are_added_in_fp32_once_per_element():
@@ -278,12 +292,14 @@ def test_cat_quant_compiles_for_sm90(keep_cat):
 
 @pytest.mark.parametrize("compile_kernel", [
     lambda: compile_norm_modulate(3072), lambda: compile_norm_modulate(1000),
+    lambda: compile_norm_modulate(3072, shift=False, scale=False, cache_hints=True),
     lambda: compile_norm_modulate(3072, n_q=2, cache_hints=True),
     lambda: compile_gated_residual_norm_modulate(3072, n_q=1), compile_static_quant, lambda: compile_cat_quant(True),
     lambda: compile_norm_modulate(3072, mod="fp32", ln="fp32", temb="bf16"),
     lambda: compile_gated_residual_norm_modulate(3072, "wan_norm_out"), lambda: compile_gated_residual("bf16")],
-    ids=["norm_modulate", "norm_modulate_general", "norm_modulate_quant_hints", "gated_residual_norm_modulate_quant",
-         "static_quant", "cat_quant", "norm_modulate_temb", "gated_residual_norm_modulate_wan", "gated_residual"])
+    ids=["norm_modulate", "norm_modulate_general", "layer_norm", "norm_modulate_quant_hints",
+         "gated_residual_norm_modulate_quant", "static_quant", "cat_quant", "norm_modulate_temb",
+         "gated_residual_norm_modulate_wan", "gated_residual"])
 def test_kernels_are_cuda_graph_capture_safe(compile_kernel):
     """No scratch memory: Triton's launcher would take it from its own allocator, outside the
     graph pool, on every launch. The kernels take no other host-side action when launched
