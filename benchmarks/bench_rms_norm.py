@@ -23,6 +23,7 @@ bitwise against the reference.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import time
@@ -151,13 +152,15 @@ def main() -> None:
         exact = y.dtype == ref.dtype and torch.equal(y.contiguous().view(torch.uint8),
                                                      ref.contiguous().view(torch.uint8))
         moved = sum(t.numel() * t.element_size() for t in (*op_args, y) if isinstance(t, torch.Tensor))
-        t_eager = do_bench(lambda: reference(*op_args), return_mode="median")
-        t_op = do_bench(lambda: op(*op_args), return_mode="median")
+        call_eager = functools.partial(reference, *op_args)
+        call_op = functools.partial(op, *op_args)
+        t_eager = do_bench(call_eager, return_mode="median")
+        t_op = do_bench(call_op, return_mode="median")
         sets = input_sets(op_args, moved)
-        s_eager = steady_us([lambda a=a: reference(*a) for a in sets])
-        s_op = steady_us([lambda a=a: op(*a) for a in sets])
+        s_eager = steady_us([functools.partial(reference, *a) for a in sets])
+        s_op = steady_us([functools.partial(op, *a) for a in sets])
         floor = moved / bw * 1e3
-        h_eager, h_op = host_us(lambda: reference(*op_args)), host_us(lambda: op(*op_args))
+        h_eager, h_op = host_us(call_eager), host_us(call_op)
         rows.append([name, op_name, f"{t_eager * 1e3:.1f}", f"{t_op * 1e3:.1f}", f"{s_eager:.1f}", f"{s_op:.1f}",
                      f"{floor * 1e3:.1f}", f"{s_op / (floor * 1e3):.2f}", f"{t_eager / t_op:.2f}x", f"{h_eager:.0f}",
                      f"{h_op:.0f}", "yes" if exact else "no"])

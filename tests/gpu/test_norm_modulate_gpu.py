@@ -1,6 +1,6 @@
 """diffusion_fuse::norm_modulate on CUDA: bitwise equal to eager's ATen chain, or routed to it.
 
-The matrix of issue #3: D in {64, 1000, 1536, 2240, 3072, 5120, 6144}, rows 1..75,600, batch 1
+The matrix: D in {64, 1000, 1536, 2240, 3072, 5120, 6144}, rows 1..75,600, batch 1
 and 2, amplitudes 1e-4/1/100, eps 1e-6/1e-5, scale entries exactly -1, 0, 1 and signed zeros;
 FLUX bf16 form (with/without shift, affine), fp16, Wan FP32LayerNorm form with [B,1,D] and
 per-token strided [B,S,D] modulation. Rows normalized in 16 bits run the kernel with its cache hints,

@@ -116,8 +116,8 @@ ALTERNATIVES = {
 }
 # libdevice built with its flush-to-zero reflect on (Triton's default; ours is off, as nvcc builds eager's
 # kernels): recorded beside the default for every op that calls libdevice. On normal values both are eager's;
-# on subnormal inputs only the default is (test_subnormal_inputs_per_variant). Session 9 measured erf's gelu
-# with the reflect off too: it still differs (ERF_NOT_REPRODUCED).
+# on subnormal inputs only the default is (test_subnormal_inputs_per_variant). erf's gelu differs with the
+# reflect off too (ERF_NOT_REPRODUCED).
 FTZ_ON = Variants(reflect_ftz=True)
 NO_LUT = Variants(lut16=False)  # the arithmetic recipe of a bf16 op that is looked up by default (kernels/lut16.py)
 LIBDEVICE_OPS = ("exp", "sin", "cos", "tanh", "rsqrt", "sigmoid", "silu", "gelu_tanh", "gelu")
