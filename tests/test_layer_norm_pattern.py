@@ -54,20 +54,26 @@ def test_a_modulated_layer_norm_stays_norm_modulates():
     assert not [m for g in report.graphs for m in g.near_misses if m.pattern == L]
 
 
-@pytest.mark.parametrize("shape", [(2, 3, 8, 64), (2, 8, 3, 64)])
-def test_rows_of_a_rank_4_input_are_one_site(shape):
-    model = Norms().to(torch.bfloat16)
+class TransposedNorm(Norms):
+    def forward(self, x):  # [B, S, H, D] → [B, H, S, D], as attention QK norms read their heads
+        return self.norm(x.transpose(1, 2))
+
+
+@pytest.mark.parametrize("model, shape", [(Norms(), (2, 3, 8, 64)), (Norms(), (2, 8, 3, 64)),
+                                          (TransposedNorm(), (2, 3, 8, 64))])
+def test_rows_of_a_rank_4_input_are_one_site(model, shape):
+    model = model.to(torch.bfloat16)
     ref, out, report = compile_and_run(model, dict(x=example_tensor(*shape)))
     assert bitwise_equal(ref, out) and report.count(L) == 1, report.table()
 
 
-class TransposedNorm(Norms):
-    def forward(self, x):  # [B, H, S, D] → [B, S, H, D]: rows whose leading dims do not fold into two
-        return self.norm(x.transpose(1, 2))
+class PermutedNorm(Norms):
+    def forward(self, x):  # rows of four strided dims
+        return self.norm(x.permute(3, 2, 1, 0, 4))
 
 
 @pytest.mark.parametrize("model, shape, reason", [(Norms(D=62), (2, 8, 62), "D=62"),
-                                                  (TransposedNorm(), (2, 3, 8, 64), "do not fold into two")])
+                                                  (PermutedNorm(), (2, 3, 4, 5, 64), "more than three strided dims")])
 def test_what_the_kernel_cannot_take_is_a_near_miss(model, shape, reason):
     model = model.to(torch.bfloat16)
     ref, out, report = compile_and_run(model, dict(x=example_tensor(*shape)))

@@ -18,11 +18,10 @@ a scale (HAS_SCALE=False: a LayerNorm read by no modulate, gated_residual_norm_m
 family layer_norm), ``out = round_out(y)``: eager's ``native_layer_norm`` output (affine included),
 then its output cast, each rounded as eager rounds it.
 
-Inputs: x [M, D] or [B, S, D] with any strides (eager LayerNorm copies a non-contiguous input
-to a fresh, aligned buffer and normalizes the same values; a unit stride along D, the usual
-case, is specialized by Triton),
-D % 4 == 0 (the guard in lowering/norm_modulate.py routes everything else to the
-reference); scale/shift anything that broadcasts to x with unit stride along D ([B,1,D],
+Inputs: x [M, D] or [B, S, D] with any strides (and [B, H, S, D] without a modulate: X_HEADS). Eager
+LayerNorm copies a non-contiguous input to a fresh, aligned buffer and normalizes the same values; a unit stride
+along D, the usual case, is specialized by Triton. D % 4 == 0 (the guard in lowering/norm_modulate.py routes
+everything else to the reference); scale/shift anything that broadcasts to x with unit stride along D ([B,1,D],
 [B,S,D], strided per-token slices of [B,S,6,D]), or None.
 Verified shapes: tests/gpu/test_norm_modulate_gpu.py, tests/gpu/test_layer_norm_gpu.py (no modulate) and
 tests/gpu/test_table_slice_gpu.py (the second addends).
@@ -219,8 +218,8 @@ def modulate_store(x, mean, rstd, offs, mask, W, B, sc_row, sh_row, out_row,
 @triton.jit(do_not_specialize=["S", "q_plane", "q_lo", "q_hi"])
 def _norm_modulate_kernel(
     X, W, B, SCALE, SHIFT, OUT,
-    N, S, eps,
-    x_sb, x_ss, x_sd, sc_sb, sc_ss, sh_sb, sh_ss,
+    N, S, H, eps,
+    x_sb, x_ss, x_sd, x_sh, sc_sb, sc_ss, sh_sb, sh_ss,
     Q, q_plane, S0, S1, S2, S3, q_lo, q_hi,
     SCALE_T, SHIFT_T, sct_sb, sct_ss, sht_sb, sht_ss,
     N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
@@ -230,10 +229,16 @@ def _norm_modulate_kernel(
     COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr, UNIFORM: tl.constexpr,
     N_Q: tl.constexpr, STORE_OUT: tl.constexpr, OUT_DT: tl.constexpr, Q_MODE: tl.constexpr, NAN_SIGN: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_SCALE_TEMB: tl.constexpr, HAS_SHIFT_TEMB: tl.constexpr, CACHE_HINTS: tl.constexpr,
+    X_HEADS: tl.constexpr = False,
 ):
     row, bi, si = program_row(S)
+    if X_HEADS:  # x's rows are [B, H, S] (no modulate reads bi then): batch and head in int32, as program_row
+        bh = tl.program_id(0) // S
+        x_row = X + (bh // H).to(tl.int64) * x_sb + (bh % H).to(tl.int64) * x_sh + si * x_ss
+    else:
+        x_row = X + bi * x_sb + si * x_ss
     norm_modulate_row(
-        x_row=X + bi * x_sb + si * x_ss, x_sd=x_sd, W=W, B=B, sc_row=SCALE + bi * sc_sb + si * sc_ss,
+        x_row=x_row, x_sd=x_sd, W=W, B=B, sc_row=SCALE + bi * sc_sb + si * sc_ss,
         sh_row=SHIFT + bi * sh_sb + si * sh_ss, out_row=OUT + row * N, N=N, eps=eps,
         N_ITERS=N_ITERS, LANES=LANES, VEC=VEC, HAS_W=HAS_W, HAS_B=HAS_B, HAS_SHIFT=HAS_SHIFT,
         LN_DT=LN_DT, T_DT=T_DT, U_DT=U_DT, V_DT=V_DT,
@@ -281,18 +286,22 @@ def plan_norm_modulate(a, quant: tuple[int, str, bool] | None = None):
     """
     x, scale, shift, scale_temb, shift_temb = a.x, a.scale, a.shift, a.scale_temb, a.shift_temb
     D = x.shape[-1]
-    S = x.shape[1] if x.dim() == 3 else 1
+    S = x.shape[-2] if x.dim() >= 3 else 1
+    heads = x.dim() == 4  # rows [B, H, S] (family layer_norm: no modulate)
+    if heads and (scale is not None or shift is not None):
+        raise ValueError("rows of three dims take no modulate")
     ln_dt, t_dt, u_dt, v_dt, final = result_dtypes(
         x.dtype, sum_dtype(scale, scale_temb), sum_dtype(shift, shift_temb), a.ln_dtype, a.out_dtype)
     shape, device = x.shape, x.device
-    strides = (*batch_token_strides(x, x), x.stride(-1), *batch_token_strides(scale, x),
-               *batch_token_strides(shift, x))
+    x_strides = (x.stride(0), x.stride(2), x.stride(-1), x.stride(1)) if heads else \
+        (*batch_token_strides(x, x), x.stride(-1), 0)
+    strides = (*x_strides, *batch_token_strides(scale, x), *batch_token_strides(shift, x))
     temb_strides = (*batch_token_strides(scale_temb, x), *batch_token_strides(shift_temb, x))
     epi = QuantEpilogue(quant, shape, DT_CODE[final], device)
     const = {**modulate_constexprs(D, a.weight, a.bias, shift, ln_dt, t_dt, u_dt, v_dt), **epi.constexprs,
              "HAS_SCALE": scale is not None, "HAS_SCALE_TEMB": scale_temb is not None,
              "HAS_SHIFT_TEMB": shift_temb is not None,
-             "CACHE_HINTS": use_cache_hints(ln_dt)}
+             "CACHE_HINTS": use_cache_hints(ln_dt), "X_HEADS": heads}
     kernel = CachedLaunch(_norm_modulate_kernel, (x.numel() // D,), const, num_warps=LANES // 32)
 
     def launch(a):
@@ -301,7 +310,8 @@ def plan_norm_modulate(a, quant: tuple[int, str, bool] | None = None):
         out = torch.empty(shape, dtype=final, device=device) if epi.keep_out else x
         q_args, q = epi.args(x, a) if quant else epi.args(x)
         kernel(x, a.weight if a.weight is not None else x, a.bias if a.bias is not None else x, scale,
-               a.shift if a.shift is not None else scale, out, D, S, a.eps, *strides, *q_args,
+               a.shift if a.shift is not None else scale, out, D, S, x.shape[1] if heads else 1, a.eps, *strides,
+               *q_args,
                a.scale_temb if a.scale_temb is not None else scale, a.shift_temb if a.shift_temb is not None else scale,
                *temb_strides)
         return out if q is None else epi.outputs([], out, q)

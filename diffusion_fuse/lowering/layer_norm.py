@@ -2,10 +2,10 @@
 
     out = native_layer_norm(x [→ ln_dtype], [D], weight, bias, eps)[0] [→ out_dtype]
 
-CUDA inputs the guard accepts run kernels/norm_modulate.py's kernel without its modulate (HAS_SCALE=False). The
-kernel addresses rows by (batch, token): x of any rank whose leading dims fold into two without a copy (a
-contiguous [B, H, S, D], every other token of one, a [1, S, H, D] transposed to [1, H, S, D]) is read through
-that view; the output is contiguous, as eager's.
+CUDA inputs the guard accepts run kernels/norm_modulate.py's kernel without its modulate (HAS_SCALE=False). x's
+rows (its leading dims, merged where they step evenly: kernels/rows.row_layout) are read in place through a view
+of at most three row dims: [M, D], [B, S, D], or [B, H, S, D] (X_HEADS: a [B, S, H, D] projection transposed to
+[B, H, S, D], as attention QK norms read it); the output is contiguous, as eager's.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ..kernels.norm_modulate import plan_norm_modulate
+from ..kernels.rows import row_layout
 from . import checks
 from .norm_modulate import can_use_norm_modulate, layer_norm_modulate
 from .spec import OpSpec, register_op
@@ -27,24 +28,17 @@ def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
 
 
 def folded_rows(x: Tensor) -> Tensor | None:
-    """``x`` as a [M, D] or [B, S, D] view of the same memory (its leading dims folded where their strides
-    allow), or None when they do not fold into two."""
-    if x.dim() in (2, 3):
-        return x
+    """``x`` as a [M, D], [B, S, D] or [B, H, S, D] view of the same memory (its leading dims merged where they
+    step evenly), or None when more than three row dims remain."""
     if x.dim() < 2:
         return None
-    dims: list[list[int]] = []  # [size, stride] of the leading dims, outermost first, size-1 dims dropped
-    for size, stride in zip(x.shape[:-1], x.stride()[:-1]):
-        if size == 1:
-            continue
-        if dims and dims[-1][1] == stride * size:  # the outer dim steps over whole runs of this one: fold them
-            dims[-1] = [dims[-1][0] * size, stride]
-        else:
-            dims.append([size, stride])
-    if len(dims) > 2:
+    layout = row_layout(tuple(x.shape), tuple(x.stride()))
+    if layout is None:
         return None
-    dims = [[1, 0]] * (2 - len(dims)) + dims
-    return x.as_strided((dims[0][0], dims[1][0], x.shape[-1]), (dims[0][1], dims[1][1], x.stride(-1)))
+    (L0, L1, L2), ((s0, s1, s2),) = layout
+    if L0 == 1:
+        return x.as_strided((L1, L2, x.shape[-1]), (s1, s2, x.stride(-1)))
+    return x.as_strided((L0, L1, L2, x.shape[-1]), (s0, s1, s2, x.stride(-1)))
 
 
 def _as_norm_modulate(a, x: Tensor) -> types.SimpleNamespace:
@@ -55,8 +49,8 @@ def _as_norm_modulate(a, x: Tensor) -> types.SimpleNamespace:
 
 def _rows_problem(x: Tensor) -> str:
     if folded_rows(x) is None:
-        return f"x {tuple(x.shape)} with strides {x.stride()}: its leading dims do not fold into two " \
-               "(the kernel addresses rows by batch and token)"
+        return f"x {tuple(x.shape)} with strides {x.stride()}: its rows span more than three strided dims " \
+               "(the kernel addresses rows by batch, head and token)"
     return ""
 
 
@@ -66,7 +60,7 @@ def can_use_layer_norm(a) -> tuple[bool, str]:
 
 
 def _static_guard(a) -> str:
-    return _rows_problem(a.x) or checks.rows("x", folded_rows(a.x), unit_stride_d=False)
+    return _rows_problem(a.x) or checks.rows("x", folded_rows(a.x), unit_stride_d=False, ranks=(2, 3, 4))
 
 
 def _plan(a):

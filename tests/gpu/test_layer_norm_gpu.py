@@ -3,9 +3,9 @@
 
 Forms: bf16, fp16 and fp32 LayerNorms with and without weight and bias, and the FP32LayerNorm form (bf16 x
 normalized in fp32 with fp32 weight and bias, the output cast back to bf16); D in {64, 1000, 1536, 3072, 5120}, rows
-1..4096, amplitudes 1e-4/1/100 with a per-row offset, eps 1e-6/1e-5; rank-4 rows (contiguous [B, H, S, D], a
-[1, S, H, D] transposed to [1, H, S, D], every other token) and strided rank-3 rows, through the op (its counters
-show the kernel ran).
+1..4096, amplitudes 1e-4/1/100 with a per-row offset, eps 1e-6/1e-5; rank-4 rows (contiguous [B, H, S, D],
+[B, S, H, D] transposed to [B, H, S, D] with B = 1 and 2, every other token) and strided rank-3 rows, through the
+op (its counters show the kernel ran).
 """
 
 from __future__ import annotations
@@ -71,14 +71,15 @@ def test_bit_exact_matrix(form, D):
     assert not bad, f"{form} D={D}: (shape, amp, eps, ndiff) {bad[:6]}"
 
 
-@pytest.mark.parametrize("layout", ["rank4", "rank4_heads_transposed", "rank4_every_other_token",
-                                    "rank3_every_other_token"])
+@pytest.mark.parametrize("layout", ["rank4", "rank4_heads_transposed_b1", "rank4_heads_transposed",
+                                    "rank4_every_other_token", "rank3_every_other_token"])
 @pytest.mark.parametrize("form", ["bf16_affine", "fp32", "fp32_layer_norm"])
 def test_row_layouts_through_the_op(form, layout):
-    shape = {"rank4": (2, 24, 300, 128), "rank4_heads_transposed": (1, 300, 24, 128),
+    shape = {"rank4": (2, 24, 300, 128), "rank4_heads_transposed_b1": (1, 300, 24, 128),
+             "rank4_heads_transposed": (2, 333, 24, 128),
              "rank4_every_other_token": (2, 8, 600, 128), "rank3_every_other_token": (2, 600, 1536)}[layout]
     x, w, b, ln_dtype, out_dtype = make(form, shape, 1.0, seed=7)
-    if layout == "rank4_heads_transposed":
+    if layout.startswith("rank4_heads_transposed"):
         x = x.transpose(1, 2)
     elif layout.endswith("every_other_token"):
         x = x[..., ::2, :]

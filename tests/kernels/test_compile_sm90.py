@@ -38,12 +38,12 @@ def compile_for_sm90(kernel, types: dict, const: dict):
 
 
 def compile_norm_modulate(D, x="bf16", mod="bf16", out="bf16", ln="bf16", affine=False, shift=True, n_q=0,
-                          keep_out=True, temb=None, cache_hints=False, scale=True):
+                          keep_out=True, temb=None, cache_hints=False, scale=True, heads=False):
     """Compile as the launcher does for contiguous, 16-byte aligned operands: x's unit stride along D
     is a constant, pointers and row strides carry Triton's divisibility-by-16 specialization.
     ``temb``: the dtype of scale's and shift's second addends (Wan's timestep table), or None.
     ``cache_hints``: the kernel's CACHE_HINTS (what rows normalized in 16 bits take).
-    ``scale=False``: no modulate (family layer_norm's launch)."""
+    ``scale=False``: no modulate (family layer_norm's launch); ``heads``: rows [B, H, S] (X_HEADS)."""
     k = lm._norm_modulate_kernel
     n_iters = lns.n_iters_for(D)
     const = dict(N_ITERS=n_iters, LANES=lns.LANES, VEC=lns.VEC, HAS_W=affine, HAS_B=affine, HAS_SHIFT=shift,
@@ -51,15 +51,15 @@ def compile_norm_modulate(D, x="bf16", mod="bf16", out="bf16", ln="bf16", affine
                  **lns.DEFAULT_VARIANT.constexprs(), UNIFORM=lns.is_uniform(D, n_iters),
                  **quant_constexprs(n_q, keep_out, out),
                  HAS_SCALE=scale, HAS_SCALE_TEMB=temb is not None, HAS_SHIFT_TEMB=temb is not None and shift,
-                 CACHE_HINTS=cache_hints)
+                 CACHE_HINTS=cache_hints, X_HEADS=heads)
     names = k.arg_names
     sig = {"X": PTR[x], "W": PTR[ln], "B": PTR[ln], "SCALE": PTR[mod], "SHIFT": PTR[mod], "OUT": PTR[out],
            "SCALE_T": PTR[temb or mod], "SHIFT_T": PTR[temb or mod],
-           "N": "i32", "S": "i32", "eps": "fp32", **QUANT_TYPES}
+           "N": "i32", "S": "i32", "H": "i32", "eps": "fp32", **QUANT_TYPES}
     sig = {n: sig.get(n, "i64") for n in names}
     sig.update({n: "constexpr" for n in [*const, "x_sd"]})
     constexprs = {(names.index(n),): v for n, v in {**const, "x_sd": 1}.items()}
-    aligned = ["X", "W", "B", "SCALE", "SHIFT", "OUT", "x_sb", "x_ss", "sc_sb", "sc_ss", "sh_sb", "sh_ss",
+    aligned = ["X", "W", "B", "SCALE", "SHIFT", "OUT", "x_sb", "x_ss", "x_sh", "sc_sb", "sc_ss", "sh_sb", "sh_ss",
                "SCALE_T", "SHIFT_T", "sct_sb", "sct_ss", "sht_sb", "sht_ss"]
     aligned += ["N"] if D % 16 == 0 else []
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
@@ -160,12 +160,13 @@ def test_ln_modulate_compiles_for_sm90(D, form):
         assert "div.rn.f32" in ptx  # only var = m2 / N remains a division
 
 
+@pytest.mark.parametrize("heads", [False, True])
 @pytest.mark.parametrize("D", [1000, 3072])
 @pytest.mark.parametrize("affine", [False, True])
-def test_layer_norm_launch_compiles_for_sm90_and_reads_no_scale(D, affine):
+def test_layer_norm_launch_compiles_for_sm90_and_reads_no_scale(D, affine, heads):
     # family layer_norm: the kernel without its modulate (HAS_SCALE=False), eager's numerics as with it
     kw = dict(affine=affine, shift=False)
-    ck, modulated = compile_norm_modulate(D, scale=False, **kw), compile_norm_modulate(D, **kw)
+    ck, modulated = compile_norm_modulate(D, scale=False, heads=heads, **kw), compile_norm_modulate(D, **kw)
     ptx = ck.asm["ptx"]
     assert ck.asm.get("cubin")
     assert ".approx" not in ptx.replace("rsqrt.approx", "").replace("ex2.approx", "") and ".ftz" not in ptx
@@ -292,12 +293,12 @@ def test_cat_quant_compiles_for_sm90(keep_cat):
 
 @pytest.mark.parametrize("compile_kernel", [
     lambda: compile_norm_modulate(3072), lambda: compile_norm_modulate(1000),
-    lambda: compile_norm_modulate(3072, shift=False, scale=False, cache_hints=True),
+    lambda: compile_norm_modulate(3072, shift=False, scale=False, cache_hints=True, heads=True),
     lambda: compile_norm_modulate(3072, n_q=2, cache_hints=True),
     lambda: compile_gated_residual_norm_modulate(3072, n_q=1), compile_static_quant, lambda: compile_cat_quant(True),
     lambda: compile_norm_modulate(3072, mod="fp32", ln="fp32", temb="bf16"),
     lambda: compile_gated_residual_norm_modulate(3072, "wan_norm_out"), lambda: compile_gated_residual("bf16")],
-    ids=["norm_modulate", "norm_modulate_general", "layer_norm", "norm_modulate_quant_hints",
+    ids=["norm_modulate", "norm_modulate_general", "layer_norm_heads", "norm_modulate_quant_hints",
          "gated_residual_norm_modulate_quant", "static_quant", "cat_quant", "norm_modulate_temb",
          "gated_residual_norm_modulate_wan", "gated_residual"])
 def test_kernels_are_cuda_graph_capture_safe(compile_kernel):

@@ -2,8 +2,9 @@
 Triton's interpreter (a child process, as in test_norm_modulate_kernel.py).
 
 The interpreter's fp32 -> bf16 cast truncates, so 16-bit outputs are compared within tolerance; an fp32 LayerNorm
-is compared bitwise against the same kernel's modulated launch with scale 0 (``y * (0 + 1)`` is ``y``), which
-checks that the unmodulated launch computes the LayerNorm the modulated one does. Bit-exactness against eager is
+is compared bitwise against the same kernel's modulated launch with scale 0 (``y * (0 + 1)`` is ``y``) on the
+same rows made contiguous, which checks that the unmodulated launch, at any row layout, computes the LayerNorm the
+modulated one does. Bit-exactness against eager is
 tests/gpu/test_layer_norm_gpu.py's job.
 """
 
@@ -31,6 +32,8 @@ CASES = {
     "uniform_fp32": ((2, 3, 1024), torch.float32, None, None, False, "contiguous"),
     "rank4": ((2, 3, 5, 64), torch.bfloat16, None, None, True, "contiguous"),
     "rank4_heads_transposed_b1": ((1, 5, 3, 64), torch.bfloat16, None, None, False, "transpose12"),
+    "rank4_heads_transposed": ((2, 5, 3, 64), torch.bfloat16, None, None, True, "transpose12"),
+    "rank4_heads_transposed_fp32": ((2, 7, 3, 1024), torch.float32, None, None, False, "transpose12"),
     "rank4_strided_rows": ((2, 3, 10, 64), torch.bfloat16, None, None, True, "every_other_token"),
     "strided_rows_3d": ((2, 10, 96), torch.float32, None, None, True, "every_other_token"),
 }
@@ -71,7 +74,7 @@ def worker() -> dict:
              "op_equals_kernel": bool(torch.equal(op_out, got)), "counters": counters.snapshot(),
              "non_contiguous_x": not x.is_contiguous()}
         if got.dtype == torch.float32 and out_dtype is None:  # fp32 y * (0 + 1) is y: the modulated launch's LN
-            rows = ln.folded_rows(x)
+            rows = x.contiguous().view(-1, x.shape[-1])  # the same rows, read contiguously
             mod = nm.SPEC.run_kernel(rows, w, b, 1e-6, zero, None, ln_dtype, None).view(x.shape)
             r["equals_modulated_with_zero_scale"] = bool(torch.equal(mod.view(torch.int32), got.view(torch.int32)))
         res["kernel"][name] = r
@@ -83,8 +86,8 @@ def worker() -> dict:
         "bias_only": (x, None, w, 1e-6, None, None),
         "odd_D": (x[..., :30].contiguous(), None, None, 1e-6, None, None),
         "float64": (x.double(), None, None, 1e-6, None, None),
-        "rows_do_not_fold": (torch.randn(2, 5, 3, 64, generator=g).bfloat16().transpose(1, 2), None, None, 1e-6,
-                             None, None),
+        "four_row_dims": (torch.randn(2, 3, 4, 5, 64, generator=g).bfloat16().permute(3, 2, 1, 0, 4), None, None,
+                          1e-6, None, None),
         "weight_dtype": (x, w.float(), None, 1e-6, None, None),
     }
     for key, args in calls.items():
@@ -119,7 +122,8 @@ def test_the_op_runs_the_kernel_for_every_row_layout(results, case):
 
 def test_the_cases_cover_non_contiguous_rows(results):
     assert {k for k, r in results["kernel"].items() if r["non_contiguous_x"]} == {
-        "rank4_heads_transposed_b1", "rank4_strided_rows", "strided_rows_3d"}
+        "rank4_heads_transposed_b1", "rank4_heads_transposed", "rank4_heads_transposed_fp32", "rank4_strided_rows",
+        "strided_rows_3d"}
 
 
 @pytest.mark.parametrize("case", [k for k, c in CASES.items() if c[1] == torch.float32 and c[3] is None])
@@ -131,7 +135,7 @@ def test_without_scale_the_kernel_normalizes_as_its_modulated_launch(results, ca
     ("bias_only", "LayerNorm with bias but no weight"),
     ("odd_D", "D=30 (kernel takes multiples of 4"),
     ("float64", "unsupported dtype (x torch.float64"),
-    ("rows_do_not_fold", "x (2, 3, 5, 64) with strides (960, 64, 192, 1): its leading dims do not fold into two"),
+    ("four_row_dims", "x (5, 4, 3, 2, 64) with strides (64, 320, 1280, 3840, 1): its rows span more than three"),
     ("weight_dtype", "weight is not a contiguous [64] torch.bfloat16 tensor"),
 ])
 def test_guard_rejections_take_the_reference_path_and_are_counted(results, key, reason):
@@ -141,7 +145,7 @@ def test_guard_rejections_take_the_reference_path_and_are_counted(results, key, 
     assert got_reason.startswith(reason) and n == 1, got_reason
 
 
-@pytest.mark.parametrize("key, static", [("odd_D", True), ("rows_do_not_fold", True), ("bias_only", False),
+@pytest.mark.parametrize("key, static", [("odd_D", True), ("four_row_dims", True), ("bias_only", False),
                                          ("float64", False), ("weight_dtype", False)])
 def test_the_static_guard_names_what_shapes_alone_refuse(results, key, static):
     assert bool(results["static"][key]) == static, results["static"][key]
