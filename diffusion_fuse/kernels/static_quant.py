@@ -29,7 +29,7 @@ def _static_quant_kernel(
     tl.store(Q + row * N + offs, quantize_e4m3(v, s, q_lo, q_hi, Q_MODE, NAN_SIGN), mask=mask)
 
 
-def plan_static_quant(a, nan_sign: bool | None = None):
+def plan_static_quant(a):
     """A launch for inputs of this layout: ``a`` holds the op's arguments by name (lowering/static_quant.py; its
     guard accepted them), and so does the launch's argument."""
     x = a.x
@@ -37,9 +37,9 @@ def plan_static_quant(a, nan_sign: bool | None = None):
     rows = x.numel() // D
     shape, device = x.shape, x.device
     S, sb, ss = row_strides(x)
-    nan_sign = eager_nan_keeps_sign(device) if nan_sign is None else nan_sign
     kernel = CachedLaunch(_static_quant_kernel, (rows, triton.cdiv(D, BLOCK)),
-                          dict(BLOCK=BLOCK, Q_MODE=Q_MODES[a.q_mode], NAN_SIGN=nan_sign), num_warps=NUM_WARPS)
+                          dict(BLOCK=BLOCK, Q_MODE=Q_MODES[a.q_mode], NAN_SIGN=eager_nan_keeps_sign(device)),
+                          num_warps=NUM_WARPS)
 
     def launch(a):
         q = torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)
