@@ -31,8 +31,6 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import triton
-import triton.language as tl
 
 from .fp8_quant import QuantEpilogue, load_scales, store_quants
 from .launch import CachedLaunch
@@ -51,6 +49,7 @@ from .layer_norm_stats import (
     welford_row_stats,
     welford_tile_stats,
 )
+from .optional_triton import tl, triton
 
 _DT_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 

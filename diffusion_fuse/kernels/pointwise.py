@@ -52,10 +52,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.fx as fx
-import triton
 
 from ..log import get_logger
 from . import triton_interpret
+from .optional_triton import triton
 from .pointwise_ops import (
     DEFAULT_VARIANTS,
     FLOAT_DTYPES,
