@@ -2,7 +2,7 @@
 
 Models (random weights, bf16, built directly on the GPU; configs are the official ``config.json`` values, written
 below with their source): FLUX.1-dev 1024², SANA-1.6B 1024² batch 2, Wan2.2-TI2V-5B 704p/121f, Qwen-Image 1024²,
-FLUX.2-dev 1024², Wan2.1-T2V-14B 480p/81f, at full depth (reduced only if the weights do not fit, and then said).
+FLUX.2-dev 1024², Wan2.1-T2V-14B 480p/81f, SD3.5-large 1024² batch 2, at full depth (reduced only if the weights do not fit, and then said).
 
 Variants: ``eager``; ``inductor`` (default mode); ``inductor-max-autotune`` (``max-autotune-no-cudagraphs``, only
 with ``--max-autotune``: its compile is slow); ``lossless`` and ``high`` (``backend="diffusion_fuse"``). Every
@@ -83,6 +83,12 @@ def _randn(gen, *shape):
     return torch.randn(*shape, device=gen.device, generator=gen).to(torch.bfloat16)
 
 
+# stabilityai/stable-diffusion-3.5-large, transformer/config.json
+SD35_LARGE = dict(sample_size=128, patch_size=2, in_channels=16, num_layers=38, attention_head_dim=64,
+                  num_attention_heads=38, joint_attention_dim=4096, caption_projection_dim=2432,
+                  pooled_projection_dim=2048, out_channels=16, pos_embed_max_size=192, qk_norm="rms_norm")
+
+
 def _flux1_inputs(gen):
     # 1024²: 128x128 latents, 2x2-packed -> 64x64 = 4096 tokens of 64 channels; 512 T5 tokens (max_sequence_length).
     d = gen.device
@@ -138,6 +144,15 @@ def _wan21_inputs(gen):
                 encoder_hidden_states=_randn(gen, 1, 512, 4096), return_dict=False)
 
 
+def _sd35_inputs(gen):
+    # 1024² through the 8x VAE: 128x128 latents of 16 channels (4096 tokens after 2x2 patches); batch 2 (CFG);
+    # 333 text tokens (77 CLIP + 256 T5), pooled CLIP-L and CLIP-G embeddings.
+    d = gen.device
+    return dict(hidden_states=_randn(gen, 2, 16, 128, 128), encoder_hidden_states=_randn(gen, 2, 333, 4096),
+                pooled_projections=_randn(gen, 2, 2048), timestep=torch.tensor([500.0, 500.0], device=d).bfloat16(),
+                return_dict=False)
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -173,6 +188,9 @@ MODELS = {s.name: s for s in [
     ModelSpec("wan21_14b", "Wan2.1-T2V-14B", "WanTransformer3DModel", WAN21_T2V_14B,
               "Wan-AI/Wan2.1-T2V-14B-Diffusers transformer/config.json", _wan21_inputs,
               "480p/81f, 32,760 tokens", "wan21", 3306, ("num_layers",)),
+    ModelSpec("sd35_large", "SD3.5-large", "SD3Transformer2DModel", SD35_LARGE,
+              "stabilityai/stable-diffusion-3.5-large transformer/config.json", _sd35_inputs,
+              "1024², batch 2, 4096 image + 333 text tokens", "sd35", 187, ("num_layers",)),
 ]}
 DEFAULT_MODELS = list(MODELS)  # FLUX.1-dev, SANA and Wan2.2-5B first: the cheapest to run, the most telling
 

@@ -81,8 +81,6 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = nosass ]; then
     --json "$OUT/bench_grouped_gemv.json"
   # shellcheck disable=SC2086
   want bench_e2e && step bench_e2e "${E2E_LIMIT:-400}" python3 benchmarks/bench_e2e.py --json "$OUT/bench_e2e.json" ${BENCH_E2E_ARGS:-}
-  want bench_linear_gelu && step bench_linear_gelu 300 python3 benchmarks/bench_linear_gelu.py \
-    --json "$OUT/bench_linear_gelu.json"
   want bench_wan_temb && step bench_wan_temb 400 python3 benchmarks/bench_wan_temb.py --json "$OUT/bench_wan_temb.json"
 fi
 [ -n "$CLOCKS_PID" ] && kill "$CLOCKS_PID" 2>/dev/null
@@ -100,7 +98,6 @@ cat "$OUT/summary.txt"
 [ -f "$OUT/bench_norm.log" ] && tail -n 6 "$OUT/bench_norm.log"
 [ -f "$OUT/bench_rms_norm.log" ] && tail -n 6 "$OUT/bench_rms_norm.log"
 [ -f "$OUT/bench_pointwise.log" ] && tail -n 12 "$OUT/bench_pointwise.log"
-[ -f "$OUT/bench_linear_gelu.log" ] && tail -n 10 "$OUT/bench_linear_gelu.log"
 [ -f "$OUT/bench_grouped_gemv.log" ] && tail -n 4 "$OUT/bench_grouped_gemv.log"
 [ -f "$OUT/bench_e2e.log" ] && tail -n 4 "$OUT/bench_e2e.log"
 [ -f "$OUT/bench_models.log" ] && grep -E "^(==|[A-Z].*  (eager|inductor|lossless|high))" "$OUT/bench_models.log"

@@ -27,6 +27,7 @@ FAMILIES: tuple[str, ...] = (
     "rms_norm_chain",
     "static_quant",
     "cat_quant",
+    "layer_norm",
 )
 
 STAGES = ("patterns", "lowering", "fxpasses")

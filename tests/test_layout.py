@@ -104,7 +104,9 @@ def test_a_familys_name_is_its_files_name_in_every_stage(name):
     if kernel is not None:
         assert (PACKAGE / "kernels" / f"{kernel}.py").is_file(), f"{name}: kernels/{kernel}.py"
     assert (PACKAGE / "fxpasses" / f"{name}.py").is_file() == fam.found_by_pass
-    assert list((ROOT / "tests").rglob(f"test_{name}*.py")), f"no tests/**/test_{name}*.py"
+    suffixes = ("", "_pattern", "_pass", "_kernel", "_gpu")
+    assert [p for p in (ROOT / "tests").rglob(f"test_{name}*.py") if p.stem in {f"test_{name}{x}" for x in suffixes}], \
+        f"no tests/**/test_{name}[_pattern|_pass|_kernel|_gpu].py"
     # the family's op(s) are named after it
     assert any(op == name or op.startswith(f"{name}_") for op in ops_of(name)), ops_of(name)
 

@@ -384,3 +384,33 @@ def test_dynamic_shapes_compile_and_equal_eager():
     for n in (5, 9):
         args = (rn(n, 32), rn(n, 32, seed=1))
         assert bitwise_equal(f(*args), compiled(*args))
+
+
+# --- a write into a slice: slice → f → copy → slice_scatter, one kernel -------------------------------------
+@pytest.mark.parametrize("text", [0, 3, 8])
+def test_a_write_into_a_slice_is_one_group_with_eagers_output(text):
+    q, cos, sin = rn(2, 9, 3, 16), rn(9 - text, 1, 16, dtype=torch.float32), rn(9 - text, 1, 16, dtype=torch.float32)
+
+    def fn(q, cos, sin):
+        return pw.rope_into_slice(q, cos, sin, text)
+
+    gm, sites = pw.fuse(fn, q, cos, sin)
+    (site,) = sites
+    assert {"copy", "clone"} <= set(pw.site_ops(site)), pw.site_ops(site)
+    assert any(n.target is torch.ops.aten.slice_scatter.default for n in site.nodes) == (text > 0)
+    ref, out, report = compile_and_run(lambda q, cos, sin: fn(q, cos, sin), dict(q=q, cos=cos, sin=sin))
+    assert bitwise_equal(ref, out) and report.count("pointwise", status="kept") == 1, report.table()
+
+
+def test_a_write_into_a_row_is_one_group_with_eagers_output():
+    def fn(x, y):
+        x = x * 2
+        x[:, 1] = torch.sigmoid(y)
+        return x + 1
+
+    x, y = rn(2, 5, 16), rn(2, 16, seed=1)
+    gm, sites = pw.fuse(fn, x, y)
+    (site,) = sites
+    assert any(n.target is torch.ops.aten.select_scatter.default for n in site.nodes)
+    ref, out, report = compile_and_run(lambda x, y: fn(x, y), dict(x=x, y=y))
+    assert bitwise_equal(ref, out) and report.count("pointwise", status="kept") == 1, report.table()

@@ -176,6 +176,7 @@ class FusePatternsPass(GraphPass):
         for node in list(graph.nodes):
             if node.op != "call_function" or node in claimed:
                 continue  # an anchor inside a site chosen before (a quantizer a norm site took) is not tried
+            misses: list[NearMiss] = []
             for fam in by_anchor.get(node.target, ()):
                 try:
                     res = fam.match(node)
@@ -184,7 +185,7 @@ class FusePatternsPass(GraphPass):
                 if res is None:
                     continue
                 if isinstance(res, NearMiss):
-                    ctx.near_misses.append(res)
+                    misses.append(res)
                     continue
                 problem = _check_closed(res)
                 if problem is None and claimed.intersection(res.nodes):
@@ -192,11 +193,13 @@ class FusePatternsPass(GraphPass):
                 if problem is None:
                     problem = static_problem(res) or None
                 if problem is not None:
-                    ctx.near_misses.append(NearMiss(fam.name, node, problem))
+                    misses.append(NearMiss(fam.name, node, problem))
                     continue
                 claimed.update(res.nodes)
                 chosen.append(res)
+                misses = []  # an anchor a family took is no near miss of the families tried before it
                 break
+            ctx.near_misses.extend(misses)
         apply_sites(graph, ctx, chosen)
 
 

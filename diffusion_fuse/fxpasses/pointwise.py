@@ -74,6 +74,7 @@ from .fuse_patterns import apply_sites
 
 PATTERN = "pointwise"
 _WHERE = torch.ops.aten.where.self
+_COPY = torch.ops.aten.copy.default
 
 
 def _numel(v) -> object:
@@ -122,7 +123,7 @@ def classify(n: fx.Node) -> str | None:
     if r is None or r.check(n):
         return None
     for i, a in enumerate(n.args):
-        if isinstance(a, fx.Node):
+        if isinstance(a, fx.Node) and not (t is _COPY and i == 0):  # copy's destination: its shape and dtype only
             allowed = FLOAT_DTYPES + (torch.bool,) if (t is _WHERE and i == 0) else FLOAT_DTYPES
             if i not in r.tensor_args or not _tensor(a.meta.get("val"), allowed):
                 return None

@@ -273,7 +273,8 @@ VIEW_OPS = frozenset({
     aten.permute.default, aten.t.default, aten.transpose.int, aten.slice.Tensor, aten.select.int,
 })
 MULTI_VIEW_OPS = frozenset({aten.unbind.int, aten.split.Tensor, aten.split_with_sizes.default})
-STRUCTURAL_OPS = frozenset({aten.cat.default, aten.stack.default, aten.constant_pad_nd.default})
+STRUCTURAL_OPS = frozenset({aten.cat.default, aten.stack.default, aten.constant_pad_nd.default,
+                            aten.slice_scatter.default, aten.select_scatter.default})
 # Complex values (Qwen-Image's RoPE: ``view_as_real(view_as_complex(x.float()...) * freqs)``) live in the kernel as
 # (real, imaginary) fp32 pairs: view_as_complex and view_as_real are the only ways in and out, complex64 inputs are
 # passed as their view_as_real, and the one complex op is ``mul`` of two complex tensors (pointwise_ops.complex_mul)
@@ -490,6 +491,8 @@ class Generator(Emit):
             return self._view_as_real(n, idx, mask)
         if t is aten.constant_pad_nd.default:
             return self._pad(n, idx, mask)
+        if t in (aten.slice_scatter.default, aten.select_scatter.default):
+            return self._scatter(n, idx, mask)
         if t in STRUCTURAL_OPS:
             return self._select(n, idx, mask)
         r = RECIPES.get(t)
@@ -763,6 +766,38 @@ class Generator(Emit):
         inside = self.tmp(" & ".join(conds))
         v = self.value(x, inner, self.tmp(f"{mask} & {inside}"))
         return Val(self.tmp(f"tl.where({inside}, {v.code}, {fill!r})"), out.dtype)
+
+    def _scatter(self, n: fx.Node, idx: list[Lin], mask: str) -> Val:
+        """``slice_scatter(base, src, dim, start, end, 1)`` / ``select_scatter(base, src, dim, index)``: ``src`` where
+        the index along ``dim`` lies in the slice (loads masked to it), ``base`` elsewhere: copies, exact. What a
+        write into a slice or a row (``q[:, n:] = f(q[:, n:])``, ``x[:, 0] = y``) becomes once functionalized."""
+        out = self.meta(n)
+        base, src = n.args[0], n.args[1]
+        dim = _norm_dim(_arg(n, 2, "dim", 0), len(out.shape))
+        size = out.shape[dim]
+        if n.target is aten.select_scatter.default:
+            index = _arg(n, 3, "index", 0)
+            start = index + size if index < 0 else index
+            end = start + 1
+            inner = idx[:dim] + idx[dim + 1:]  # src has no ``dim``
+        else:
+            start, end, step = _arg(n, 3, "start", None), _arg(n, 4, "end", None), _arg(n, 5, "step", 1)
+            if step != 1:
+                raise Unsupported("slice_scatter with a step")
+            start = 0 if start is None else (start + size if start < 0 else start)
+            end = size if end is None else (end + size if end < 0 else end)
+            start, end = max(0, min(start, size)), max(0, min(end, size))
+            inner = idx[:dim] + [idx[dim] + (-start)] + idx[dim + 1:]
+        d = idx[dim]
+        if d.is_const():
+            v = self.value(src, inner, mask) if start <= d.const < end else self.value(base, idx, mask)
+            return Val(v.code if v.dtype == out.dtype else self.tmp(round_code(v.code, out.dtype)), out.dtype)
+        dc = self.index_code(d)
+        inside = self.tmp(f"({dc} == {start})" if end == start + 1 else f"({dc} >= {start}) & ({dc} < {end})")
+        vs = self.value(src, inner, self.tmp(f"{mask} & {inside}"))
+        vb = self.value(base, idx, mask)
+        codes = [v.code if v.dtype == out.dtype else self.tmp(round_code(v.code, out.dtype)) for v in (vs, vb)]
+        return Val(self.tmp(f"tl.where({inside}, {codes[0]}, {codes[1]})"), out.dtype)
 
     def _select(self, n: fx.Node, idx: list[Lin], mask: str) -> Val:
         """``cat`` / ``stack``: the input the index along ``dim`` falls in, loads masked to it."""
