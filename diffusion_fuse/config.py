@@ -8,6 +8,8 @@ allowed values.
 from __future__ import annotations
 
 import dataclasses
+import os
+import tempfile
 from collections.abc import Collection, Mapping
 from typing import Any, Literal
 
@@ -51,6 +53,13 @@ class Options:
         if name in self.patterns:
             return bool(self.patterns[name])
         return tier == "lossless" or self.quality == "high"
+
+
+def cache_root() -> str:
+    """Where the package keeps what outlives a process (generated kernels, stored verdicts):
+    ``DIFFUSION_FUSE_CACHE_DIR``, else a folder per user in the system's temporary directory."""
+    return os.environ.get("DIFFUSION_FUSE_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), f"diffusion_fuse_{os.getuid() if hasattr(os, 'getuid') else 'user'}")
 
 
 def _fail(key: str, value: Any, allowed: Any) -> None:

@@ -15,12 +15,15 @@ is being captured), ``VerifiedGraph``:
 
 Verdicts are kept per site; the graph chosen is kept per input signature. The verifier judges and
 reports; the graphs it chooses between come from the ``Pipeline`` the backend gives it.
+The verifier's log lines and trace artifacts carry the compile id of the graph's compile (``log.in_compile``).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -28,12 +31,17 @@ import torch
 import torch.fx as fx
 
 from ..config import Options
-from ..log import error_message, get_logger
+from ..log import artifact_logger, current_compile_id, error_message, get_logger, in_compile, trace_artifact
 from ..lowering.dispatch import capturing
 from .compare import Verdict, compare_bitwise, compare_close
 from .report import GraphReport, Report
+from .runtime_graph import publish
 
 _log = get_logger("verify")
+_verdicts = artifact_logger("verify", "diffusion_fuse_verdicts")
+_timings = artifact_logger("verify", "diffusion_fuse_timings")
+# graph-level data the report artifact leaves out: each has its own artifact
+_TRACE_SKIP = {"ref_graph", "fused_graph", "ref_code", "fused_code", "final_code"}
 
 
 @dataclasses.dataclass
@@ -161,6 +169,7 @@ class VerifiedGraph:
         self._mutated = mutated
         self.mutated_inputs = bool(mutated)
         self._signature = _signature_fn(ref)
+        self.compile_id = current_compile_id()  # made while torch compiles; verified on a later call
 
     # --- building ------------------------------------------------------------------------
     def build(self, exclude: frozenset[str]) -> fx.GraphModule:
@@ -183,6 +192,8 @@ class VerifiedGraph:
         if not self.options.verify:
             if self._unverified is None:
                 self._unverified = self.pipeline.runtime(self.fused)[0]
+                with in_compile(self.compile_id):
+                    publish(self.fused, self.greport)
             return self._unverified(*args)
         sig = self._signature(args)
         fn = self._chosen.get(sig)
@@ -193,7 +204,8 @@ class VerifiedGraph:
             _log.info("graph %d: not verified yet and capturing/compiling; running the reference graph",
                       self.greport.graph_id)
             return self.ref(*args)
-        return self._verify_and_run(sig, list(args))
+        with in_compile(self.compile_id):
+            return self._verify_and_run(sig, list(args))
 
     def _judge(self, check: SiteCheck, refs: list[Any], got: list[Any]) -> Verdict:
         max_err = 0.0
@@ -220,6 +232,9 @@ class VerifiedGraph:
         return out, compare_bitwise(ref_out, out)
 
     def _verify_and_run(self, sig: tuple, args: list[Any]) -> Any:
+        began = time.perf_counter()
+        timed = _timings.isEnabledFor(logging.DEBUG)
+        start = time.perf_counter()
         live = [c for cid, c in self.checks.items() if cid not in self.rejected]
         snapshot = {i: args[i].clone() for i in self._mutated}
         ref_args = list(args)
@@ -228,8 +243,13 @@ class VerifiedGraph:
         with torch.no_grad():
             ref_out, verdicts = run_with_site_checks(self.ref, ref_args, live, self._judge)
         del ref_args
+        if timed:
+            _timings.debug("graph %d: reference run and %d site check(s): %.4f s", self.greport.graph_id,
+                           len(live), time.perf_counter() - start)
+            start = time.perf_counter()
         for cid, v in verdicts.items():
             rec = self.greport.sites[cid]
+            _verdicts.debug("site %s (%s): %s", cid, rec.location, v.detail)
             rec.verdict, rec.first_diff = v.detail, v.first_diff
             if v:
                 rec.status, rec.reason = "kept", ""
@@ -250,8 +270,12 @@ class VerifiedGraph:
                 args[i].copy_(t)
             run, rewrites = self.pipeline.runtime(gm, rewrite=False)
             out, e2e = self._run_checked(run, args, ref_out)
+        if timed:
+            _timings.debug("graph %d: rebuild and end-to-end run: %.4f s", self.greport.graph_id,
+                           time.perf_counter() - start)
         entry = {"signature": repr(sig)[:200], "sites_checked": len(verdicts), **rewrites,
-                 "rejected": sorted(c for c, v in verdicts.items() if not v), "end_to_end_equal": bool(e2e)}
+                 "rejected": sorted(c for c, v in verdicts.items() if not v), "end_to_end_equal": bool(e2e),
+                 "seconds": round(time.perf_counter() - began, 4)}
         if not e2e:
             # Sites that pass alone but not together: trust nothing in this graph.
             raised = e2e.detail.startswith("the rewritten graph raised")
@@ -268,9 +292,16 @@ class VerifiedGraph:
                 args[i].copy_(t)
             gm = run = self.ref
             out = gm(*args)
+        return self._chose(sig, gm, run, entry, out)
+
+    def _chose(self, sig: tuple, gm: fx.GraphModule, run: Callable[..., Any], entry: dict, out: Any) -> Any:
+        """Record what runs for ``sig`` from now on, publish it (log, trace, dump) and save the report."""
         self.greport.final_code = gm.code
         self.greport.verifications.append(entry)
         self._chosen[sig] = run
+        publish(gm, self.greport)
+        trace_artifact("diffusion_fuse_report", lambda: {k: v for k, v in dataclasses.asdict(self.greport).items()
+                                                         if k not in _TRACE_SKIP}, encoding="json")
         if self.options.report:
             self.report.save(self.options.report)
         return out
