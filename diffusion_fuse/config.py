@@ -38,6 +38,11 @@ class Options:
               default: on for ``mode="reduce-overhead"`` and ``"max-autotune"``, as in Inductor.
               An option too because torch.compile takes ``mode`` or ``options``, not both
               (``options={"quality": "high", "cudagraphs": True}``). See diffusion_fuse/cudagraphs.py.
+    warm_start: reuse the verifier's verdicts stored by an earlier process for the same graph, input
+              metadata, device, options, package source and torch/Triton versions (``cache_root()``/verdicts):
+              a call whose key is stored skips the verifier; any other is verified and stored. Off by
+              default: a stored verdict was judged on that process's values, not this one's
+              (verify/warm_start.py).
     """
 
     quality: Quality = "lossless"
@@ -47,6 +52,7 @@ class Options:
     rtol: float = 2e-2
     atol: float = 1e-3
     cudagraphs: bool = False
+    warm_start: bool = False
     mode: str | None = None
 
     def pattern_enabled(self, name: str, tier: str) -> bool:
@@ -82,7 +88,7 @@ def parse(options: Mapping[str, Any] | None = None, mode: str | None = None,
         )
     if "quality" in raw and raw["quality"] not in QUALITIES:
         _fail("quality", raw["quality"], list(QUALITIES))
-    for key in ("verify", "cudagraphs"):
+    for key in ("verify", "cudagraphs", "warm_start"):
         if key in raw and not isinstance(raw[key], bool):
             _fail(key, raw[key], [True, False])
     raw.setdefault("cudagraphs", mode in CUDAGRAPH_MODES)

@@ -14,7 +14,9 @@ is being captured), ``VerifiedGraph``:
    (the mutated inputs are restored first) and says so.
 
 Verdicts are kept per site; the graph chosen is kept per input signature. The verifier judges and
-reports; the graphs it chooses between come from the ``Pipeline`` the backend gives it.
+reports; the graphs it chooses between come from the ``Pipeline`` the backend gives it. With
+``options.warm_start`` the verdicts of a call are stored, and a later process whose call has the same key
+(verify/warm_start.py) takes them instead of running steps 1-3.
 The verifier's log lines and trace artifacts carry the compile id of the graph's compile (``log.in_compile``).
 """
 
@@ -33,6 +35,7 @@ import torch.fx as fx
 from ..config import Options
 from ..log import artifact_logger, current_compile_id, error_message, get_logger, in_compile, trace_artifact
 from ..lowering.dispatch import capturing
+from . import warm_start
 from .compare import Verdict, compare_bitwise, compare_close
 from .report import GraphReport, Report
 from .runtime_graph import publish
@@ -231,8 +234,15 @@ class VerifiedGraph:
             return None, Verdict(False, f"the rewritten graph raised {error_message(e)}")
         return out, compare_bitwise(ref_out, out)
 
-    def _verify_and_run(self, sig: tuple, args: list[Any]) -> Any:
+    def _verify_and_run(self, sig: tuple, args: list[Any], use_stored: bool = True) -> Any:
         began = time.perf_counter()
+        key = parts = None
+        if self.options.warm_start:
+            parts = warm_start.key_parts(self.ref, self.fused, args, self.options)
+            key = warm_start.key(parts)
+            entry = warm_start.load(key)
+            if entry is not None and use_stored:
+                return self._run_stored(sig, args, key, entry, began)
         timed = _timings.isEnabledFor(logging.DEBUG)
         start = time.perf_counter()
         live = [c for cid, c in self.checks.items() if cid not in self.rejected]
@@ -292,6 +302,12 @@ class VerifiedGraph:
                 args[i].copy_(t)
             gm = run = self.ref
             out = gm(*args)
+        if key is not None:
+            entry["warm_start"] = "stored"
+            warm_start.store(key, {
+                "verdicts": {cid: [bool(v), v.detail] for cid, v in verdicts.items()},
+                "runtime_rewrites": any(rewrites.values()), "end_to_end_equal": bool(e2e),
+                "end_to_end_detail": e2e.detail, "key_parts": parts})
         return self._chose(sig, gm, run, entry, out)
 
     def _chose(self, sig: tuple, gm: fx.GraphModule, run: Callable[..., Any], entry: dict, out: Any) -> Any:
@@ -305,3 +321,45 @@ class VerifiedGraph:
         if self.options.report:
             self.report.save(self.options.report)
         return out
+
+    def _run_stored(self, sig: tuple, args: list[Any], key: str, stored: dict[str, Any], began: float) -> Any:
+        """Run with the verdicts a process stored under ``key`` (warm start): no reference run, no site check."""
+        verdicts, rejected_before = stored["verdicts"], set(self.rejected)
+        for cid in self.checks:
+            rec = self.greport.sites[cid]
+            ok, detail = verdicts.get(cid, [False, "no stored verdict"])
+            rec.verdict = f"{detail} (stored verdict)"
+            if ok:
+                rec.status, rec.reason = "kept", ""
+            else:
+                rec.status, rec.reason = "rejected", f"{detail} (stored verdict)"
+                self.rejected.add(cid)
+            _verdicts.debug("site %s (%s): %s (stored verdict)", cid, rec.location, detail)
+        if stored.get("end_to_end_equal", False):
+            gm = self.build(frozenset(self.rejected))
+            run, rewrites = self.pipeline.runtime(gm, rewrite=bool(stored.get("runtime_rewrites", True)))
+        else:
+            for cid in self.checks:
+                self.rejected.add(cid)
+                rec = self.greport.sites[cid]
+                if rec.status == "kept":
+                    rec.status, rec.reason = "rejected", "end-to-end mismatch (stored verdict)"
+            gm, run, rewrites = self.ref, self.ref, {}
+        snapshot = {i: args[i].clone() for i in self._mutated}
+        try:
+            out = run(*args)
+        except Exception as e:  # noqa: BLE001 - a stored verdict must not cost the user's forward: verify it again
+            note = f"warm start: the graph the stored verdicts chose raised {error_message(e)}; verified again"
+            _log.warning("graph %d: %s", self.greport.graph_id, note)
+            self.greport.notes.append(note)
+            for i, t in snapshot.items():
+                args[i].copy_(t)
+            self.rejected = rejected_before
+            return self._verify_and_run(sig, args, use_stored=False)
+        del snapshot
+        entry = {"signature": repr(sig)[:200], "sites_checked": 0, **rewrites, "rejected": sorted(self.rejected),
+                 "end_to_end_equal": bool(stored.get("end_to_end_equal", False)), "warm_start": "hit",
+                 "key": key[:16], "seconds": round(time.perf_counter() - began, 4)}
+        _log.info("graph %d: warm start: %d stored verdict(s) taken (key %s), verifier skipped",
+                  self.greport.graph_id, len(verdicts), key[:16])
+        return self._chose(sig, gm, run, entry, out)
