@@ -10,10 +10,11 @@ set -euo pipefail
 cd "$(dirname "$0")"
 PY="${PYTHON:-python3}"
 NEWEST_TORCH=2.14.1
-# version-independent checks: every family's conformance, the stage layout, no Triton, LoRA hot-swap, offload,
-# inspect on a user's model
+# what depends on torch's internals or its ecosystem: every family's conformance, the stage layout, no Triton,
+# LoRA hot-swap, offload, inspect on a user's model, torch's logging and tracing, warm start
 NEWEST_TESTS=(tests/test_layout.py tests/test_families.py tests/test_optional_triton.py tests/test_lora_hotswap.py
-              tests/test_offload.py tests/test_inspect_callable.py)
+              tests/test_offload.py tests/test_inspect_callable.py tests/test_torch_logs_trace.py
+              tests/test_warm_start.py)
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 cmd="${1:-test}"
 shift || true
@@ -34,10 +35,10 @@ if [ "$cmd" = newest ]; then
     echo "$deps" > "$venv/.pyproject.sha256"
   fi
   "$venv/bin/python" -c "import torch, triton; print(f'newest: torch {torch.__version__}, triton {triton.__version__}')"
-  exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "${NEWEST_TESTS[@]}" "$@"
+  PATH="$venv/bin:$PATH" exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "${NEWEST_TESTS[@]}" "$@"
 fi
 
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import diffusion_fuse, diffusers, peft, pytest" 2>/dev/null; then
+if [ ! -x .venv/bin/tlparse ] || ! .venv/bin/python -c "import diffusion_fuse, diffusers, peft, pytest" 2>/dev/null; then
   "$PY" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q "torch==2.13.0"
