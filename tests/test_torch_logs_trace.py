@@ -1,6 +1,7 @@
 """torch's logging and tracing: ``TORCH_LOGS`` names the package and its artifacts, ``TORCH_TRACE`` holds the
 report and the graphs as structured artifacts (tlparse lists them), ``DIFFUSION_FUSE_DUMP_DIR`` writes the graph
-that runs as a ``.py`` file whose comments name each op's kernel sources. One subprocess on tiny FLUX (the CPU)."""
+that runs as a ``.py`` file whose comments name each op's kernel sources (the HTML report names them). One
+subprocess on tiny FLUX (the CPU)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,12 @@ pytest.importorskip("diffusers")
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = """
-import torch, diffusion_fuse
+import sys, torch, diffusion_fuse
 from diffusion_fuse.testing.tiny_models import build
 model, kw = build("flux")
 with torch.no_grad():
     ref = model(**kw)[0]
-    out = torch.compile(model, backend="diffusion_fuse")(**kw)[0]
+    out = torch.compile(model, backend="diffusion_fuse", options={"report": sys.argv[1]})(**kw)[0]
 assert torch.equal(ref, out)
 """
 
@@ -34,7 +35,8 @@ def run(tmp_path_factory):
            "TORCH_LOGS": "+diffusion_fuse,diffusion_fuse_graphs", "TORCH_TRACE": str(tmp / "trace"),
            "DIFFUSION_FUSE_DUMP_DIR": str(tmp / "dump"), "DIFFUSION_FUSE_CACHE_DIR": str(tmp / "cache")}
     env.pop("DIFFUSION_FUSE_LOG", None)
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp / "report.html")], env=env, capture_output=True,
+                          text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return tmp, proc.stderr
 
@@ -99,3 +101,11 @@ def test_the_graph_that_runs_is_a_py_file_with_its_kernel_sources(run):
     kernel = ROOT / "diffusion_fuse" / "kernels" / "norm_modulate.py"
     assert f"# kernel: {kernel}" in text  # next to each call of the op
     assert f"-> diffusion_fuse::norm_modulate: {kernel}" in text  # in the header, per site
+
+
+def test_the_html_report_names_the_kernel_sources_and_the_graph_file(run):
+    tmp, _ = run
+    html = (tmp / "report.html").read_text()
+    kernel = ROOT / "diffusion_fuse" / "kernels" / "norm_modulate.py"
+    assert f'<span class="mono kernel-source">{kernel}</span>' in html
+    assert f'<span class="mono graph-file">{tmp / "dump" / "graph_0_0_0.py"}</span>' in html

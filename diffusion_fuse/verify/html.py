@@ -291,6 +291,19 @@ def _site_detail(g: Any, sid: str, grp: dict[str, Any] | None) -> str:
     return "".join(out)
 
 
+def _kernel_sources(g: Any) -> str:
+    """Per kept site, the source files of its kernels, and the graph that runs' file if written (as paths: the page
+    is self-contained)."""
+    rows = "".join(
+        f'<li{_attrs(site=sid)}><span class="mono">{_e(sid)}</span>: '
+        + (", ".join(f'<span class="mono kernel-source">{_e(f)}</span>' for f in files) or "no kernel generated")
+        + "</li>"
+        for sid, files in g.kernel_sources.items() if sid in g.sites and g.sites[sid].status != "rejected")
+    dump = (f'<p>The graph that runs: <span class="mono graph-file">{_e(g.graph_file)}</span></p>'
+            if g.graph_file else "")
+    return f'<details class="kernel-sources"><summary>kernel sources</summary>{dump}<ul>{rows}</ul></details>'
+
+
 def _graph_section(g: Any) -> str:
     d = graph_diff.graph_diff(g)
     head = f'<section class="graph" id="graph-{g.graph_id}"{_attrs(graph_id=g.graph_id, kind=g.kind, quality=g.quality)}>'
@@ -305,6 +318,8 @@ def _graph_section(g: Any) -> str:
            f'{d["edges_added"]} added. Families searched: {_e(", ".join(g.families) or "-")}.</p>']
     if g.notes:
         out.append("<ul class=\"notes\">" + "".join(f"<li>{_e(n)}</li>" for n in g.notes) + "</ul>")
+    if g.kernel_sources:
+        out.append(_kernel_sources(g))
     for sid in g.sites:
         out.append(_site_detail(g, sid, d["sites"].get(sid)))
     if d["unattributed"]:
