@@ -27,8 +27,16 @@ import torch.fx as fx
 
 from ..config import Options
 from ..log import artifact_logger, error_message, get_logger
-from . import cat_of_slices, cleanup, drop_clones, fuse_patterns, interleave_scatter  # noqa: F401  (register)
-from . import direct_calls, python_bindings, recompose_linear
+from . import (  # noqa: F401  (register)
+    cat_of_slices,
+    cleanup,
+    direct_calls,
+    drop_clones,
+    fuse_patterns,
+    interleave_scatter,
+    python_bindings,
+    recompose_linear,
+)
 from .base import PASSES, GraphPass, PassContext
 
 _log = get_logger("fxpasses")

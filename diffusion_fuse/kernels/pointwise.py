@@ -409,8 +409,8 @@ class Generator(Emit):
             r = self.term_range(t)
             if r is None or c <= 0:
                 return None
-            k = next((k for k in range(nd) if shape[k] != 1 and c % cs[k] == 0 and (k == first or c // cs[k] < shape[k])),
-                     None)
+            k = next((k for k in range(nd)
+                      if shape[k] != 1 and c % cs[k] == 0 and (k == first or c // cs[k] < shape[k])), None)
             if k is None:
                 return None
             a, p = c // cs[k], 1
