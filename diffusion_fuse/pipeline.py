@@ -8,6 +8,7 @@ judges it on the first real call (verify/verifier.py); the verifier asks ``Lossl
 from __future__ import annotations
 
 import collections
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,7 @@ from .config import Options
 from .fxpasses import PassManager
 from .fxpasses.base import written_args
 from .fxpasses.fuse_patterns import ref_name, site_check
-from .log import get_logger
+from .log import artifact_logger, get_logger, trace_artifact
 from .patterns.match_utils import describe, source_location
 from .patterns.registry import REGISTRY, Site
 from .verify.graph_diff import graph_data, value_str
@@ -25,6 +26,7 @@ from .verify.report import GraphReport, NearMissRecord, Report, SiteRecord
 from .verify.verifier import VerifiedGraph
 
 _log = get_logger("backend")
+_graphs = artifact_logger("backend", "diffusion_fuse_graphs")
 
 
 class LosslessPipeline:
@@ -99,5 +101,10 @@ def prepare(ref: fx.GraphModule, options: Options, graph_report: GraphReport, re
         graph_report.final_code = fused.code
     _log.info("graph %d: %d site(s) rewritten, %d near miss(es)", graph_report.graph_id, len(ctx.sites),
               len(ctx.near_misses))
+    if _graphs.isEnabledFor(logging.DEBUG):
+        _graphs.debug("graph %d: the ATen graph as traced:\n%s", graph_report.graph_id, ref.code)
+        _graphs.debug("graph %d: rewritten (%d site(s)):\n%s", graph_report.graph_id, len(ctx.sites), fused.code)
+    trace_artifact("diffusion_fuse_graph_before", lambda: ref.code)
+    trace_artifact("diffusion_fuse_graph_after", lambda: fused.code)
     return VerifiedGraph(ref, fused, [site_check(s) for s in ctx.sites], mutated_placeholders(ref), pipeline, options,
                          graph_report, report)

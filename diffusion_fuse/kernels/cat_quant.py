@@ -16,12 +16,11 @@ Verified shapes: tests/gpu/test_fp8_quant_gpu.py.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from .fp8_quant import BLOCK, NUM_WARPS, Q_MODES, eager_nan_keeps_sign, quantize_e4m3, row_strides
 from .launch import CachedLaunch
 from .layer_norm_stats import program_row
+from .optional_triton import tl, triton
 
 
 @triton.jit(do_not_specialize=["S", "a_sb", "a_ss", "b_sb", "b_ss", "q_lo", "q_hi"])

@@ -29,8 +29,8 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
-import triton.language as tl
+
+from .optional_triton import tl, triton
 
 BLOCK = 1024  # elements per program along D (standalone and cat kernels)
 Q_MODES = {"div": 0, "mul": 1}  # an op's q_mode -> the kernels' Q_MODE: x / scale, or x * scale (scale = 1 / s)

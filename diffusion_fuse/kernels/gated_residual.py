@@ -17,12 +17,11 @@ gate and its second addend broadcast to x with unit stride along D.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from .launch import CachedLaunch
 from .layer_norm_stats import LANES, VEC, n_iters_for, program_row
 from .norm_modulate import DT_CODE, batch_token_strides, round_to, sum_dtype
+from .optional_triton import tl, triton
 
 
 def residual_dtypes(residual_dtype, x_dtype, gate_dtype, r_dtype=None) -> tuple[torch.dtype, torch.dtype]:

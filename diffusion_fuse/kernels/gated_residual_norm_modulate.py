@@ -24,8 +24,6 @@ Verified shapes: see tests/gpu/test_gated_residual_norm_modulate_gpu.py and test
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from .fp8_quant import QuantEpilogue, load_scales
 from .gated_residual import gated_residual_row, residual_dtypes
@@ -41,6 +39,7 @@ from .norm_modulate import (
     round_to,
     sum_dtype,
 )
+from .optional_triton import tl, triton
 
 
 @triton.jit(do_not_specialize=["S", "q_plane", "q_lo", "q_hi"])

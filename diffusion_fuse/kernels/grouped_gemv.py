@@ -29,12 +29,11 @@ import dataclasses
 import threading
 
 import torch
-import triton
-import triton.language as tl
 
 from ..log import get_logger
 from . import triton_interpret
 from .launch import CachedLaunch
+from .optional_triton import tl, triton
 
 _log = get_logger("kernels")
 

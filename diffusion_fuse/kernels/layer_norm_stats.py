@@ -106,10 +106,9 @@ import itertools
 import os
 
 import torch
-import triton
-import triton.language as tl
 
 from .launch import EAGER_NUMERICS
+from .optional_triton import tl, triton
 
 LANES = 128  # blockDim.x * blockDim.y = 32 * 4 on CUDA
 VEC = 4  # vec_size, independent of dtype

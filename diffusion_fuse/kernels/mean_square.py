@@ -61,12 +61,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import triton
-import triton.language as tl
 
 from . import triton_interpret
 from .launch import CachedLaunch
 from .layer_norm_stats import USE_SHUFFLES
+from .optional_triton import tl, triton
 from .rms_norm import _lane_group_leaders, _row_offsets, _shfl_sum, _sum_level, rms_row_sum_squares, row_dims
 from .rows import row_layout
 

@@ -30,8 +30,6 @@ tests/gpu/test_table_slice_gpu.py (the second addends).
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from .fp8_quant import QuantEpilogue, load_scales, store_quants
 from .launch import CachedLaunch
@@ -48,6 +46,7 @@ from .layer_norm_stats import (
     welford_row_stats,
     welford_tile_stats,
 )
+from .optional_triton import tl, triton
 
 DT_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # the kernels' dtype codes (``round_to``)
 

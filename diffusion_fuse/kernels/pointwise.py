@@ -46,16 +46,16 @@ import importlib.util
 import math
 import operator
 import os
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
 
 import torch
 import torch.fx as fx
-import triton
 
+from ..config import cache_root
 from ..log import get_logger
 from . import triton_interpret
+from .optional_triton import triton
 from .pointwise_ops import (
     DEFAULT_VARIANTS,
     FLOAT_DTYPES,
@@ -1071,11 +1071,14 @@ _load_lock = threading.Lock()
 
 
 def cache_dir() -> str:
-    d = os.environ.get("DIFFUSION_FUSE_CACHE_DIR") or os.path.join(
-        tempfile.gettempdir(), f"diffusion_fuse_{os.getuid() if hasattr(os, 'getuid') else 'user'}")
-    path = os.path.join(d, "pointwise")
+    path = os.path.join(cache_root(), "pointwise")
     os.makedirs(path, exist_ok=True)
     return path
+
+
+def source_path(src: KernelSource) -> str:
+    """The file ``load_kernel`` writes ``src`` to (and Triton reads it from)."""
+    return os.path.join(cache_dir(), f"{src.name}.py")
 
 
 def load_kernel(src: KernelSource):
@@ -1084,7 +1087,7 @@ def load_kernel(src: KernelSource):
         fn = _loaded.get(src.name)
         if fn is not None:
             return fn
-        path = os.path.join(cache_dir(), f"{src.name}.py")
+        path = source_path(src)
         if not os.path.exists(path):
             tmp = f"{path}.{os.getpid()}.tmp"
             with open(tmp, "w") as fh:

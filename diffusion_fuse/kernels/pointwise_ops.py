@@ -75,10 +75,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 import torch.fx as fx
-import triton
-import triton.language as tl
 
 from . import triton_interpret
+from .optional_triton import tl, triton
 
 aten = torch.ops.aten
 

@@ -82,14 +82,13 @@ import dataclasses
 
 import numpy as np
 import torch
-import triton
-import triton.language as tl
 
 from ..log import get_logger
 from . import triton_interpret
 from .launch import CachedLaunch
 from .layer_norm_stats import LANES, USE_SHUFFLES, VEC, WARP, _as_f32, _shfl_down, is_uniform
 from .norm_modulate import DT_CODE, result_dtypes, round_to
+from .optional_triton import tl, triton
 
 if triton_interpret():  # the interpreter runs no inline PTX: the sign flip (equal to neg.f32 but on NaN payloads)
     @triton.jit

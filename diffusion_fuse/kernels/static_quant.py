@@ -8,12 +8,11 @@ read of ``x`` and one byte written per element, where eager reads and writes fp3
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from .fp8_quant import BLOCK, NUM_WARPS, Q_MODES, eager_nan_keeps_sign, quantize_e4m3, row_strides
 from .launch import CachedLaunch
 from .layer_norm_stats import program_row
+from .optional_triton import tl, triton
 
 
 @triton.jit(do_not_specialize=["S", "x_sb", "x_ss", "q_lo", "q_hi"])

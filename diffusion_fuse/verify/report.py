@@ -15,6 +15,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from ..log import current_compile_id
 from ..lowering import counters
 
 # Fallback reasons that mean "the kernel failed" rather than "the guard sent it to the reference".
@@ -78,6 +79,9 @@ class GraphReport:
     fused_code: str = ""
     final_code: str = ""  # the graph that runs after the verifier put back rejected sites ("" until judged)
     cudagraphs: str = ""  # "" (not asked for) | "on" | "not applied: <torch's reason>" (diffusion_fuse/cudagraphs.py)
+    compile_id: str = ""  # torch's compile id ("0/1"), as TORCH_LOGS and tlparse show it
+    kernel_sources: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # op -> its kernels' source files
+    graph_file: str = ""  # where the graph that runs was written (DIFFUSION_FUSE_DUMP_DIR), or ""
 
 
 def _fmt_before_after(s: SiteRecord) -> str:
@@ -106,7 +110,9 @@ class Report:
 
     def new_graph(self, quality: str, kind: str = "inference") -> GraphReport:
         with self._lock:
-            g = GraphReport(graph_id=len(self.graphs), quality=quality, kind=kind)
+            cid = current_compile_id()
+            g = GraphReport(graph_id=len(self.graphs), quality=quality, kind=kind,
+                            compile_id=str(cid) if cid is not None else "")
             self.graphs.append(g)
             return g
 
@@ -171,6 +177,13 @@ class Report:
             out.append(tabulate(site_rows, headers=["site (pattern@source#n)", "status", "ATen ops → op",
                                                     "in → out", "verdict"],
                                 maxcolwidths=[None, None, 44, 44, 60]))
+        src_rows = sorted({(g.sites[sid].after.split("::")[-1], ", ".join(files) or "(generated on a first launch)")
+                           for g in self.graphs for sid, files in g.kernel_sources.items() if sid in g.sites})
+        if src_rows:
+            out.append(tabulate(src_rows, headers=["op", "kernel source"]))
+        files = [f"graph {g.graph_id}: the graph that runs is {g.graph_file}" for g in self.graphs if g.graph_file]
+        if files:
+            out.append("\n".join(files))
         fb_rows = [[op, reason, n] for op, rs in self.counters()["fallback"].items() for reason, n in rs.items()]
         if fb_rows:
             out.append(tabulate(fb_rows, headers=["op", "reference path because", "calls"]))

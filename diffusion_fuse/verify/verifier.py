@@ -14,13 +14,18 @@ is being captured), ``VerifiedGraph``:
    (the mutated inputs are restored first) and says so.
 
 Verdicts are kept per site; the graph chosen is kept per input signature. The verifier judges and
-reports; the graphs it chooses between come from the ``Pipeline`` the backend gives it.
+reports; the graphs it chooses between come from the ``Pipeline`` the backend gives it. With
+``options.warm_start`` the verdicts of a call are stored, and a later process whose call has the same key
+(verify/warm_start.py) takes them instead of running steps 1-3.
+The verifier's log lines and trace artifacts carry the compile id of the graph's compile (``log.in_compile``).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -28,12 +33,18 @@ import torch
 import torch.fx as fx
 
 from ..config import Options
-from ..log import error_message, get_logger
+from ..log import artifact_logger, current_compile_id, error_message, get_logger, in_compile, trace_artifact
 from ..lowering.dispatch import capturing
+from . import warm_start
 from .compare import Verdict, compare_bitwise, compare_close
 from .report import GraphReport, Report
+from .runtime_graph import publish
 
 _log = get_logger("verify")
+_verdicts = artifact_logger("verify", "diffusion_fuse_verdicts")
+_timings = artifact_logger("verify", "diffusion_fuse_timings")
+# graph-level data the report artifact leaves out: each has its own artifact
+_TRACE_SKIP = {"ref_graph", "fused_graph", "ref_code", "fused_code", "final_code"}
 
 
 @dataclasses.dataclass
@@ -161,6 +172,7 @@ class VerifiedGraph:
         self._mutated = mutated
         self.mutated_inputs = bool(mutated)
         self._signature = _signature_fn(ref)
+        self.compile_id = current_compile_id()  # made while torch compiles; verified on a later call
 
     # --- building ------------------------------------------------------------------------
     def build(self, exclude: frozenset[str]) -> fx.GraphModule:
@@ -183,6 +195,8 @@ class VerifiedGraph:
         if not self.options.verify:
             if self._unverified is None:
                 self._unverified = self.pipeline.runtime(self.fused)[0]
+                with in_compile(self.compile_id):
+                    publish(self.fused, self.greport)
             return self._unverified(*args)
         sig = self._signature(args)
         fn = self._chosen.get(sig)
@@ -193,7 +207,8 @@ class VerifiedGraph:
             _log.info("graph %d: not verified yet and capturing/compiling; running the reference graph",
                       self.greport.graph_id)
             return self.ref(*args)
-        return self._verify_and_run(sig, list(args))
+        with in_compile(self.compile_id):
+            return self._verify_and_run(sig, list(args))
 
     def _judge(self, check: SiteCheck, refs: list[Any], got: list[Any]) -> Verdict:
         max_err = 0.0
@@ -219,7 +234,17 @@ class VerifiedGraph:
             return None, Verdict(False, f"the rewritten graph raised {error_message(e)}")
         return out, compare_bitwise(ref_out, out)
 
-    def _verify_and_run(self, sig: tuple, args: list[Any]) -> Any:
+    def _verify_and_run(self, sig: tuple, args: list[Any], use_stored: bool = True) -> Any:
+        began = time.perf_counter()
+        key = parts = None
+        if self.options.warm_start:
+            parts = warm_start.key_parts(self.ref, self.fused, args, self.options)
+            key = warm_start.key(parts)
+            entry = warm_start.load(key)
+            if entry is not None and use_stored:
+                return self._run_stored(sig, args, key, entry, began)
+        timed = _timings.isEnabledFor(logging.DEBUG)
+        start = time.perf_counter()
         live = [c for cid, c in self.checks.items() if cid not in self.rejected]
         snapshot = {i: args[i].clone() for i in self._mutated}
         ref_args = list(args)
@@ -228,8 +253,13 @@ class VerifiedGraph:
         with torch.no_grad():
             ref_out, verdicts = run_with_site_checks(self.ref, ref_args, live, self._judge)
         del ref_args
+        if timed:
+            _timings.debug("graph %d: reference run and %d site check(s): %.4f s", self.greport.graph_id,
+                           len(live), time.perf_counter() - start)
+            start = time.perf_counter()
         for cid, v in verdicts.items():
             rec = self.greport.sites[cid]
+            _verdicts.debug("site %s (%s): %s", cid, rec.location, v.detail)
             rec.verdict, rec.first_diff = v.detail, v.first_diff
             if v:
                 rec.status, rec.reason = "kept", ""
@@ -250,8 +280,12 @@ class VerifiedGraph:
                 args[i].copy_(t)
             run, rewrites = self.pipeline.runtime(gm, rewrite=False)
             out, e2e = self._run_checked(run, args, ref_out)
+        if timed:
+            _timings.debug("graph %d: rebuild and end-to-end run: %.4f s", self.greport.graph_id,
+                           time.perf_counter() - start)
         entry = {"signature": repr(sig)[:200], "sites_checked": len(verdicts), **rewrites,
-                 "rejected": sorted(c for c, v in verdicts.items() if not v), "end_to_end_equal": bool(e2e)}
+                 "rejected": sorted(c for c, v in verdicts.items() if not v), "end_to_end_equal": bool(e2e),
+                 "seconds": round(time.perf_counter() - began, 4)}
         if not e2e:
             # Sites that pass alone but not together: trust nothing in this graph.
             raised = e2e.detail.startswith("the rewritten graph raised")
@@ -268,9 +302,64 @@ class VerifiedGraph:
                 args[i].copy_(t)
             gm = run = self.ref
             out = gm(*args)
+        if key is not None:
+            entry["warm_start"] = "stored"
+            warm_start.store(key, {
+                "verdicts": {cid: [bool(v), v.detail] for cid, v in verdicts.items()},
+                "runtime_rewrites": any(rewrites.values()), "end_to_end_equal": bool(e2e),
+                "end_to_end_detail": e2e.detail, "key_parts": parts})
+        return self._chose(sig, gm, run, entry, out)
+
+    def _chose(self, sig: tuple, gm: fx.GraphModule, run: Callable[..., Any], entry: dict, out: Any) -> Any:
+        """Record what runs for ``sig`` from now on, publish it (log, trace, dump) and save the report."""
         self.greport.final_code = gm.code
         self.greport.verifications.append(entry)
         self._chosen[sig] = run
+        publish(gm, self.greport)
+        trace_artifact("diffusion_fuse_report", lambda: {k: v for k, v in dataclasses.asdict(self.greport).items()
+                                                         if k not in _TRACE_SKIP}, encoding="json")
         if self.options.report:
             self.report.save(self.options.report)
         return out
+
+    def _run_stored(self, sig: tuple, args: list[Any], key: str, stored: dict[str, Any], began: float) -> Any:
+        """Run with the verdicts a process stored under ``key`` (warm start): no reference run, no site check."""
+        verdicts, rejected_before = stored["verdicts"], set(self.rejected)
+        for cid in self.checks:
+            rec = self.greport.sites[cid]
+            ok, detail = verdicts.get(cid, [False, "no stored verdict"])
+            rec.verdict = f"{detail} (stored verdict)"
+            if ok:
+                rec.status, rec.reason = "kept", ""
+            else:
+                rec.status, rec.reason = "rejected", f"{detail} (stored verdict)"
+                self.rejected.add(cid)
+            _verdicts.debug("site %s (%s): %s (stored verdict)", cid, rec.location, detail)
+        if stored.get("end_to_end_equal", False):
+            gm = self.build(frozenset(self.rejected))
+            run, rewrites = self.pipeline.runtime(gm, rewrite=bool(stored.get("runtime_rewrites", True)))
+        else:
+            for cid in self.checks:
+                self.rejected.add(cid)
+                rec = self.greport.sites[cid]
+                if rec.status == "kept":
+                    rec.status, rec.reason = "rejected", "end-to-end mismatch (stored verdict)"
+            gm, run, rewrites = self.ref, self.ref, {}
+        snapshot = {i: args[i].clone() for i in self._mutated}
+        try:
+            out = run(*args)
+        except Exception as e:  # noqa: BLE001 - a stored verdict must not cost the user's forward: verify it again
+            note = f"warm start: the graph the stored verdicts chose raised {error_message(e)}; verified again"
+            _log.warning("graph %d: %s", self.greport.graph_id, note)
+            self.greport.notes.append(note)
+            for i, t in snapshot.items():
+                args[i].copy_(t)
+            self.rejected = rejected_before
+            return self._verify_and_run(sig, args, use_stored=False)
+        del snapshot
+        entry = {"signature": repr(sig)[:200], "sites_checked": 0, **rewrites, "rejected": sorted(self.rejected),
+                 "end_to_end_equal": bool(stored.get("end_to_end_equal", False)), "warm_start": "hit",
+                 "key": key[:16], "seconds": round(time.perf_counter() - began, 4)}
+        _log.info("graph %d: warm start: %d stored verdict(s) taken (key %s), verifier skipped",
+                  self.greport.graph_id, len(verdicts), key[:16])
+        return self._chose(sig, gm, run, entry, out)
