@@ -20,6 +20,7 @@ from .fxpasses.fuse_patterns import ref_name, site_check
 from .log import get_logger
 from .patterns.match_utils import describe, source_location
 from .patterns.registry import REGISTRY, Site
+from .verify.agree import Agreement
 from .verify.graph_diff import graph_data, value_str
 from .verify.report import GraphReport, NearMissRecord, Report, SiteRecord
 from .verify.verifier import VerifiedGraph
@@ -99,5 +100,11 @@ def prepare(ref: fx.GraphModule, options: Options, graph_report: GraphReport, re
         graph_report.final_code = fused.code
     _log.info("graph %d: %d site(s) rewritten, %d near miss(es)", graph_report.graph_id, len(ctx.sites),
               len(ctx.near_misses))
+    agreement = Agreement.of(ref) if options.verify else None
+    if agreement is not None:
+        graph_report.notes.append(f"collectives in the graph: the verifier's decisions are shared by the ranks of "
+                                  f"{agreement.describe()}")
+        _log.info("graph %d: collectives over %s; verdicts shared across ranks", graph_report.graph_id,
+                  agreement.describe())
     return VerifiedGraph(ref, fused, [site_check(s) for s in ctx.sites], mutated_placeholders(ref), pipeline, options,
-                         graph_report, report)
+                         graph_report, report, agreement)
