@@ -130,7 +130,7 @@ def _end_to_end_fails() -> Iterator[None]:
 
 def compiled_vs_eager(rank: int, world: int, name: str = "flux", dtype: str = "float32", ulysses_degree: int = 2,
                       ring_degree: int = 1, scenarios: tuple[str, ...] = ("plain",), fault_op: str = "norm_modulate",
-                      odd_rank: int = 0, calls: int = 2, fullgraph: bool = True) -> dict[str, Any]:
+                      odd_rank: int = 0, calls: int = 2, fullgraph: bool = True, device: str = "cpu") -> dict[str, Any]:
     """One rank of: tiny model ``name`` single-process eager, then under context parallelism eager and compiled with
     the ``diffusion_fuse`` backend, once per scenario (a fresh compile each):
 
@@ -149,7 +149,6 @@ def compiled_vs_eager(rank: int, world: int, name: str = "flux", dtype: str = "f
     from ..verify.agree import collectives
     from .tiny_models import build
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     model, kwargs = build(name, dtype=getattr(torch, dtype), device=device)
     with torch.no_grad():
         single = model(**kwargs)[0]
@@ -188,3 +187,8 @@ def compiled_vs_eager(rank: int, world: int, name: str = "flux", dtype: str = "f
             "agreed": [vg.agreement is not None for vg in graphs],
         }
     return result
+
+
+def in_sequence(rank: int, world: int, *runs: tuple[Callable[..., Any], dict[str, Any]]) -> list[Any]:
+    """``fn(rank, world, **kwargs)`` for each ``(fn, kwargs)`` of ``runs`` on one set of processes, in order."""
+    return [fn(rank, world, **kwargs) for fn, kwargs in runs]
