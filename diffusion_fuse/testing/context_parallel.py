@@ -130,14 +130,20 @@ def _end_to_end_fails() -> Iterator[None]:
 
 def compiled_vs_eager(rank: int, world: int, name: str = "flux", dtype: str = "float32", ulysses_degree: int = 2,
                       ring_degree: int = 1, scenarios: tuple[str, ...] = ("plain",), fault_op: str = "norm_modulate",
-                      odd_rank: int = 0, calls: int = 2, fullgraph: bool = True, device: str = "cpu") -> dict[str, Any]:
+                      odd_rank: int = 0, calls: int = 2, fullgraph: bool = True, device: str = "cpu",
+                      attention_backend: str | None = None) -> dict[str, Any]:
     """One rank of: tiny model ``name`` single-process eager, then under context parallelism eager and compiled with
     the ``diffusion_fuse`` backend, once per scenario (a fresh compile each):
 
     - ``plain``: nothing forced;
     - ``site_rejected``: on rank ``odd_rank`` alone, op ``fault_op``'s output is perturbed while the first call is
       verified, so that rank's verifier rejects its sites;
-    - ``end_to_end_fails``: on rank ``odd_rank`` alone, the first call's end-to-end comparison fails.
+    - ``end_to_end_fails``: on rank ``odd_rank`` alone, the first call's end-to-end comparison fails;
+    - ``cudagraphs``: ``options={"cudagraphs": True}`` (``mode="reduce-overhead"``), at least 3 calls (verification,
+      warm-up and recording, replay); on the CPU the graphs run without (noted in the report).
+
+    ``attention_backend``: diffusers' ``set_attention_backend`` before parallelism (ring attention needs one that
+    returns the log-sum-exp, e.g. ``_native_flash``, CUDA only).
 
     Returns plain data: whether CP eager equals single-process eager, and per scenario each call's bitwise equality
     with CP eager, every site's status and reason, the collectives of the reference and the final graph, and the
@@ -150,6 +156,8 @@ def compiled_vs_eager(rank: int, world: int, name: str = "flux", dtype: str = "f
     from .tiny_models import build
 
     model, kwargs = build(name, dtype=getattr(torch, dtype), device=device)
+    if attention_backend is not None:
+        model.set_attention_backend(attention_backend)
     with torch.no_grad():
         single = model(**kwargs)[0]
     enable_context_parallel(model, ulysses_degree=ulysses_degree, ring_degree=ring_degree)
@@ -164,7 +172,8 @@ def compiled_vs_eager(rank: int, world: int, name: str = "flux", dtype: str = "f
     for scenario in scenarios:
         torch._dynamo.reset()
         report = diffusion_fuse.Report()
-        compiled = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(None, report),
+        options = {"cudagraphs": True} if scenario == "cudagraphs" else None
+        compiled = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(options, report),
                                  fullgraph=fullgraph)
         odd = rank == odd_rank
         forced = (faults.inject(fault_op) if scenario == "site_rejected" and odd
@@ -173,7 +182,7 @@ def compiled_vs_eager(rank: int, world: int, name: str = "flux", dtype: str = "f
         with _kept_graphs() as graphs, torch.no_grad():
             with forced:
                 equal.append(bool(diffusion_fuse.verify.compare_bitwise(eager, compiled(**kwargs)[0])))
-            for _ in range(calls - 1):
+            for _ in range(max(calls, 3 if scenario == "cudagraphs" else 0) - 1):
                 equal.append(bool(diffusion_fuse.verify.compare_bitwise(eager, compiled(**kwargs)[0])))
         result["scenarios"][scenario] = {
             "equal": equal,
@@ -185,6 +194,8 @@ def compiled_vs_eager(rank: int, world: int, name: str = "flux", dtype: str = "f
             "final_ops": [sorted(str(n.target) for n in vg.build(frozenset(vg.rejected)).graph.nodes
                                  if n.op == "call_function" and "diffusion_fuse" in str(n.target)) for vg in graphs],
             "agreed": [vg.agreement is not None for vg in graphs],
+            "kernels": dict(report.counters()["kernel"]),
+            "cudagraphs": [g.cudagraphs for g in report.graphs],
         }
     return result
 
