@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["enable_context_parallel", "spawn"]
+__all__ = ["compiled_vs_eager", "cpu_flash_attention", "enable_context_parallel", "in_sequence", "spawn"]
 
 
 @contextlib.contextmanager
@@ -48,6 +48,29 @@ def enable_context_parallel(model: torch.nn.Module, ulysses_degree: int = 1, rin
 
     with _one_cpu_device():
         model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=ulysses_degree, ring_degree=ring_degree))
+
+
+@contextlib.contextmanager
+def cpu_flash_attention() -> Iterator[None]:
+    """``aten._scaled_dot_product_flash_attention`` on CPU tensors, as the CPU's own flash kernel
+    (``_scaled_dot_product_flash_attention_for_cpu``, the same output and log-sum-exp).
+
+    diffusers' ring attention merges each step's output by its log-sum-exp, which only its CUDA backends return
+    (``_native_flash`` calls this op, which has no CPU kernel); with this, ring attention runs on the CPU.
+    """
+    lib = torch.library.Library("aten", "IMPL")
+
+    def flash(q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal,
+                                                                                 scale=scale)
+        none = torch.empty(0, dtype=torch.int64)
+        return out, lse, none, none, q.shape[2], k.shape[2], none, none, torch.empty(0, dtype=q.dtype)
+
+    lib.impl("_scaled_dot_product_flash_attention", flash, "CPU")
+    try:
+        yield
+    finally:
+        lib._destroy()
 
 
 def _entry(rank: int, world: int, fn: Callable[..., Any], args: tuple, rendezvous: str, results: str,
@@ -203,3 +226,9 @@ def compiled_vs_eager(rank: int, world: int, name: str = "flux", dtype: str = "f
 def in_sequence(rank: int, world: int, *runs: tuple[Callable[..., Any], dict[str, Any]]) -> list[Any]:
     """``fn(rank, world, **kwargs)`` for each ``(fn, kwargs)`` of ``runs`` on one set of processes, in order."""
     return [fn(rank, world, **kwargs) for fn, kwargs in runs]
+
+
+def ring_on_cpu(rank: int, world: int, **kwargs: Any) -> dict[str, Any]:
+    """``compiled_vs_eager`` with ring attention on the CPU: ``_native_flash`` over ``cpu_flash_attention``."""
+    with cpu_flash_attention():
+        return compiled_vs_eager(rank, world, attention_backend="_native_flash", **kwargs)
