@@ -108,3 +108,29 @@ def test_collectives_are_read_from_the_graph():
     assert group_names(gm) == ("7",)
     if not dist.is_initialized():
         assert Agreement.of(gm) is None  # one process decides alone
+
+
+def test_a_rewrite_that_changes_the_collectives_puts_every_site_back(monkeypatch):
+    from helpers import AdaLN, adaln_inputs, bitwise_equal, compile_and_run
+
+    from diffusion_fuse.fxpasses import PassManager
+
+    rewrite = PassManager.rewrite
+
+    def with_an_extra_collective(self, ref, exclude=frozenset()):
+        gm, ctx = rewrite(self, ref, exclude)
+        g = gm.graph
+        x = next(n for n in g.nodes if n.op == "placeholder")
+        with g.inserting_before(next(n for n in g.nodes if n.op == "output")):
+            reduced = g.call_function(torch.ops._c10d_functional.all_reduce.default, (x, "sum", "0"))
+            g.call_function(torch.ops._c10d_functional.wait_tensor.default, (reduced,))
+        gm.recompile()
+        return gm, ctx
+
+    monkeypatch.setattr(PassManager, "rewrite", with_an_extra_collective)
+    x, emb = adaln_inputs()
+    ref, out, report = compile_and_run(AdaLN(), dict(x=x, emb=emb))
+    assert bitwise_equal(ref, out)
+    sites = report.sites()
+    assert sites and all(s.status == "rejected" for s in sites), report.table()
+    assert {s.reason for s in sites} == {"the rewrite changed the graph's collectives"}
