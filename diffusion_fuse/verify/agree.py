@@ -67,11 +67,28 @@ def _resolve(name: str) -> dist.ProcessGroup:
 
 
 class Agreement:
-    """The process groups of one graph's collectives, and the union of the ranks' decisions over them."""
+    """The process groups of one graph's collectives, and the union of the ranks' decisions over them.
+
+    The decisions travel over one group when one can carry them: a group of the graph that holds every rank the
+    graph's groups hold (diffusers' flattened mesh, which gathers the output), else the default group when those
+    ranks are all of them (a ring and a Ulysses mesh in one graph). Otherwise over each group in turn, ordered by
+    their ranks, as many rounds as there are groups: after k rounds a rank knows what every rank within k groups of
+    it holds.
+    """
 
     def __init__(self, groups: tuple[str, ...]) -> None:
         self.groups = groups
         self.rank = dist.get_rank()
+        ranks = {g: tuple(dist.get_process_group_ranks(_resolve(g))) for g in groups}
+        every = set().union(*ranks.values())
+        cover = [g for g in groups if set(ranks[g]) == every]
+        if cover:
+            self.rounds = [cover[0]]
+        elif every == set(range(dist.get_world_size())):
+            self.rounds = [WORLD]
+        else:
+            order = sorted(groups, key=lambda g: ranks[g])
+            self.rounds = order * len(order)
 
     @classmethod
     def of(cls, gm: fx.GraphModule) -> Agreement | None:
@@ -84,16 +101,13 @@ class Agreement:
     def union(self, ids: Iterable[str]) -> dict[str, list[int]]:
         """Every id some rank holds, with the (global) ranks holding it; ``ids`` are this rank's."""
         held = {i: {self.rank} for i in ids}
-        # One round per group reaches every rank the groups connect, however they overlap (a ring and a Ulysses
-        # mesh): after k rounds a rank knows what every rank within k groups of it holds.
-        for _ in self.groups:
-            for name in self.groups:
-                group = _resolve(name)
-                gathered: list[dict[str, set[int]] | None] = [None] * dist.get_world_size(group)
-                dist.all_gather_object(gathered, held, group=group)
-                for other in gathered:
-                    for i, ranks in (other or {}).items():
-                        held.setdefault(i, set()).update(ranks)
+        for name in self.rounds:
+            group = _resolve(name)
+            gathered: list[dict[str, set[int]] | None] = [None] * dist.get_world_size(group)
+            dist.all_gather_object(gathered, held, group=group)
+            for other in gathered:
+                for i, ranks in (other or {}).items():
+                    held.setdefault(i, set()).update(ranks)
         return {i: sorted(r) for i, r in sorted(held.items())}
 
     def ranks_where(self, flag: bool) -> list[int]:
@@ -101,4 +115,5 @@ class Agreement:
         return self.union(["flag"] if flag else []).get("flag", [])
 
     def describe(self) -> str:
-        return f"group(s) {', '.join(repr(g or 'WORLD') for g in self.groups)}"
+        via = sorted(set(self.rounds))
+        return f"group(s) {', '.join(repr(g or 'WORLD') for g in via)}"
