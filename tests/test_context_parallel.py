@@ -134,3 +134,11 @@ def test_a_rewrite_that_changes_the_collectives_puts_every_site_back(monkeypatch
     sites = report.sites()
     assert sites and all(s.status == "rejected" for s in sites), report.table()
     assert {s.reason for s in sites} == {"the rewrite changed the graph's collectives"}
+
+
+def test_each_rank_writes_its_own_report_file():
+    from diffusion_fuse.verify.report import rank_path
+
+    assert rank_path("out/report.json", 0, 1) == "out/report.json"
+    assert rank_path("out/report.json", 1, 2) == "out/report.rank1.json"
+    assert rank_path("out.d/report", 0, 2) == "out.d/report.rank0"
