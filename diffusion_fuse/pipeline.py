@@ -21,6 +21,7 @@ from .fxpasses.fuse_patterns import ref_name, site_check
 from .log import artifact_logger, get_logger, trace_artifact
 from .patterns.match_utils import describe, source_location
 from .patterns.registry import REGISTRY, Site
+from .verify.agree import Agreement, collectives
 from .verify.graph_diff import graph_data, value_str
 from .verify.report import GraphReport, NearMissRecord, Report, SiteRecord
 from .verify.verifier import VerifiedGraph
@@ -95,7 +96,17 @@ def prepare(ref: fx.GraphModule, options: Options, graph_report: GraphReport, re
     graph_report.families = [f.name for f in REGISTRY.searched(options)]
     graph_report.ref_graph, graph_report.fused_graph = graph_data(ref), graph_data(fused)
     graph_report.ref_code, graph_report.fused_code = ref.code, fused.code
-    if not ctx.sites:
+    sites = ctx.sites
+    if sites and collectives(fused) != collectives(ref):
+        # Every rank must issue the collectives the others do, in the same order: a rewrite may not change them.
+        note = "the rewritten graph's collectives differ from the traced graph's: every site put back"
+        _log.warning("graph %d: %s", graph_report.graph_id, note)
+        graph_report.notes.append(note)
+        for s in sites:
+            graph_report.sites[s.id].status = "rejected"
+            graph_report.sites[s.id].reason = "the rewrite changed the graph's collectives"
+        fused, sites = ref, []
+    if not sites:
         graph_report.final_code = ref.code
     elif not options.verify:
         graph_report.final_code = fused.code
@@ -103,8 +114,14 @@ def prepare(ref: fx.GraphModule, options: Options, graph_report: GraphReport, re
               len(ctx.near_misses))
     if _graphs.isEnabledFor(logging.DEBUG):
         _graphs.debug("graph %d: the ATen graph as traced:\n%s", graph_report.graph_id, ref.code)
-        _graphs.debug("graph %d: rewritten (%d site(s)):\n%s", graph_report.graph_id, len(ctx.sites), fused.code)
+        _graphs.debug("graph %d: rewritten (%d site(s)):\n%s", graph_report.graph_id, len(sites), fused.code)
     trace_artifact("diffusion_fuse_graph_before", lambda: ref.code)
     trace_artifact("diffusion_fuse_graph_after", lambda: fused.code)
-    return VerifiedGraph(ref, fused, [site_check(s) for s in ctx.sites], mutated_placeholders(ref), pipeline, options,
-                         graph_report, report)
+    agreement = Agreement.of(ref) if options.verify else None
+    if agreement is not None:
+        graph_report.notes.append(f"collectives in the graph: the verifier's decisions are shared by the ranks of "
+                                  f"{agreement.describe()}")
+        _log.info("graph %d: collectives over %s; verdicts shared across ranks", graph_report.graph_id,
+                  agreement.describe())
+    return VerifiedGraph(ref, fused, [site_check(s) for s in sites], mutated_placeholders(ref), pipeline, options,
+                         graph_report, report, agreement)

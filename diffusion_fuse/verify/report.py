@@ -215,13 +215,31 @@ class Report:
             f.write(self.to_html(title))
 
     def save(self, path: str) -> None:
-        """``.json``: ``to_dict``; ``.html``/``.htm``: ``save_html``; anything else: ``table``."""
+        """``.json``: ``to_dict``; ``.html``/``.htm``: ``save_html``; anything else: ``table``. With several ranks
+        (``torch.distributed`` initialized), each writes its own file: ``report.json`` becomes ``report.rank1.json``."""
+        path = rank_path(path, *_rank_and_world())
         if path.endswith((".html", ".htm")):
             self.save_html(path)
             return
         text = json.dumps(self.to_dict(), indent=2, default=str) if path.endswith(".json") else self.table()
         with open(path, "w", encoding="utf-8") as f:
             f.write(text + "\n")
+
+
+def _rank_and_world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def rank_path(path: str, rank: int, world: int) -> str:
+    """``path`` with ``.rank<rank>`` before its extension when there are several ranks (one file each)."""
+    if world <= 1:
+        return path
+    stem, dot, ext = path.rpartition(".")
+    return f"{stem}.rank{rank}.{ext}" if dot and "/" not in ext else f"{path}.rank{rank}"
 
 
 _DEFAULT = Report()

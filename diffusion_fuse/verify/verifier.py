@@ -13,6 +13,10 @@ is being captured), ``VerifiedGraph``:
 3. compares its outputs with the reference outputs; a mismatch there puts every site back
    (the mutated inputs are restored first) and says so.
 
+A graph with collectives in it (context parallelism) runs in lockstep on several ranks: each decision above is shared
+over the collectives' process groups before it takes effect (``Agreement``, verify/agree.py), so a site one rank
+rejects is put back on every rank and all ranks run the same graph.
+
 Verdicts are kept per site; the graph chosen is kept per input signature. The verifier judges and
 reports; the graphs it chooses between come from the ``Pipeline`` the backend gives it. With
 ``options.warm_start`` the verdicts of a call are stored, and a later process whose call has the same key
@@ -36,6 +40,7 @@ from ..config import Options
 from ..log import artifact_logger, current_compile_id, error_message, get_logger, in_compile, trace_artifact
 from ..lowering.dispatch import capturing
 from . import warm_start
+from .agree import Agreement
 from .compare import Verdict, compare_bitwise, compare_close
 from .report import GraphReport, Report
 from .runtime_graph import publish
@@ -157,12 +162,14 @@ class VerifiedGraph:
     """The callable the lossless tier returns for one ATen inference graph.
 
     ``ref``: the graph as traced; ``fused``: it with every site rewritten (``pipeline.build(frozenset())``);
-    ``checks``: one per site; ``mutated``: the indices of the inputs the graph writes in place.
+    ``checks``: one per site; ``mutated``: the indices of the inputs the graph writes in place; ``agreement``: the
+    ranks whose decisions this graph shares (None: this process decides alone).
     """
 
     def __init__(self, ref: fx.GraphModule, fused: fx.GraphModule, checks: Sequence[SiteCheck], mutated: list[int],
-                 pipeline: Pipeline, options: Options, graph_report: GraphReport, report: Report) -> None:
-        self.ref, self.pipeline, self.options = ref, pipeline, options
+                 pipeline: Pipeline, options: Options, graph_report: GraphReport, report: Report,
+                 agreement: Agreement | None = None) -> None:
+        self.ref, self.pipeline, self.options, self.agreement = ref, pipeline, options, agreement
         self.greport, self.report = graph_report, report
         self._builds: dict[frozenset[str], fx.GraphModule] = {frozenset(): fused}
         self.checks = {c.id: c for c in checks}
@@ -173,6 +180,8 @@ class VerifiedGraph:
         self.mutated_inputs = bool(mutated)
         self._signature = _signature_fn(ref)
         self.compile_id = current_compile_id()  # made while torch compiles; verified on a later call
+        # A graph the ranks share goes through verification even with no site here: the other ranks' may have some.
+        self._verifies = bool(self.checks) or agreement is not None
 
     # --- building ------------------------------------------------------------------------
     def build(self, exclude: frozenset[str]) -> fx.GraphModule:
@@ -187,10 +196,10 @@ class VerifiedGraph:
     # --- running -------------------------------------------------------------------------
     def needs_verification(self, args: Sequence[Any]) -> bool:
         """Whether a call with ``args`` runs the verifier (sites to judge, a new input signature)."""
-        return bool(self.checks) and self.options.verify and self._signature(args) not in self._chosen
+        return self._verifies and self.options.verify and self._signature(args) not in self._chosen
 
     def __call__(self, *args: Any) -> Any:
-        if not self.checks:
+        if not self._verifies:
             return self.ref(*args)
         if not self.options.verify:
             if self._unverified is None:
@@ -234,10 +243,46 @@ class VerifiedGraph:
             return None, Verdict(False, f"the rewritten graph raised {error_message(e)}")
         return out, compare_bitwise(ref_out, out)
 
+    def _agree_on_sites(self, rejected_here: set[str]) -> dict[str, list[int]]:
+        """Put back every site some rank of the agreement rejected; the ones this rank kept, with their ranks."""
+        if self.agreement is None:
+            return {}
+        elsewhere: dict[str, list[int]] = {}
+        for cid, ranks in self.agreement.union(rejected_here).items():
+            if cid in self.rejected:  # this rank's own verdict, or an earlier signature's
+                continue
+            if cid not in self.checks:
+                note = f"site {cid} rejected on rank(s) {ranks} has no counterpart on rank {self.agreement.rank}"
+                _log.warning("graph %d: %s", self.greport.graph_id, note)
+                self.greport.notes.append(note)
+                continue
+            elsewhere[cid] = ranks
+            self.rejected.add(cid)
+            rec = self.greport.sites[cid]
+            rec.status, rec.reason = "rejected", f"rejected on rank(s) {ranks}"
+            _log.warning("site %s (%s) put back on rank %d: rejected on rank(s) %s", cid, rec.location,
+                         self.agreement.rank, ranks)
+        if elsewhere:
+            self.greport.notes.append(f"rank {self.agreement.rank}: {len(elsewhere)} site(s) it kept put back, "
+                                      f"rejected on other ranks ({self.agreement.describe()})")
+        return elsewhere
+
+    def _agree_on(self, verdict: Verdict, what: str) -> Verdict:
+        """``verdict`` where every rank of the agreement passed, else a failure naming the ranks that did not."""
+        if self.agreement is None:
+            return verdict
+        failed = self.agreement.ranks_where(not verdict)
+        if not verdict or not failed:
+            return verdict
+        note = f"{what} differed on rank(s) {failed}"
+        _log.warning("graph %d, rank %d: %s", self.greport.graph_id, self.agreement.rank, note)
+        return Verdict(False, note)
+
     def _verify_and_run(self, sig: tuple, args: list[Any], use_stored: bool = True) -> Any:
         began = time.perf_counter()
         key = parts = None
-        if self.options.warm_start:
+        # ranks sharing verdicts all verify (one rank's stored verdict would leave the others waiting)
+        if self.options.warm_start and self.agreement is None:
             parts = warm_start.key_parts(self.ref, self.fused, args, self.options)
             key = warm_start.key(parts)
             entry = warm_start.load(key)
@@ -267,10 +312,12 @@ class VerifiedGraph:
                 rec.status, rec.reason = "rejected", v.detail
                 self.rejected.add(cid)
                 _log.warning("site %s (%s) rejected by the verifier: %s", cid, rec.location, v.detail)
+        agreed = self._agree_on_sites({cid for cid, v in verdicts.items() if not v})
         gm = self.build(frozenset(self.rejected))
         # what runs from now on, checked end to end below: fewer Python calls, the same kernels
         run, rewrites = self.pipeline.runtime(gm)
         out, e2e = self._run_checked(run, args, ref_out)
+        e2e = self._agree_on(e2e, "the rewritten graph's output")
         if not e2e and any(rewrites.values()):
             # a binding or at::linear took another path than the one traced: run the ops as traced
             note = f"runtime rewrites {rewrites} put back: the output differed ({e2e.detail})"
@@ -280,12 +327,16 @@ class VerifiedGraph:
                 args[i].copy_(t)
             run, rewrites = self.pipeline.runtime(gm, rewrite=False)
             out, e2e = self._run_checked(run, args, ref_out)
+            e2e = self._agree_on(e2e, "the rewritten graph's output without runtime rewrites")
         if timed:
             _timings.debug("graph %d: rebuild and end-to-end run: %.4f s", self.greport.graph_id,
                            time.perf_counter() - start)
         entry = {"signature": repr(sig)[:200], "sites_checked": len(verdicts), **rewrites,
                  "rejected": sorted(c for c, v in verdicts.items() if not v), "end_to_end_equal": bool(e2e),
                  "seconds": round(time.perf_counter() - began, 4)}
+        if self.agreement is not None:
+            entry["agreed_over"] = self.agreement.describe()
+            entry["rejected_on_other_ranks"] = agreed
         if not e2e:
             # Sites that pass alone but not together: trust nothing in this graph.
             raised = e2e.detail.startswith("the rewritten graph raised")
