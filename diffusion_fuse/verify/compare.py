@@ -1,7 +1,9 @@
-"""Equality that is right for floats: bitwise, on integer views.
+"""Equality that is right for floats: bitwise, on integer views; and the layout a caller can observe.
 
 Identical NaN/Inf bit patterns compare equal; -0.0 and +0.0 differ. A mismatch is
 described by its first differing element (flat index, multi-index, both values).
+``layout_difference`` says how a tensor's dtype, shape, device, strides (of the dimensions that address more than
+one element) or storage offset differ from the reference's.
 """
 
 from __future__ import annotations
@@ -54,6 +56,39 @@ def describe_difference(info: dict) -> str:
 def first_difference(ref: torch.Tensor, got: torch.Tensor) -> str:
     info = first_difference_info(ref, got)
     return "" if info is None else describe_difference(info)
+
+
+def layout_difference(ref: torch.Tensor, got: torch.Tensor, offset: bool = False) -> str:
+    """How ``got``'s layout differs from ``ref``'s, or ''.
+
+    Dtype, shape and device always; strides of the dimensions of size > 1 (a size-1 dimension's stride addresses
+    nothing, and torch itself leaves it unspecified); with ``offset``, the storage offset too (observable on what the
+    caller receives, not inside a graph). An empty tensor has no strides or offset to observe.
+    """
+    if ref.dtype != got.dtype or ref.shape != got.shape:
+        return f"dtype and shape {got.dtype}{list(got.shape)} where the reference has {ref.dtype}{list(ref.shape)}"
+    if ref.device != got.device:
+        return f"device {got.device} where the reference has {ref.device}"
+    if ref.numel() == 0:
+        return ""
+    if any(n > 1 and a != b for n, a, b in zip(ref.shape, ref.stride(), got.stride())):
+        return f"strides {tuple(got.stride())} where the reference has {tuple(ref.stride())}"
+    if offset and ref.storage_offset() != got.storage_offset():
+        return f"storage offset {got.storage_offset()} where the reference has {ref.storage_offset()}"
+    return ""
+
+
+def compare_layout(ref: object, got: object, offset: bool = False) -> Verdict:
+    """``layout_difference`` over tensors or (nested) lists of them; other values are not its business."""
+    if isinstance(ref, torch.Tensor) and isinstance(got, torch.Tensor):
+        why = layout_difference(ref, got, offset)
+        return Verdict(not why, why)
+    if isinstance(ref, (list, tuple)) and isinstance(got, (list, tuple)):
+        for i, (r, g) in enumerate(zip(ref, got)):
+            v = compare_layout(r, g, offset)
+            if not v:
+                return Verdict(False, f"output {i}: {v.detail}")
+    return Verdict(True)
 
 
 def compare_bitwise(ref: object, got: object) -> Verdict:

@@ -6,11 +6,13 @@ is being captured), ``VerifiedGraph``:
 1. runs the *reference* graph (the ATen graph before any rewrite) node by node on copies
    of the inputs the graph mutates, and as soon as a site's inputs and outputs exist,
    runs the site's replacement on the reference inputs and compares it with the reference
-   outputs (bitwise for exact sites; ``rtol/atol`` for tier-"high" ones). Every site is
-   judged alone, on reference values. Values are freed as soon as nothing needs them.
+   outputs (bitwise for exact sites; ``rtol/atol`` for tier-"high" ones; for both, dtype, shape and the
+   strides of every dimension of size > 1). Every site is judged alone, on reference values. Values are freed
+   as soon as nothing needs them.
 2. has the fused graph rebuilt without the rejected sites (site ids are stable across
    rebuilds; the rebuilding is the pipeline's, ``Pipeline.build``) and runs it on the real inputs;
-3. compares its outputs with the reference outputs; a mismatch there puts every site back
+3. compares its outputs with the reference outputs (values, strides and storage offsets: what the caller
+   receives); a mismatch there puts every site back
    (the mutated inputs are restored first) and says so.
 
 Verdicts are kept per site; the graph chosen is kept per input signature. The verifier judges and
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -30,7 +33,7 @@ import torch.fx as fx
 from ..config import Options
 from ..log import error_message, get_logger
 from ..lowering.dispatch import capturing
-from .compare import Verdict, compare_bitwise, compare_close
+from .compare import Verdict, compare_bitwise, compare_close, compare_layout
 from .report import GraphReport, Report
 
 _log = get_logger("verify")
@@ -123,6 +126,31 @@ def run_with_site_checks(
     return result, verdicts
 
 
+def returned_storage(gm: fx.GraphModule) -> set[str]:
+    """Names of the nodes whose storage the caller receives: the graph's outputs and what they are views of (a
+    value's storage offset is observable there, and nowhere else in the graph)."""
+    names: set[str] = set()
+    for out in gm.graph.output_node().all_input_nodes:
+        n: Any = out
+        while isinstance(n, fx.Node) and n.name not in names:
+            names.add(n.name)
+            if n.op != "call_function" or not n.args:
+                break
+            if n.target is operator.getitem or _is_view(n.target):
+                n = n.args[0]
+            else:
+                break
+    return names
+
+
+def _is_view(target: object) -> bool:
+    schema = getattr(target, "_schema", None)
+    if schema is None or not schema.returns:
+        return False
+    alias = schema.returns[0].alias_info
+    return alias is not None and not alias.is_write
+
+
 def _signature_fn(gm: fx.GraphModule) -> Callable[[Sequence[Any]], tuple]:
     """Signature of the inputs that can vary between calls of one compiled graph."""
     dynamic = []
@@ -161,6 +189,7 @@ class VerifiedGraph:
         self._mutated = mutated
         self.mutated_inputs = bool(mutated)
         self._signature = _signature_fn(ref)
+        self._returned = returned_storage(ref)
 
     # --- building ------------------------------------------------------------------------
     def build(self, exclude: frozenset[str]) -> fx.GraphModule:
@@ -196,16 +225,23 @@ class VerifiedGraph:
         return self._verify_and_run(sig, list(args))
 
     def _judge(self, check: SiteCheck, refs: list[Any], got: list[Any]) -> Verdict:
+        """Values (bitwise, or within tolerance for a non-exact site), then the layout: a site's output must have the
+        reference's strides, or what reads it downstream (a view, a pointwise op keeping its input's layout, the
+        caller) sees another tensor; and, where the caller receives its storage, the reference's storage offset."""
         max_err = 0.0
         for i, (r, g) in enumerate(zip(refs, got)):
-            if check.exact:
+            if check.exact or not isinstance(r, torch.Tensor):
                 v = compare_bitwise(r, g)
             else:
                 v = compare_close(r, g, self.options.rtol, self.options.atol)
                 max_err = max(max_err, v.max_abs_err or 0.0)
+            if v and isinstance(r, torch.Tensor) and isinstance(g, torch.Tensor):
+                v = compare_layout(r, g, offset=i < len(check.outputs) and check.outputs[i] in self._returned)
             if not v:
                 if v.first_diff is not None and len(refs) > 1:
                     v.first_diff = {**v.first_diff, "output": i}
+                if len(refs) > 1 and not v.detail.startswith("output "):
+                    v.detail = f"output {i}: {v.detail}"
                 return v
         return Verdict(True, "bitwise equal" if check.exact else f"within tolerance (max |err| {max_err:.3g})")
 
@@ -217,7 +253,8 @@ class VerifiedGraph:
             out = run(*args)
         except Exception as e:  # noqa: BLE001 - the caller puts every site back and runs the reference graph
             return None, Verdict(False, f"the rewritten graph raised {error_message(e)}")
-        return out, compare_bitwise(ref_out, out)
+        v = compare_bitwise(ref_out, out)
+        return out, (compare_layout(ref_out, out, offset=True) if v else v)
 
     def _verify_and_run(self, sig: tuple, args: list[Any]) -> Any:
         live = [c for cid, c in self.checks.items() if cid not in self.rejected]

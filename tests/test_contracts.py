@@ -1,0 +1,136 @@
+"""What a user can rely on (issue 32): layouts judged, no forward failed by the report or a user's op, option errors
+when ``torch.compile`` is called, one report per compile.
+
+1. the verifier holds every site output to the reference's dtype, shape and strides, and the graph outputs to those
+   and the storage offset;
+2. a report path is checked when the options are parsed; a report that cannot be written later is logged and noted;
+3. ``register_pattern`` traces the replacement on fake tensors; a user op that raises takes the reference path; an
+   unused user pattern and an unknown fault target are reported;
+4. ``torch.compile(m, backend="diffusion_fuse", options=...)`` raises ``ValueError`` for a bad option itself;
+5. each compile has its own report (``report_of``), ``last_report()`` is the last compile's, ``process_report()``
+   holds every graph until ``reset_reports()``; a site id has one verdict; tier high states its tolerance verdict.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import bitwise_equal
+from torch import Tensor
+
+import diffusion_fuse
+
+
+def _compile(model, options=None, **kw):
+    report = diffusion_fuse.Report()
+    return torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(options, report), **kw), report
+
+
+class MulAdd(torch.nn.Module):
+    def forward(self, x, y):
+        return x * y + 1
+
+
+def mul_add(x, y):
+    return x * y + 1
+
+
+def _xy(rows: int = 8, cols: int = 3):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(rows, cols, generator=g), torch.randn(rows, cols, generator=g)
+
+
+@pytest.fixture
+def user_pattern():
+    names = []
+
+    def register(name, replacement, search=mul_add, **kw):
+        fam = diffusion_fuse.register_pattern(name, search, replacement, list(_xy()), **kw)
+        names.append(name)
+        return fam
+
+    yield register
+    for name in names:
+        diffusion_fuse.unregister_pattern(name)
+
+
+# --- 1. layouts ---------------------------------------------------------------------------------------------------
+@torch.library.custom_op("df_contracts::transposed_mul", mutates_args=())
+def transposed_mul(x: Tensor, y: Tensor) -> Tensor:
+    """x * y with eager's values, written column-major (its fake says row-major, as ``x * y`` is)."""
+    out = torch.empty(x.shape[::-1], dtype=x.dtype, device=x.device).t()
+    return out.copy_(x * y)
+
+
+@transposed_mul.register_fake
+def _(x, y):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("df_contracts::offset_mul", mutates_args=())
+def offset_mul(x: Tensor, y: Tensor) -> Tensor:
+    """x * y with eager's values and strides, one element into a larger buffer (storage offset 1)."""
+    buf = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)
+    return buf[1:].view(x.shape).copy_(x * y)
+
+
+@offset_mul.register_fake
+def _(x, y):
+    return torch.empty_like(x)
+
+
+def test_a_site_output_with_other_strides_is_rejected_and_the_output_keeps_eagers_strides(user_pattern):
+    user_pattern("transposed", lambda x, y: torch.ops.df_contracts.transposed_mul(x, y) + 1)
+    x, y = _xy()
+    c, report = _compile(MulAdd())
+    with torch.no_grad():
+        out = c(x, y)
+    ref = MulAdd()(x, y)
+    assert bitwise_equal(ref, out) and out.stride() == ref.stride() == (3, 1)
+    out.view(-1)  # eager's output is viewable; so is the compiled one
+    (site,) = [s for s in report.sites() if s.pattern == "transposed"]
+    assert site.status == "rejected" and "strides (1, 8)" in site.reason and "(3, 1)" in site.reason, site.reason
+
+
+def test_a_graph_output_at_another_storage_offset_is_rejected(user_pattern):
+    user_pattern("offset", lambda x, y: torch.ops.df_contracts.offset_mul(x, y), search=lambda x, y: x * y)
+
+    class Mul(torch.nn.Module):
+        def forward(self, x, y):
+            return x * y
+
+    x, y = _xy()
+    c, report = _compile(Mul())
+    with torch.no_grad():
+        out = c(x, y)
+    assert bitwise_equal(x * y, out) and out.storage_offset() == 0
+    (site,) = [s for s in report.sites() if s.pattern == "offset"]
+    assert site.status == "rejected" and "storage offset 1 where the reference has 0" in site.reason, site.reason
+
+
+def test_the_end_to_end_check_judges_strides_and_storage_offset():
+    from diffusion_fuse.verify.verifier import VerifiedGraph
+
+    ref = torch.randn(4, 3)
+    base = torch.empty(13).copy_(torch.cat([torch.zeros(1), ref.flatten()]))
+    _, v = VerifiedGraph._run_checked(lambda: base[1:].view(4, 3), [], ref)
+    assert not v and "storage offset 1" in v.detail
+    _, v = VerifiedGraph._run_checked(lambda: ref.t().contiguous().t(), [], ref)
+    assert not v and "strides (1, 4)" in v.detail
+    _, v = VerifiedGraph._run_checked(lambda: [ref.clone()], [], [ref])
+    assert v
+
+
+def test_layout_difference_sees_what_can_be_observed():
+    from diffusion_fuse.verify.compare import layout_difference
+
+    a = torch.randn(4, 3)
+    assert layout_difference(a, a.clone()) == ""
+    assert "strides (1, 4)" in layout_difference(a, a.t().contiguous().t())
+    assert "dtype" in layout_difference(a, a.double()) and "shape" in layout_difference(a, a[:2])
+    # a size-1 dimension's stride addresses nothing; an empty tensor has no layout to see
+    assert layout_difference(torch.empty(4, 1), torch.empty_strided((4, 1), (1, 7))) == ""
+    assert layout_difference(torch.empty(0, 3), torch.empty_strided((0, 3), (1, 5))) == ""
+    base = torch.randn(13)
+    assert layout_difference(a, base[1:].view(4, 3)) == ""  # offsets only where asked (graph outputs)
+    assert "storage offset 1" in layout_difference(a, base[1:].view(4, 3), offset=True)
