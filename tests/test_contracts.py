@@ -13,12 +13,16 @@ when ``torch.compile`` is called, one report per compile.
 
 from __future__ import annotations
 
+import logging
+import shutil
+
 import pytest
 import torch
-from helpers import bitwise_equal
+from helpers import AdaLN, adaln_inputs, bitwise_equal
 from torch import Tensor
 
 import diffusion_fuse
+from diffusion_fuse import parse_options
 
 
 def _compile(model, options=None, **kw):
@@ -134,3 +138,31 @@ def test_layout_difference_sees_what_can_be_observed():
     base = torch.randn(13)
     assert layout_difference(a, base[1:].view(4, 3)) == ""  # offsets only where asked (graph outputs)
     assert "storage offset 1" in layout_difference(a, base[1:].view(4, 3), offset=True)
+
+
+# --- 2. the report path -------------------------------------------------------------------------------------------
+def test_an_unwritable_report_path_is_a_value_error_when_the_options_are_parsed(tmp_path):
+    with pytest.raises(ValueError, match=r"option report='/nonexistent/dir/r.json' is not allowed; .*"
+                                         r"/nonexistent/dir does not exist"):
+        parse_options({"report": "/nonexistent/dir/r.json"})
+    with pytest.raises(ValueError, match="is a directory"):
+        parse_options({"report": str(tmp_path)})
+    assert parse_options({"report": str(tmp_path / "r.json")}).report == str(tmp_path / "r.json")
+
+
+def test_a_report_that_cannot_be_written_later_never_fails_the_forward(tmp_path, caplog):
+    d = tmp_path / "gone"
+    d.mkdir()
+    path = str(d / "r.json")
+    c, report = _compile(AdaLN(), {"report": path})
+    shutil.rmtree(d)  # valid when parsed, gone when the verifier writes
+    x, emb = adaln_inputs()
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="diffusion_fuse"):
+        out = c(x, emb)
+    assert bitwise_equal(AdaLN_ref(c)(x, emb), out)
+    assert any(f"report not written to {path}" in n for n in report.graphs[0].notes), report.graphs[0].notes
+    assert f"report not written to {path}" in caplog.text
+
+
+def AdaLN_ref(compiled):  # noqa: N802 - the eager module behind a compiled one
+    return compiled._orig_mod

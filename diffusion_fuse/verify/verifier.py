@@ -309,5 +309,15 @@ class VerifiedGraph:
         self.greport.verifications.append(entry)
         self._chosen[sig] = run
         if self.options.report:
-            self.report.save(self.options.report)
+            self._save_report(self.options.report)
         return out
+
+    def _save_report(self, path: str) -> None:
+        """Write the report; a failure (the directory went away, a full disk) is logged and noted, and the forward
+        goes on: the path itself was checked when the options were parsed."""
+        try:
+            self.report.save(path)
+        except Exception as e:  # noqa: BLE001 - writing the report must never fail the user's forward
+            note = f"report not written to {path}: {error_message(e)}"
+            _log.warning("graph %d: %s", self.greport.graph_id, note)
+            self.greport.notes.append(note)
