@@ -52,7 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     ins.add_argument("--quality", choices=("lossless", "high"), default="lossless")
     ins.add_argument("--no-verify", action="store_true", help="run the rewritten graph without verifying it")
     ins.add_argument("--fault", metavar="OP:KIND[:INDEX]",
-                     help="inject a fault, e.g. norm_modulate:perturb:3 or norm_modulate:raise (see lowering/faults.py)")
+                     help="inject a fault into a built-in op, e.g. norm_modulate:perturb:3 or norm_modulate:raise "
+                          "(see lowering/faults.py)")
     ins.add_argument("--diff", action="store_true", help="also print the per-site and graph code diffs")
     ins.add_argument("--html", metavar="PATH", help="write the report as one self-contained HTML file")
     ins.add_argument("--json", metavar="PATH", help="write the report as JSON")
@@ -222,8 +223,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .lowering import faults
 
         try:
-            if len(faults.parse(args.fault)) != 1:
+            parsed = faults.parse(args.fault)
+            if len(parsed) != 1:
                 raise ValueError("--fault takes one op:kind[:index]")
+            from . import families
+
+            families.load()  # the ops a fault can name
+            why = faults.unknown_op_message(next(iter(parsed)))
+            if why:
+                raise ValueError(f"--fault: {why}")
         except ValueError as e:
             ap.error(str(e))
     return inspect(args)

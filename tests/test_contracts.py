@@ -23,6 +23,7 @@ from torch import Tensor
 
 import diffusion_fuse
 from diffusion_fuse import parse_options
+from diffusion_fuse.lowering import faults
 
 
 def _compile(model, options=None, **kw):
@@ -166,3 +167,111 @@ def test_a_report_that_cannot_be_written_later_never_fails_the_forward(tmp_path,
 
 def AdaLN_ref(compiled):  # noqa: N802 - the eager module behind a compiled one
     return compiled._orig_mod
+
+
+# --- 3. user patterns and faults ----------------------------------------------------------------------------------
+class _Calls:
+    n = 0
+
+
+@torch.library.custom_op("df_contracts::cuda_only_mul", mutates_args=())
+def cuda_only_mul(x: Tensor, y: Tensor) -> Tensor:
+    """A CUDA-only kernel: raises on any other device."""
+    if x.device.type != "cuda":
+        raise RuntimeError("cuda_only_mul runs on CUDA only")
+    return x * y
+
+
+@cuda_only_mul.register_fake
+def _(x, y):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("df_contracts::late_failing_mul", mutates_args=())
+def late_failing_mul(x: Tensor, y: Tensor) -> Tensor:
+    """Right for its first two calls (the verifier's site check and end-to-end run), raises from the third on."""
+    _Calls.n += 1
+    if _Calls.n > 2:
+        raise RuntimeError("late_failing_mul failed")
+    return x * y
+
+
+@late_failing_mul.register_fake
+def _(x, y):
+    return torch.empty_like(x)
+
+
+def test_register_pattern_traces_the_replacement_on_fake_tensors(user_pattern):
+    # the README's CPU example inputs, a CUDA-only kernel with a fake impl: registering runs no kernel
+    fam = user_pattern("cuda_only", lambda x, y: torch.ops.df_contracts.cuda_only_mul(x, y) + 1)
+    assert fam.name == "cuda_only"
+
+
+def _errors(report, pattern):
+    (row,) = [r for r in report.summary() if r["family"] == pattern]
+    return row["kernel errors"]
+
+
+def test_a_user_op_that_raises_takes_the_reference_path(user_pattern, caplog):
+    user_pattern("cuda_only", lambda x, y: torch.ops.df_contracts.cuda_only_mul(x, y) + 1)
+    x, y = _xy()
+    c, report = _compile(MulAdd())
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="diffusion_fuse"):
+        outs = [c(x, y) for _ in range(2)]
+    assert all(bitwise_equal(mul_add(x, y), o) for o in outs)
+    (site,) = [s for s in report.sites() if s.pattern == "cuda_only"]
+    assert site.status == "kept"  # the reference path is what a failing kernel returns, as for built-in ops
+    assert _errors(report, "cuda_only") >= 1
+    assert "cuda_only_mul runs on CUDA only" in report.table() and "kernel failed" in caplog.text
+
+
+def test_a_user_op_that_raises_after_verification_never_fails_the_forward(user_pattern, caplog):
+    user_pattern("late_failing", lambda x, y: torch.ops.df_contracts.late_failing_mul(x, y) + 1)
+    _Calls.n = 0
+    x, y = _xy()
+    c, report = _compile(MulAdd())
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="diffusion_fuse"):
+        outs = [c(x, y) for _ in range(3)]  # the first call verifies; the op fails from the second on
+    assert all(bitwise_equal(mul_add(x, y), o) for o in outs)
+    assert _errors(report, "late_failing") >= 1
+    assert "late_failing_mul failed" in caplog.text
+
+
+def test_a_tier_high_user_pattern_under_lossless_is_reported(user_pattern, caplog):
+    user_pattern("high_only", lambda x, y: x * y + 1, tier="high", exact=False)
+    x, y = _xy()
+    c, report = _compile(MulAdd())
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="diffusion_fuse"):
+        c(x, y)
+    assert report.count("high_only") == 0
+    why = "user pattern 'high_only' (tier high) is not searched in tier lossless"
+    assert any(why in n for n in report.graphs[0].notes), report.graphs[0].notes
+    assert why in report.table() and why in caplog.text
+
+
+def test_a_user_pattern_that_matched_nothing_is_noted(user_pattern):
+    user_pattern("never", lambda x, y: x * y + 1, search=lambda x, y: x * y - 7)
+    c, report = _compile(MulAdd())
+    with torch.no_grad():
+        c(*_xy())
+    assert "user pattern 'never': no site in this graph" in report.graphs[0].notes, report.graphs[0].notes
+
+
+def test_a_fault_for_an_unknown_op_is_an_error_naming_the_known_ones(monkeypatch, caplog, capsys):
+    with pytest.raises(ValueError, match=r"unknown op 'nosuchop'; known ops: \[.*'norm_modulate'"):
+        with faults.inject("nosuchop", "perturb"):
+            pass
+    from diffusion_fuse.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["inspect", "--model", "flux", "--fault", "nosuchop:perturb"])
+    assert e.value.code == 2 and "unknown op 'nosuchop'" in capsys.readouterr().err
+    # the variable is read at import, before any user op exists: a warning, not an error
+    monkeypatch.setenv(faults.ENV_VAR, "nosuchop:perturb")
+    try:
+        with caplog.at_level(logging.WARNING, logger="diffusion_fuse"):
+            faults.refresh()
+        assert "DIFFUSION_FUSE_FAULT names unknown op 'nosuchop'" in caplog.text and "norm_modulate" in caplog.text
+    finally:
+        monkeypatch.delenv(faults.ENV_VAR)
+        faults.refresh()

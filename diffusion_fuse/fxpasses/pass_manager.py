@@ -25,8 +25,16 @@ import torch.fx as fx
 
 from ..config import Options
 from ..log import error_message, get_logger
-from . import cat_of_slices, cleanup, drop_clones, fuse_patterns, interleave_scatter  # noqa: F401  (register)
-from . import direct_calls, python_bindings, recompose_linear
+from . import (  # noqa: F401  (register)
+    cat_of_slices,
+    cleanup,
+    direct_calls,
+    drop_clones,
+    fuse_patterns,
+    interleave_scatter,
+    python_bindings,
+    recompose_linear,
+)
 from .base import PASSES, GraphPass, PassContext
 
 _log = get_logger("fxpasses")
@@ -76,12 +84,12 @@ def pass_order() -> list[str]:
 
 
 class PassManager:
-    def __init__(self, options: Options) -> None:
-        self.options = options
+    def __init__(self, options: Options, inline_user_sites: bool = False) -> None:
+        self.options, self.inline_user_sites = options, inline_user_sites
         self.passes: list[GraphPass] = [PASSES[name]() for name in pass_order()]
 
     def run(self, graph: fx.Graph, exclude: frozenset[str] = frozenset()) -> PassContext:
-        ctx = PassContext(options=self.options, exclude=exclude)
+        ctx = PassContext(options=self.options, exclude=exclude, inline_user_sites=self.inline_user_sites)
         for p in self.passes:
             try:
                 p(graph, ctx)
