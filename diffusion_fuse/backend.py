@@ -43,10 +43,29 @@ faults.check_env()  # DIFFUSION_FUSE_FAULT was read before the ops it names were
 _log = get_logger("backend")
 
 
+try:  # Dynamo re-raises a backend's ShortenTraceback as it is, where it wraps anything else in BackendCompilerFailed
+    from torch._dynamo.exc import ShortenTraceback as _Unwrapped
+except ImportError:  # pragma: no cover - another torch: the error arrives wrapped, its text the same
+    _Unwrapped = ValueError  # type: ignore[misc, assignment]
+
+
+class OptionsError(ValueError, _Unwrapped):  # type: ignore[misc]
+    """A bad option or value: a ``ValueError`` that Dynamo does not wrap, whenever it is raised."""
+
+    def __init__(self, message: str) -> None:
+        ValueError.__init__(self, message)
+        self.first_useful_frame = None
+
+
 def parse_options(options: Mapping[str, Any] | None = None, mode: str | None = None) -> Options:
     """Check ``options`` (and the ``mode=`` torch.compile passes) and build an ``Options``; a bad key or value
-    raises ``ValueError`` naming it and the allowed ones."""
-    return config.parse(options, mode, REGISTRY.names())
+    raises ``ValueError`` (``OptionsError``) naming it and the allowed ones."""
+    try:
+        return config.parse(options, mode, REGISTRY.names())
+    except OptionsError:
+        raise
+    except ValueError as e:
+        raise OptionsError(str(e)) from None
 
 
 class DiffusionFuseBackend:
@@ -56,7 +75,9 @@ class DiffusionFuseBackend:
         self.options = options if isinstance(options, Options) else parse_options(options)
         self.report = report if report is not None else default_report(self.options.report)
 
-    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]):
+    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], **torch_compile_kwargs: Any):
+        if torch_compile_kwargs:
+            raise _object_with_options(torch_compile_kwargs)
         if self.options.quality == "high":
             return self._high(gm, example_inputs)
         return self._lossless(gm, example_inputs)
@@ -249,6 +270,38 @@ def diffusion_fuse(gm: fx.GraphModule, example_inputs: Sequence[Any], mode: str 
     return DiffusionFuseBackend(parse_options(options, mode))(gm, example_inputs)
 
 
+def _object_with_options(kwargs: Mapping[str, Any]) -> OptionsError:
+    return OptionsError(f"diffusion_fuse: torch.compile({', '.join(f'{k}=...' for k in kwargs)}) with a "
+                        "DiffusionFuseBackend object: give the options to the object, "
+                        "backend=DiffusionFuseBackend(options)")
+
+
+def _check_options_at_torch_compile() -> None:
+    """Check ``torch.compile(m, backend="diffusion_fuse", mode=..., options=...)``'s options when torch.compile is
+    called, as Inductor checks its own. Torch hands a named backend its options only on the first compile (its
+    ``_TorchCompileWrapper`` keeps them until then), so the check wraps that class's constructor, for this backend
+    only; where the class is not there (another torch), the options are checked on the first compile, raising the
+    same ``ValueError``."""
+    import functools
+
+    wrapper = getattr(torch, "_TorchCompileWrapper", None)
+    init = getattr(wrapper, "__init__", None)
+    if init is None or getattr(init, "_diffusion_fuse", False):
+        return
+
+    @functools.wraps(init)
+    def checked(self, backend, mode, options, dynamic, *args: Any, **kwargs: Any) -> None:
+        init(self, backend, mode, options, dynamic, *args, **kwargs)
+        fn = getattr(self, "compiler_fn", None)
+        if fn is diffusion_fuse:
+            parse_options(options, mode)
+        elif isinstance(fn, DiffusionFuseBackend) and getattr(self, "kwargs", None):
+            raise _object_with_options(self.kwargs)
+
+    checked._diffusion_fuse = True  # type: ignore[attr-defined]
+    wrapper.__init__ = checked
+
+
 def _register_by_name() -> None:
     # The entry point finds the backend when the package is installed; registering on import
     # also covers a checkout on PYTHONPATH.
@@ -259,3 +312,4 @@ def _register_by_name() -> None:
 
 
 _register_by_name()
+_check_options_at_torch_compile()

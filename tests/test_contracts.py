@@ -275,3 +275,30 @@ def test_a_fault_for_an_unknown_op_is_an_error_naming_the_known_ones(monkeypatch
     finally:
         monkeypatch.delenv(faults.ENV_VAR)
         faults.refresh()
+
+
+# --- 4. options at torch.compile ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs, message", [
+    ({"options": {"qualty": "high"}}, r"unknown option\(s\) \['qualty'\]; allowed options: \['atol'"),
+    ({"options": {"quality": "exact"}}, r"option quality='exact' is not allowed; allowed: \['lossless', 'high'\]"),
+    ({"options": {"report": "/nonexistent/dir/r.json"}}, "option report='/nonexistent/dir/r.json' is not allowed"),
+    ({"mode": "fastest"}, r"option mode='fastest' is not allowed; allowed: \[None, 'default'"),
+])
+def test_bad_options_raise_value_error_when_torch_compile_is_called(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        torch.compile(torch.nn.Linear(4, 4), backend="diffusion_fuse", **kwargs)
+
+
+def test_a_backend_object_takes_its_options_itself():
+    with pytest.raises(ValueError, match=r"DiffusionFuseBackend\(options\)"):
+        torch.compile(torch.nn.Linear(4, 4), backend=diffusion_fuse.DiffusionFuseBackend(), options={"verify": True})
+
+
+def test_without_the_torch_compile_check_a_bad_option_is_a_plain_value_error_on_the_first_call(monkeypatch):
+    # another torch without ``_TorchCompileWrapper``: the options reach the backend on the first compile, and the
+    # error is a ValueError there too, not Dynamo's BackendCompilerFailed
+    monkeypatch.setattr(torch._TorchCompileWrapper, "__init__", torch._TorchCompileWrapper.__init__.__wrapped__)
+    compiled = torch.compile(torch.nn.Linear(4, 4), backend="diffusion_fuse", options={"qualty": "high"})
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['qualty'\]") as e:
+        compiled(torch.randn(2, 4))
+    assert not isinstance(e.value, torch._dynamo.exc.BackendCompilerFailed)
