@@ -10,8 +10,8 @@
 eagerly and compiled with the backend, and prints the report: the summary per pattern family,
 every site (source, ATen ops before, op after, shapes, verdict), near misses, kernel calls,
 and whether the output is bit-identical to eager. ``--script PATH`` runs a script (as
-``__main__``, with the arguments that follow it) and prints ``diffusion_fuse.last_report()``:
-every graph the script compiled with ``backend="diffusion_fuse"``. ``--diff`` adds the per-site
+``__main__``, with the arguments that follow it) and prints the report of
+every graph the script compiled with diffusion_fuse (``diffusion_fuse.process_report()``). ``--diff`` adds the per-site
 before/after diff and the graph code diff; ``--html`` writes all of it as one self-contained
 HTML file; ``--fault op:kind[:index]`` injects a fault (see lowering/faults.py).
 
@@ -109,17 +109,18 @@ def _run_model(args: argparse.Namespace) -> tuple[Any, list[str], int, list[str]
 
 
 def _run_script(argv: Sequence[str]) -> tuple[Any, list[str], int, list[str]]:
-    from . import last_report
+    from . import Report, process_report
 
     if not argv:
         raise SystemExit("diffusion-fuse inspect: --script needs a path")
     path = argv[0]
+    n0 = len(process_report().graphs)
     code = _run_script_file(path, list(argv[1:]))
-    report = last_report()
+    report = Report.combined([process_report()])
+    report.graphs = report.graphs[n0:]  # the script's compiles, every one of them
     head = ["", f"diffusion_fuse inspect: script {path}" + (f" (exit status {code})" if code else "")]
     if not report.graphs:
-        head.append("no graph was compiled with backend=\"diffusion_fuse\" (a backend object or an options "
-                    "report path keeps its own report)")
+        head.append("no graph was compiled with backend=\"diffusion_fuse\"")
     return report, head + [""], code, []
 
 

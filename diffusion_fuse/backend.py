@@ -17,6 +17,7 @@ high: Inductor's ``compile_fx`` with the same passes as a post-grad ``CustomGrap
 
 from __future__ import annotations
 
+import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -73,7 +74,18 @@ class DiffusionFuseBackend:
 
     def __init__(self, options: Options | Mapping[str, Any] | None = None, report: Report | None = None) -> None:
         self.options = options if isinstance(options, Options) else parse_options(options)
-        self.report = report if report is not None else default_report(self.options.report)
+        self.report = report if report is not None else Report()
+        self._by_name = False  # made for torch.compile(backend="diffusion_fuse"): equal to another by its options
+
+    def __eq__(self, other: object) -> bool:
+        # Dynamo reuses a graph compiled under an equal backend: blocks compiled one by one with the same options
+        # (diffusers' compile_repeated_blocks) share one compile, as they do with Inductor; its report holds it
+        if self._by_name and isinstance(other, DiffusionFuseBackend) and other._by_name:
+            return self.options == other.options
+        return self is other
+
+    def __hash__(self) -> int:
+        return hash(repr(self.options)) if self._by_name else id(self)
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], **torch_compile_kwargs: Any):
         if torch_compile_kwargs:
@@ -254,6 +266,9 @@ class _HighTierGraph:
                for v in [compare_close(r, o, opts.rtol, opts.atol)] if not v]
         self.greport.verifications.append({"inductor_within_tolerance": not bad,
                                            "detail": bad[0].detail if bad else ""})
+        if not bad:
+            self.greport.notes.append(f"Inductor's output is within tolerance of the verified graph (rtol "
+                                      f"{opts.rtol:g}, atol {opts.atol:g})")
         if bad:
             note = f"tier high: Inductor output outside tolerance ({bad[0].detail}); running the verified ATen graph"
             _log.warning(note)
@@ -267,7 +282,8 @@ class _HighTierGraph:
 def diffusion_fuse(gm: fx.GraphModule, example_inputs: Sequence[Any], mode: str | None = None,
                    options: Mapping[str, Any] | None = None):
     """The entry point torch.compile calls (registered as ``torch_dynamo_backends.diffusion_fuse``)."""
-    return DiffusionFuseBackend(parse_options(options, mode))(gm, example_inputs)
+    opts = parse_options(options, mode)
+    return DiffusionFuseBackend(opts, default_report(opts.report))(gm, example_inputs)
 
 
 def _object_with_options(kwargs: Mapping[str, Any]) -> OptionsError:
@@ -278,10 +294,11 @@ def _object_with_options(kwargs: Mapping[str, Any]) -> OptionsError:
 
 def _check_options_at_torch_compile() -> None:
     """Check ``torch.compile(m, backend="diffusion_fuse", mode=..., options=...)``'s options when torch.compile is
-    called, as Inductor checks its own. Torch hands a named backend its options only on the first compile (its
-    ``_TorchCompileWrapper`` keeps them until then), so the check wraps that class's constructor, for this backend
-    only; where the class is not there (another torch), the options are checked on the first compile, raising the
-    same ``ValueError``."""
+    called, as Inductor checks its own, and give that compile its own backend object and report. Torch hands a
+    named backend its options only on the first compile (its ``_TorchCompileWrapper`` keeps them until then), so
+    the check wraps that class's constructor, for this backend only; where the class is not there (another torch),
+    the options are checked on the first compile, raising the same ``ValueError``, and graphs go to the
+    process-wide report (or one per report path)."""
     import functools
 
     wrapper = getattr(torch, "_TorchCompileWrapper", None)
@@ -294,12 +311,45 @@ def _check_options_at_torch_compile() -> None:
         init(self, backend, mode, options, dynamic, *args, **kwargs)
         fn = getattr(self, "compiler_fn", None)
         if fn is diffusion_fuse:
-            parse_options(options, mode)
+            # one backend, and so one report, per torch.compile call (report_of)
+            self.compiler_fn, self.kwargs = DiffusionFuseBackend(parse_options(options, mode)), {}
+            self.compiler_fn._by_name = True
         elif isinstance(fn, DiffusionFuseBackend) and getattr(self, "kwargs", None):
             raise _object_with_options(self.kwargs)
 
     checked._diffusion_fuse = True  # type: ignore[attr-defined]
     wrapper.__init__ = checked
+
+
+def backends_of(obj: object) -> list[DiffusionFuseBackend]:
+    """The backend objects behind a compiled model or function: ``torch.compile``'s result, a module compiled in
+    place (``module.compile``), or a module holding such (diffusers' ``compile_repeated_blocks``)."""
+    found: dict[int, DiffusionFuseBackend] = {}
+    roots = list(obj.modules()) if isinstance(obj, torch.nn.Module) else [obj]
+    for root in roots:
+        stack, seen = [(root, 0)], set()
+        while stack:  # torch's wrappers, a few levels: OptimizedModule → context → callback → ... → backend
+            o, depth = stack.pop()
+            if id(o) in seen or depth > 8:
+                continue
+            seen.add(id(o))
+            if isinstance(o, DiffusionFuseBackend):
+                found.setdefault(id(o), o)
+                continue
+            nxt = [o.__dict__.get(a) for a in ("dynamo_ctx", "callback", "_torchdynamo_orig_backend", "compiler_fn",
+                                               "_compiled_call_impl") if isinstance(getattr(o, "__dict__", None), dict)]
+            if isinstance(o, types.FunctionType):
+                nxt += [c.cell_contents for c in o.__closure__ or () if _filled(c)]
+            stack.extend((n, depth + 1) for n in nxt if n is not None and not isinstance(n, torch.nn.Module))
+    return list(found.values())
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
 
 
 def _register_by_name() -> None:

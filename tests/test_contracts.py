@@ -13,7 +13,9 @@ when ``torch.compile`` is called, one report per compile.
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import shutil
 
 import pytest
@@ -302,3 +304,96 @@ def test_without_the_torch_compile_check_a_bad_option_is_a_plain_value_error_on_
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['qualty'\]") as e:
         compiled(torch.randn(2, 4))
     assert not isinstance(e.value, torch._dynamo.exc.BackendCompilerFailed)
+
+
+# --- 5. reports -----------------------------------------------------------------------------------------------------
+def test_each_compile_has_its_own_report(tmp_path):
+    diffusion_fuse.reset_reports()
+    x, emb = adaln_inputs()
+    a = torch.compile(AdaLN(), backend="diffusion_fuse")
+    b = torch.compile(AdaLN(dim=32, out_proj=True), backend="diffusion_fuse")
+    with torch.no_grad():
+        a(x, emb)
+        assert diffusion_fuse.last_report() is diffusion_fuse.report_of(a)
+        b(x, emb)
+    ra, rb = diffusion_fuse.report_of(a), diffusion_fuse.report_of(b)
+    assert ra is not rb and len(ra.graphs) == len(rb.graphs) == 1
+    assert diffusion_fuse.last_report() is rb
+    # explain() and a compile with a report path are compiles too
+    explained = diffusion_fuse.explain(AdaLN(), x, emb)
+    assert diffusion_fuse.last_report() is explained
+    c = torch.compile(AdaLN(), backend="diffusion_fuse", options={"report": str(tmp_path / "r.json")})
+    with torch.no_grad():
+        c(x, emb)
+    assert diffusion_fuse.last_report() is diffusion_fuse.report_of(c)
+    every = diffusion_fuse.process_report()
+    assert [g.graph_id for g in every.graphs] == [g.graph_id for r in (ra, rb, explained, diffusion_fuse.report_of(c))
+                                                  for g in r.graphs]
+    diffusion_fuse.reset_reports()
+    assert diffusion_fuse.process_report().graphs == [] and diffusion_fuse.last_report().graphs == []
+    assert len(ra.graphs) == 1  # a compile's own report stays
+
+
+def test_report_of_a_module_whose_blocks_were_compiled_in_place():
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([AdaLN(), AdaLN()])
+
+        def forward(self, x, emb):
+            for b in self.blocks:
+                x = b(x, emb)
+            return x
+
+    model = Two()
+    for block in model.blocks:  # what diffusers' compile_repeated_blocks does
+        block.compile(backend="diffusion_fuse")
+    x, emb = adaln_inputs()
+    with torch.no_grad():
+        model(x, emb)
+    report = diffusion_fuse.report_of(model)
+    assert len(report.graphs) == 1 and [s.status for s in report.sites()] == ["kept"]
+    with pytest.raises(ValueError, match="not compiled with diffusion_fuse"):
+        diffusion_fuse.report_of(torch.nn.Linear(2, 2))
+
+
+def test_a_site_id_has_one_verdict():
+    # a static graph (kept), then the dynamic graph of a second resolution under a fault (rejected): one site id,
+    # one row per graph it is in, each with its graph
+    c, report = _compile(AdaLN())
+    with torch.no_grad():
+        c(*adaln_inputs(seq=8))
+        with faults.inject("norm_modulate", "perturb", 3):
+            c(*adaln_inputs(seq=16))
+    statuses = [(s.id, s.status) for s in report.sites()]
+    assert len(statuses) == 2 and statuses[0][0] == statuses[1][0] and {st for _, st in statuses} == {"kept",
+                                                                                                       "rejected"}
+    table = report.table()
+    for g, status in ((0, "kept"), (1, "rejected")):  # each row labelled with its graph
+        assert re.search(rf"norm_modulate@\S+#0 \(graph {g}\)\s+{status}", table), table
+    data = json.dumps(report.to_dict())
+    assert data.count('"status": "rejected"') == 1
+
+
+def test_a_site_put_back_end_to_end_has_one_verdict(user_pattern):
+    user_pattern("offset", lambda x, y: torch.ops.df_contracts.offset_mul(x, y), search=lambda x, y: x * y)
+
+    class Mul(torch.nn.Module):
+        def forward(self, x, y):
+            return x * y
+
+    c, report = _compile(Mul())
+    with torch.no_grad():
+        c(*_xy())
+    (site,) = report.sites()
+    assert site.status == "rejected" and site.verdict != "bitwise equal", site.verdict
+
+
+def test_tier_high_sites_keep_their_source_lines_and_the_text_states_the_tolerance_verdict():
+    c, report = _compile(AdaLN(), {"quality": "high"})
+    with torch.no_grad():
+        c(*adaln_inputs())
+    (g,) = report.graphs
+    assert g.sites and all("helpers.py:" in sid for sid in g.sites) and g.inductor_sites == sorted(g.sites)
+    assert all(s.location.startswith("tests/helpers.py:") or "helpers.py:" in s.location for s in g.sites.values())
+    assert f"graph {g.graph_id}: Inductor's output is within tolerance of the verified graph" in report.table()

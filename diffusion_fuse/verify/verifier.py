@@ -299,8 +299,9 @@ class VerifiedGraph:
             for cid in self.checks:
                 self.rejected.add(cid)
                 rec = self.greport.sites[cid]
-                if rec.status == "kept":
+                if rec.status == "kept":  # one verdict per site: the end-to-end one replaces "bitwise equal"
                     rec.status, rec.reason = "rejected", "end-to-end mismatch"
+                    rec.verdict = f"end-to-end mismatch ({e2e.detail})"
             for i, t in snapshot.items():
                 args[i].copy_(t)
             gm = run = self.ref
