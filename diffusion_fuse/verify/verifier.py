@@ -11,8 +11,8 @@ is being captured), ``VerifiedGraph``:
    as soon as nothing needs them.
 2. has the fused graph rebuilt without the rejected sites (site ids are stable across
    rebuilds; the rebuilding is the pipeline's, ``Pipeline.build``) and runs it on the real inputs;
-3. compares its outputs with the reference outputs (values, strides and storage offsets: what the caller
-   receives); a mismatch there puts every site back
+3. compares its outputs with the reference outputs (values, strides, and the 16-byte alignment their storage
+   offsets give them: what the caller receives); a mismatch there puts every site back
    (the mutated inputs are restored first) and says so.
 
 Verdicts are kept per site; the graph chosen is kept per input signature. The verifier judges and
@@ -128,7 +128,7 @@ def run_with_site_checks(
 
 def returned_storage(gm: fx.GraphModule) -> set[str]:
     """Names of the nodes whose storage the caller receives: the graph's outputs and what they are views of (a
-    value's storage offset is observable there, and nowhere else in the graph)."""
+    value's storage offset, and so its alignment, is observable there, and nowhere else in the graph)."""
     names: set[str] = set()
     for out in gm.graph.output_node().all_input_nodes:
         n: Any = out
@@ -227,7 +227,7 @@ class VerifiedGraph:
     def _judge(self, check: SiteCheck, refs: list[Any], got: list[Any]) -> Verdict:
         """Values (bitwise, or within tolerance for a non-exact site), then the layout: a site's output must have the
         reference's strides, or what reads it downstream (a view, a pointwise op keeping its input's layout, the
-        caller) sees another tensor; and, where the caller receives its storage, the reference's storage offset."""
+        caller) sees another tensor; and, where the caller receives its storage, the reference's alignment."""
         max_err = 0.0
         for i, (r, g) in enumerate(zip(refs, got)):
             if check.exact or not isinstance(r, torch.Tensor):
