@@ -15,8 +15,8 @@ same for your own model: it imports MODULE (a dotted name importable from the cu
 a ``.py`` path) and calls CALLABLE with no arguments, which returns ``(model, kwargs)`` or ``(model,
 args, kwargs)``: the model as it should run (eval mode, on its device and dtype) and the inputs of one
 forward call, ``model(*args, **kwargs)``. ``--script PATH`` runs a script (as
-``__main__``, with the arguments that follow it) and prints ``diffusion_fuse.last_report()``:
-every graph the script compiled with ``backend="diffusion_fuse"``. ``--diff`` adds the per-site
+``__main__``, with the arguments that follow it) and prints ``diffusion_fuse.process_report()``:
+every graph the script compiled with diffusion_fuse. ``--diff`` adds the per-site
 before/after diff and the graph code diff; ``--html`` writes all of it as one self-contained
 HTML file; ``--fault op:kind[:index]`` injects a fault (see lowering/faults.py).
 
@@ -60,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     ins.add_argument("--quality", choices=("lossless", "high"), default="lossless")
     ins.add_argument("--no-verify", action="store_true", help="run the rewritten graph without verifying it")
     ins.add_argument("--fault", metavar="OP:KIND[:INDEX]",
-                     help="inject a fault, e.g. norm_modulate:perturb:3 or norm_modulate:raise (see lowering/faults.py)")
+                     help="inject a fault into a built-in op, e.g. norm_modulate:perturb:3 or norm_modulate:raise "
+                          "(see lowering/faults.py)")
     ins.add_argument("--diff", action="store_true", help="also print the per-site and graph code diffs")
     ins.add_argument("--html", metavar="PATH", help="write the report as one self-contained HTML file")
     ins.add_argument("--json", metavar="PATH", help="write the report as JSON")
@@ -193,17 +194,18 @@ def _run_model(args: argparse.Namespace) -> tuple[Any, list[str], int, list[str]
 
 
 def _run_script(argv: Sequence[str]) -> tuple[Any, list[str], int, list[str]]:
-    from . import last_report
+    from . import Report, process_report
 
     if not argv:
         raise SystemExit("diffusion-fuse inspect: --script needs a path")
     path = argv[0]
+    n0 = len(process_report().graphs)
     code = _run_script_file(path, list(argv[1:]))
-    report = last_report()
+    report = Report.combined([process_report()])
+    report.graphs = report.graphs[n0:]  # the script's compiles, every one of them
     head = ["", f"diffusion_fuse inspect: script {path}" + (f" (exit status {code})" if code else "")]
     if not report.graphs:
-        head.append("no graph was compiled with backend=\"diffusion_fuse\" (a backend object or an options "
-                    "report path keeps its own report)")
+        head.append("no graph was compiled with backend=\"diffusion_fuse\"")
     return report, head + [""], code, []
 
 
@@ -302,8 +304,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .lowering import faults
 
         try:
-            if len(faults.parse(args.fault)) != 1:
+            parsed = faults.parse(args.fault)
+            if len(parsed) != 1:
                 raise ValueError("--fault takes one op:kind[:index]")
+            from . import families
+
+            families.load()  # the ops a fault can name
+            why = faults.unknown_op_message(next(iter(parsed)))
+            if why:
+                raise ValueError(f"--fault: {why}")
         except ValueError as e:
             ap.error(str(e))
     return inspect(args)

@@ -17,6 +17,7 @@ high: Inductor's ``compile_fx`` with the same passes as a post-grad ``CustomGrap
 
 from __future__ import annotations
 
+import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ from . import config, families
 from .config import Options
 from .cudagraphs import with_cuda_graphs
 from .log import error_message, get_logger
+from .lowering import faults
 from .patterns.registry import REGISTRY
 from .pipeline import prepare
 from .subclass_params import flatten_subclass_params
@@ -37,14 +39,34 @@ from .verify.report import Report, default_report
 from .verify.verifier import VerifiedGraph
 
 families.load()
+faults.check_env()  # DIFFUSION_FUSE_FAULT was read before the ops it names were registered
 
 _log = get_logger("backend")
 
 
+try:  # Dynamo re-raises a backend's ShortenTraceback as it is, where it wraps anything else in BackendCompilerFailed
+    from torch._dynamo.exc import ShortenTraceback as _Unwrapped
+except ImportError:  # pragma: no cover - another torch: the error arrives wrapped, its text the same
+    _Unwrapped = ValueError  # type: ignore[misc, assignment]
+
+
+class OptionsError(ValueError, _Unwrapped):  # type: ignore[misc]
+    """A bad option or value: a ``ValueError`` that Dynamo does not wrap, whenever it is raised."""
+
+    def __init__(self, message: str) -> None:
+        ValueError.__init__(self, message)
+        self.first_useful_frame = None
+
+
 def parse_options(options: Mapping[str, Any] | None = None, mode: str | None = None) -> Options:
     """Check ``options`` (and the ``mode=`` torch.compile passes) and build an ``Options``; a bad key or value
-    raises ``ValueError`` naming it and the allowed ones."""
-    return config.parse(options, mode, REGISTRY.names())
+    raises ``ValueError`` (``OptionsError``) naming it and the allowed ones."""
+    try:
+        return config.parse(options, mode, REGISTRY.names())
+    except OptionsError:
+        raise
+    except ValueError as e:
+        raise OptionsError(str(e)) from None
 
 
 class DiffusionFuseBackend:
@@ -52,9 +74,22 @@ class DiffusionFuseBackend:
 
     def __init__(self, options: Options | Mapping[str, Any] | None = None, report: Report | None = None) -> None:
         self.options = options if isinstance(options, Options) else parse_options(options)
-        self.report = report if report is not None else default_report(self.options.report)
+        self.report = report if report is not None else Report()
+        self._by_name = False  # made for torch.compile(backend="diffusion_fuse"): equal to another by its options
 
-    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]):
+    def __eq__(self, other: object) -> bool:
+        # Dynamo reuses a graph compiled under an equal backend: blocks compiled one by one with the same options
+        # (diffusers' compile_repeated_blocks) share one compile, as they do with Inductor; its report holds it
+        if self._by_name and isinstance(other, DiffusionFuseBackend) and other._by_name:
+            return self.options == other.options
+        return self is other
+
+    def __hash__(self) -> int:
+        return hash(repr(self.options)) if self._by_name else id(self)
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], **torch_compile_kwargs: Any):
+        if torch_compile_kwargs:
+            raise _object_with_options(torch_compile_kwargs)
         if self.options.quality == "high":
             return self._high(gm, example_inputs)
         return self._lossless(gm, example_inputs)
@@ -234,6 +269,9 @@ class _HighTierGraph:
             bad = [Verdict(False, f"outside tolerance on rank(s) {failed}")]
         self.greport.verifications.append({"inductor_within_tolerance": not bad,
                                            "detail": bad[0].detail if bad else ""})
+        if not bad:
+            self.greport.notes.append(f"Inductor's output is within tolerance of the verified graph (rtol "
+                                      f"{opts.rtol:g}, atol {opts.atol:g})")
         if bad:
             note = f"tier high: Inductor output outside tolerance ({bad[0].detail}); running the verified ATen graph"
             _log.warning(note)
@@ -247,7 +285,74 @@ class _HighTierGraph:
 def diffusion_fuse(gm: fx.GraphModule, example_inputs: Sequence[Any], mode: str | None = None,
                    options: Mapping[str, Any] | None = None):
     """The entry point torch.compile calls (registered as ``torch_dynamo_backends.diffusion_fuse``)."""
-    return DiffusionFuseBackend(parse_options(options, mode))(gm, example_inputs)
+    opts = parse_options(options, mode)
+    return DiffusionFuseBackend(opts, default_report(opts.report))(gm, example_inputs)
+
+
+def _object_with_options(kwargs: Mapping[str, Any]) -> OptionsError:
+    return OptionsError(f"diffusion_fuse: torch.compile({', '.join(f'{k}=...' for k in kwargs)}) with a "
+                        "DiffusionFuseBackend object: give the options to the object, "
+                        "backend=DiffusionFuseBackend(options)")
+
+
+def _check_options_at_torch_compile() -> None:
+    """Check ``torch.compile(m, backend="diffusion_fuse", mode=..., options=...)``'s options when torch.compile is
+    called, as Inductor checks its own, and give that compile its own backend object and report. Torch hands a
+    named backend its options only on the first compile (its ``_TorchCompileWrapper`` keeps them until then), so
+    the check wraps that class's constructor, for this backend only; where the class is not there (another torch),
+    the options are checked on the first compile, raising the same ``ValueError``, and graphs go to the
+    process-wide report (or one per report path)."""
+    import functools
+
+    wrapper = getattr(torch, "_TorchCompileWrapper", None)
+    init = getattr(wrapper, "__init__", None)
+    if init is None or getattr(init, "_diffusion_fuse", False):
+        return
+
+    @functools.wraps(init)
+    def checked(self, backend, mode, options, dynamic, *args: Any, **kwargs: Any) -> None:
+        init(self, backend, mode, options, dynamic, *args, **kwargs)
+        fn = getattr(self, "compiler_fn", None)
+        if fn is diffusion_fuse:
+            # one backend, and so one report, per torch.compile call (report_of)
+            self.compiler_fn, self.kwargs = DiffusionFuseBackend(parse_options(options, mode)), {}
+            self.compiler_fn._by_name = True
+        elif isinstance(fn, DiffusionFuseBackend) and getattr(self, "kwargs", None):
+            raise _object_with_options(self.kwargs)
+
+    checked._diffusion_fuse = True  # type: ignore[attr-defined]
+    wrapper.__init__ = checked
+
+
+def backends_of(obj: object) -> list[DiffusionFuseBackend]:
+    """The backend objects behind a compiled model or function: ``torch.compile``'s result, a module compiled in
+    place (``module.compile``), or a module holding such (diffusers' ``compile_repeated_blocks``)."""
+    found: dict[int, DiffusionFuseBackend] = {}
+    roots = list(obj.modules()) if isinstance(obj, torch.nn.Module) else [obj]
+    for root in roots:
+        stack, seen = [(root, 0)], set()
+        while stack:  # torch's wrappers, a few levels: OptimizedModule → context → callback → ... → backend
+            o, depth = stack.pop()
+            if id(o) in seen or depth > 8:
+                continue
+            seen.add(id(o))
+            if isinstance(o, DiffusionFuseBackend):
+                found.setdefault(id(o), o)
+                continue
+            nxt = [o.__dict__.get(a) for a in ("dynamo_ctx", "callback", "_torchdynamo_orig_backend", "compiler_fn",
+                                               "_compiled_call_impl") if isinstance(getattr(o, "__dict__", None), dict)]
+            if isinstance(o, types.FunctionType):
+                nxt += [c.cell_contents for c in o.__closure__ or () if _filled(c)]
+            stack.extend((n, depth + 1) for n in nxt if n is not None and not isinstance(n, torch.nn.Module))
+    return list(found.values())
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
 
 
 def _register_by_name() -> None:
@@ -260,3 +365,4 @@ def _register_by_name() -> None:
 
 
 _register_by_name()
+_check_options_at_torch_compile()

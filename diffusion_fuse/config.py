@@ -72,6 +72,21 @@ def _fail(key: str, value: Any, allowed: Any) -> None:
     raise ValueError(f"diffusion_fuse: option {key}={value!r} is not allowed; allowed: {allowed}")
 
 
+def report_path_problem(path: object) -> str:
+    """Why the report cannot be written to ``path``, or "": checked when the options are parsed, so that the
+    verifier's first call (which writes it) never meets a path that could not work."""
+    if not isinstance(path, str) or not path:
+        return "not a non-empty str"
+    if os.path.isdir(path):
+        return f"{path} is a directory"
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        return f"{parent} does not exist"
+    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        return f"{path} is not writable"
+    return ""
+
+
 def parse(options: Mapping[str, Any] | None = None, mode: str | None = None,
                   families: Collection[str] = ()) -> Options:
     """Check ``options`` (and the ``mode=`` torch.compile passes) and build an ``Options``; ``families``: the
@@ -92,8 +107,10 @@ def parse(options: Mapping[str, Any] | None = None, mode: str | None = None,
         if key in raw and not isinstance(raw[key], bool):
             _fail(key, raw[key], [True, False])
     raw.setdefault("cudagraphs", mode in CUDAGRAPH_MODES)
-    if "report" in raw and raw["report"] is not None and not isinstance(raw["report"], str):
-        _fail("report", raw["report"], "a file path (str) or None")
+    if raw.get("report") is not None:
+        why = report_path_problem(raw["report"])
+        if why:
+            _fail("report", raw["report"], f"a file path in a writable directory, or None ({why})")
     for key in ("rtol", "atol"):
         if key in raw and (not isinstance(raw[key], (int, float)) or raw[key] < 0):
             _fail(key, raw[key], "a non-negative number")

@@ -8,7 +8,7 @@ Each ``examples/<pipeline>.py`` builds a tiny random-weight pipeline (nothing is
    ``torch.compile(pipe.transformer, ...)``, or, with ``--repeated-blocks``, only its repeated blocks with
    diffusers' ``pipe.transformer.compile_repeated_blocks(backend="diffusion_fuse")``,
 3. runs the pipeline again with the same seeds and compares the final image/video tensor bit for bit,
-4. prints ``diffusion_fuse.last_report().table()`` and one summary line containing
+4. prints ``diffusion_fuse.report_of(pipe.transformer).table()`` and one summary line containing
    ``bit-identical to eager: True|False``; exits with status 1 when the outputs differ.
 """
 
@@ -20,7 +20,7 @@ import os
 import sys
 import time
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # both read at import: before diffusers is imported
 os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
@@ -131,7 +131,10 @@ def main(args: argparse.Namespace, *, name: str,
     fused, t_fused = _timed(lambda: generate(pipe, args), args.device)
 
     diff = bitwise_diff(eager, fused)
-    report = diffusion_fuse.last_report()
+    try:
+        report = diffusion_fuse.report_of(pipe.transformer)  # every block's graphs with compile_repeated_blocks
+    except ValueError:  # a torch that gives a compile no report of its own
+        report = diffusion_fuse.last_report()
     print(report.table())
     print(f"\n{args.steps}-step tiny {name} on {args.device} ({args.dtype}), {mode}: output {_fmt_shape(fused)}, "
           f"{len(report.graphs)} graph(s) compiled; eager {t_eager:.1f}s, compiled (incl. compile) {t_fused:.1f}s")

@@ -35,13 +35,13 @@ def test_reduce_overhead_on_cpu_runs_plainly_and_says_why(caplog):
     from torch._dynamo.utils import counters as torch_counters
 
     model, kwargs = build("flux", torch.bfloat16)
-    n0, skips = len(diffusion_fuse.last_report().graphs), torch_counters["inductor"]["cudagraph_skips"]
+    n0, skips = len(diffusion_fuse.process_report().graphs), torch_counters["inductor"]["cudagraph_skips"]
     compiled = torch.compile(model, backend="diffusion_fuse", mode="reduce-overhead", fullgraph=True)
     with caplog.at_level(logging.INFO, logger="diffusion_fuse.backend"), torch.no_grad():
         ref = model(**kwargs)
         outs = [compiled(**kwargs) for _ in range(3)]
     assert all(bitwise_equal(ref, out) for out in outs)
-    graphs = diffusion_fuse.last_report().graphs[n0:]
+    graphs = diffusion_fuse.process_report().graphs[n0:]
     assert [g.cudagraphs for g in graphs] == ["not applied: skipping cudagraphs due to cpu device (arg0_1)"]
     assert any("CUDA graphs not applied" in n for n in graphs[0].notes)
     assert "CUDA graphs not applied (skipping cudagraphs due to cpu device" in caplog.text

@@ -1,9 +1,9 @@
 """Family gated_residual: a gated residual no LayerNorm reads, in the forms that otherwise write fp32 tensors."""
 
 import torch
+from helpers import bitwise_equal, compile_and_run
 
 from diffusion_fuse.patterns.registry import example_tensor
-from helpers import bitwise_equal, compile_and_run
 
 R = "gated_residual"
 
@@ -45,3 +45,15 @@ def test_a_residual_a_layer_norm_reads_is_left_to_gated_residual_norm_modulate()
     ref, out, report = compile_and_run(BlockEnd(norm_after=True), inputs())
     assert bitwise_equal(ref, out)
     assert report.count(R) == 0 and report.count("gated_residual_norm_modulate") == 1, report.table()
+
+
+def test_a_permuted_residual_keeps_eagers_layout_and_its_site():
+    # a patch embedding's permuted residual: eager's add follows its layout; the op's reference does too (the
+    # verifier judges strides), and the kernel's guard leaves such a layout to it
+    from diffusion_fuse.lowering.gated_residual import SPEC, _row_major
+
+    res = example_tensor(2, 16, 8, dtype=torch.float32).permute(0, 2, 1)  # [2, 8, 16], strides (128, 1, 8)
+    x, gate = example_tensor(2, 8, 16, dtype=torch.float32, seed=1), example_tensor(2, 1, 16, dtype=torch.float32)
+    eager = res + gate * x
+    assert SPEC.reference(res, x, gate).stride() == eager.stride() == (128, 1, 8)
+    assert not _row_major(res) and _row_major(x) and _row_major(res.contiguous())

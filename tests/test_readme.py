@@ -32,3 +32,7 @@ def test_guarantees_name_tests_that_exist():
     sources = "\n".join(p.read_text() for p in (root / "tests").rglob("test_*.py"))
     for name in set(re.findall(r"::(test_\w+)", section)) | set(re.findall(r"`(test_\w+)`", section)):
         assert f"def {name}(" in sources, name
+
+
+def test_readme_stays_short():
+    assert len(README.read_bytes()) <= 15000, "README.md over 15 KB: move detail to docs/"

@@ -29,6 +29,8 @@ class PassContext:
     skipped: list[Site] = dataclasses.field(default_factory=list)  # matched but excluded
     near_misses: list[NearMiss] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)  # exact-by-construction rewrites, for the report
+    # Inductor's graph (tier high): a user site's replacement is inlined for Inductor to compile, not guarded
+    inline_user_sites: bool = False
 
 
 # ATen views whose schema carries no alias annotation (``reshape`` of a non-contiguous tensor traces to clone +

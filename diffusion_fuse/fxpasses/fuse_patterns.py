@@ -7,6 +7,7 @@ anchor node name) are the same in every rebuild: the verifier can exclude one an
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 
@@ -15,6 +16,7 @@ import torch.fx as fx
 
 from ..log import error_message, get_logger
 from ..lowering.spec import static_check
+from ..lowering.user_ops import GuardedReplacement
 from ..patterns.match_utils import source_location
 from ..patterns.registry import REGISTRY, NearMiss, Site
 from ..verify.verifier import SiteCheck
@@ -168,7 +170,9 @@ class FusePatternsPass(GraphPass):
         return "|".join(parts)
 
     def __call__(self, graph: fx.Graph, ctx: PassContext) -> None:
-        by_anchor = REGISTRY.by_anchor(REGISTRY.searched(ctx.options))
+        searched = REGISTRY.searched(ctx.options)
+        _note_unsearched_user_patterns(ctx, searched)
+        by_anchor = REGISTRY.by_anchor(searched)
         if not by_anchor:
             return
         claimed: set[fx.Node] = set()
@@ -196,11 +200,40 @@ class FusePatternsPass(GraphPass):
                     misses.append(NearMiss(fam.name, node, problem))
                     continue
                 claimed.update(res.nodes)
-                chosen.append(res)
+                chosen.append(guarded(res) if res.user is not None and not ctx.inline_user_sites else res)
                 misses = []  # an anchor a family took is no near miss of the families tried before it
                 break
             ctx.near_misses.extend(misses)
         apply_sites(graph, ctx, chosen)
+        found = {s.pattern for s in chosen}
+        for fam in searched:
+            if fam.user and fam.name not in found:
+                ctx.notes.append(f"user pattern {fam.name!r}: no site in this graph")
+
+
+def _note_unsearched_user_patterns(ctx: PassContext, searched: list) -> None:
+    """A user pattern the options leave out without the user asking (a tier-high one under tier lossless) is noted
+    and logged: a registered pattern is never silently unused."""
+    names = {f.name for f in searched}
+    for fam in REGISTRY.families():
+        if fam.user and fam.name not in names and fam.name not in ctx.options.patterns:
+            why = (f"user pattern {fam.name!r} (tier {fam.tier}) is not searched in tier {ctx.options.quality}"
+                   + (" (options={'quality': 'high'} searches it)" if fam.tier == "high" else ""))
+            if not ctx.exclude:  # once per graph, not again in the verifier's rebuilds
+                _log.warning(why)
+            ctx.notes.append(why)
+
+
+def guarded(site: Site) -> Site:
+    """``site`` (a user pattern's) emitting one guarded call: its replacement, or its reference when that raises
+    (lowering/user_ops.py)."""
+    replacement, reference = site.user
+    op = GuardedReplacement(site.pattern, replacement, reference)
+
+    def emit(graph: fx.Graph, ins):
+        return [graph.call_function(op, tuple(ins))]
+
+    return dataclasses.replace(site, emit=emit)
 
 
 def apply_sites(graph: fx.Graph, ctx: PassContext, sites: list[Site]) -> None:

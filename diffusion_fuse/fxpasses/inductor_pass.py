@@ -17,7 +17,7 @@ class InductorFusePass(CustomGraphPass):
 
     def __init__(self, options: Options, on_context: Callable[[fx.Graph, PassContext], None] | None = None,
                  exclude: frozenset[str] = frozenset()) -> None:
-        self.pm = PassManager(options)
+        self.pm = PassManager(options, inline_user_sites=True)  # Inductor compiles user ops itself
         self.on_context = on_context
         self.exclude = exclude
 

@@ -87,12 +87,12 @@ def pass_order() -> list[str]:
 
 
 class PassManager:
-    def __init__(self, options: Options) -> None:
-        self.options = options
+    def __init__(self, options: Options, inline_user_sites: bool = False) -> None:
+        self.options, self.inline_user_sites = options, inline_user_sites
         self.passes: list[GraphPass] = [PASSES[name]() for name in pass_order()]
 
     def run(self, graph: fx.Graph, exclude: frozenset[str] = frozenset()) -> PassContext:
-        ctx = PassContext(options=self.options, exclude=exclude)
+        ctx = PassContext(options=self.options, exclude=exclude, inline_user_sites=self.inline_user_sites)
         timed = _timings.isEnabledFor(logging.DEBUG)
         for p in self.passes:
             start = time.perf_counter()

@@ -107,6 +107,7 @@ class GuardedKernel:
                  bind: Callable[[tuple], Any], needs_triton: bool = True) -> None:
         self.op, self.layout_key, self.guard, self.plan, self.reference = op, layout_key, guard, plan, reference
         self.bind, self.needs_triton = bind, needs_triton
+        faults.add_target(op)
         # FX emits a call_function target under these names (fxpasses/direct_calls.py puts this object in graphs)
         self.__name__, self.__module__ = f"{op}_guarded", "diffusion_fuse.lowering"
         self._plans: dict[tuple, tuple[str, Callable[..., Any] | None]] = {}

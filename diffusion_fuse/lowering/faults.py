@@ -19,7 +19,9 @@ Kinds:
   ``kernel error: ...`` and logged; a real kernel is disabled for that input layout).
 
 The op name is the ``GuardedKernel``'s (``norm_modulate``); ``diffusion_fuse::norm_modulate`` is
-accepted too. The context manager wins over the environment variable for the same op.
+accepted too. The context manager wins over the environment variable for the same op. A name that is no
+built-in op's is an error (``inject``, ``--fault``) or, for the variable (read before the ops are registered), a
+warning once they are (``check_env``): a fault that could never fire is never silent.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ import threading
 from collections.abc import Iterator
 
 import torch
+
+from ..log import get_logger
+
+_log = get_logger("lowering")
 
 ENV_VAR = "DIFFUSION_FUSE_FAULT"
 KINDS = ("perturb", "raise")
@@ -86,6 +92,34 @@ def parse(spec: str) -> dict[str, Fault]:
     return out
 
 
+_targets: set[str] = set()  # the ops a fault can reach: every GuardedKernel's, added as it is made
+
+
+def add_target(op: str) -> None:
+    _targets.add(_norm_op(op))
+
+
+def known_ops() -> list[str]:
+    """The ops a fault can target: those dispatched by a ``GuardedKernel`` (the built-in ones, lowering/spec.py)."""
+    return sorted(_targets)
+
+
+def unknown_op_message(op: str) -> str:
+    """Why ``op`` cannot take a fault, or "" (also "" before any op is registered: nothing to check against)."""
+    known = known_ops()
+    if not known or _norm_op(op) in known:
+        return ""
+    return f"unknown op {_norm_op(op)!r}; known ops: {known}"
+
+
+def check_env() -> None:
+    """Warn about ``DIFFUSION_FUSE_FAULT`` entries that name no built-in op (called once the ops are registered)."""
+    for op in _env_faults:
+        why = unknown_op_message(op)
+        if why:
+            _log.warning("%s names %s: that fault never fires", ENV_VAR, why)
+
+
 _lock = threading.Lock()
 _injected: dict[str, list[Fault]] = {}  # op → stack of context-manager faults
 _env_faults: dict[str, Fault] = {}
@@ -96,6 +130,7 @@ def refresh() -> dict[str, Fault]:
     ``DIFFUSION_FUSE_LOG``, so that dispatch pays no environment lookup per call)."""
     global _env_faults
     _env_faults = parse(os.environ.get(ENV_VAR, ""))
+    check_env()
     return _env_faults
 
 
@@ -120,6 +155,9 @@ def inject(op_name: str, kind: str = "perturb", index: int = 0) -> Iterator[Faul
         raise ValueError(f"inject: kind={kind!r} is not allowed; allowed: {list(KINDS)}")
     if int(index) < 0:
         raise ValueError(f"inject: index={index} must be >= 0")
+    why = unknown_op_message(op_name)
+    if why:
+        raise ValueError(f"inject: {why}")
     fault = Fault(_norm_op(op_name), kind, int(index))
     with _lock:
         _injected.setdefault(fault.op, []).append(fault)

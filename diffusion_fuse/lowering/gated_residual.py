@@ -17,10 +17,15 @@ from .spec import OpSpec, register_op
 
 def gated_residual(residual: Tensor, x: Tensor, gate: Tensor, gate_temb: Tensor | None = None,
                    r_dtype: torch.dtype | None = None) -> Tensor:
+    # eager's layout too: the add follows a permuted residual's (a patch embedding); the verifier judges strides
     r = residual + with_addend(gate, gate_temb) * x
-    # Contiguous, as the kernel writes it (eager's add follows a strided residual's layout, e.g. a permuted patch
-    # embedding in Inductor's graph; the values are the same).
-    return (r if r_dtype is None else r.to(r_dtype)).contiguous()
+    return r if r_dtype is None else r.to(r_dtype)
+
+
+def _row_major(t: Tensor) -> bool:
+    """Strides non-increasing over the dims of size > 1: eager's output of such operands is row-major too."""
+    st = [s for n, s in zip(t.shape, t.stride()) if n > 1]
+    return all(p >= q for p, q in zip(st, st[1:]))
 
 
 def can_use_gated_residual(a) -> tuple[bool, str]:
@@ -33,6 +38,8 @@ def can_use_gated_residual(a) -> tuple[bool, str]:
     why = why or checks.rows("x", x) or checks.rows("residual", a.residual)
     if not why and a.residual.shape != x.shape:
         why = f"residual {tuple(a.residual.shape)} and x {tuple(x.shape)} differ in shape"
+    if not why and not (_row_major(a.residual) and _row_major(x)):
+        why = "residual or x not in row-major order (eager's output follows their layout; the kernel writes rows)"
     why = why or checks.addends(gate=(a.gate, a.gate_temb))
     why = why or checks.broadcast(x.shape, gate=a.gate, gate_temb=a.gate_temb)
     return not why, why

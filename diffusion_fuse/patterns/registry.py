@@ -55,6 +55,9 @@ class Site:
     # Where the replacement goes (default: before the site's last node). A site whose members are spread over
     # the graph (grouped_gemv) goes before its first, so that its outputs precede every reader.
     insert_before: fx.Node | None = None
+    # A user pattern's site (patterns/user.py): (replacement, reference) as callables of the site's inputs; the
+    # fuse pass emits the replacement guarded, the reference answering when it raises (lowering/user_ops.py).
+    user: tuple[Callable[..., Any], Callable[..., Any]] | None = None
 
     @property
     def located_at(self) -> fx.Node:
@@ -95,6 +98,8 @@ class PatternFamily:
     # The kernels/ module whose kernel the family's op launches: its own (kernels/<name>.py) by default, another
     # family's when it runs that kernel with another epilogue, None when its op calls ATen (cuBLAS) only.
     kernel: ClassVar[str | None] = ""
+    # True for a family added by ``diffusion_fuse.register_pattern``: the report says when it goes unused
+    user: bool = False
 
     @classmethod
     def kernel_module(cls) -> str | None:

@@ -1,11 +1,14 @@
 """User patterns: ``diffusion_fuse.register_pattern(name, search, replacement, example_inputs)``.
 
 ``search`` and ``replacement`` are plain functions of tensors. Both are traced to ATen
-(``make_fx``, no decompositions) on ``example_inputs``; every occurrence of the search graph
+(``make_fx``, no decompositions) on fake tensors made from ``example_inputs`` (no kernel runs; real ones only
+where an op has no fake impl); every occurrence of the search graph
 in a model's ATen graph (scalars must be equal, intermediate values must have no user
 outside the match) is replaced by the replacement graph. The verifier judges each site
 like any built-in one: bitwise in tier "lossless", within tolerance in tier "high" when
-``exact=False``.
+``exact=False``. At run time a site's replacement is guarded (lowering/user_ops.py): if it raises, the reference
+runs for that call (logged, counted as a kernel error). A user pattern a compile does not search (a tier-"high"
+one under tier "lossless") or that matched nothing in a graph is noted in that graph's report.
 """
 
 from __future__ import annotations
@@ -21,10 +24,16 @@ from torch.fx.passes.utils.matcher_utils import InternalMatch, SubgraphMatcher
 from .registry import REGISTRY, TIERS, PatternFamily, Site
 
 
-def _trace(fn: Callable, example_inputs: Sequence[torch.Tensor]) -> fx.Graph:
-    gm = make_fx(fn, tracing_mode="real")(*example_inputs)
+def _trace(fn: Callable, example_inputs: Sequence[torch.Tensor]) -> fx.GraphModule:
+    """``fn`` traced to ATen on fake tensors (no kernel runs: a CUDA-only op with a fake impl traces from CPU
+    example inputs); on real ones where fake tracing fails (an op without a fake impl)."""
+    try:
+        gm = make_fx(fn, tracing_mode="fake")(*example_inputs)
+    except Exception:  # noqa: BLE001 - an op without a fake impl: its real kernel gives the trace
+        gm = make_fx(fn, tracing_mode="real")(*example_inputs)
     gm.graph.eliminate_dead_code()
-    return gm.graph
+    gm.recompile()
+    return gm
 
 
 class TracedPattern(PatternFamily):
@@ -40,19 +49,22 @@ class TracedPattern(PatternFamily):
         self.tier = tier
         self.exact = exact
         self.description = description or f"user pattern {name}"
-        self.search_graph = _trace(search, example_inputs)
-        self.replacement_graph = _trace(replacement, example_inputs)
+        self.search_module = _trace(search, example_inputs)
+        self.replacement_module = _trace(replacement, example_inputs)
+        self.search_graph, self.replacement_graph = self.search_module.graph, self.replacement_module.graph
+        self.user = True
         outs = self.search_graph.output_node().args[0]
         outs = outs if isinstance(outs, (list, tuple)) else [outs]
         if len(outs) != 1 or not isinstance(outs[0], fx.Node) or outs[0].op != "call_function":
             raise ValueError(f"register_pattern {name!r}: the search function must return one computed tensor")
+        repl_outs = self.replacement_graph.output_node().args[0]
+        if isinstance(repl_outs, (list, tuple)) and len(repl_outs) != 1:
+            raise ValueError(f"register_pattern {name!r}: the replacement function must return one tensor")
         self.anchors = (outs[0].target,)
         self.variants = (str(self.search_graph).strip(),)
         self._matcher = SubgraphMatcher(self.search_graph, match_output=False, match_placeholder=False,
                                         remove_overlapping_matches=True, ignore_literals=False)
         self._cache: weakref.WeakKeyDictionary[fx.Graph, dict[fx.Node, InternalMatch]] = weakref.WeakKeyDictionary()
-        op_nodes = [n for n in self.replacement_graph.nodes if n.op == "call_function"]
-        self._op_name = str(op_nodes[-1].target) if op_nodes else "?"
 
     def _matches(self, graph: fx.Graph) -> dict[fx.Node, InternalMatch]:
         if graph not in self._cache:
@@ -75,7 +87,17 @@ class TracedPattern(PatternFamily):
             return list(out) if isinstance(out, (list, tuple)) else [out]
 
         return Site(pattern=self.name, anchor=node, nodes=nodes, inputs=inputs, outputs=[node], emit=emit,
-                    op=self._op_name, exact=self.exact)
+                    op=f"user::{self.name}", exact=self.exact, user=(self._replacement, self._reference))
+
+    def _replacement(self, *args: torch.Tensor) -> torch.Tensor:
+        return _one(self.replacement_module(*args))
+
+    def _reference(self, *args: torch.Tensor) -> torch.Tensor:
+        return _one(self.search_module(*args))
+
+
+def _one(out: object) -> torch.Tensor:
+    return out[0] if isinstance(out, (list, tuple)) else out  # type: ignore[return-value]
 
 
 def register_pattern(
@@ -93,6 +115,7 @@ def register_pattern(
     Either pass a ``PatternFamily`` instance, or ``name, search, replacement, example_inputs``.
     """
     if isinstance(name, PatternFamily):
+        name.user = True
         return REGISTRY.add(name, replace=replace)
     if search is None or replacement is None or example_inputs is None:
         raise TypeError("register_pattern(name, search, replacement, example_inputs, *, tier='lossless', exact=True)")

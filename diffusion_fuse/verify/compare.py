@@ -1,7 +1,9 @@
-"""Equality that is right for floats: bitwise, on integer views.
+"""Equality that is right for floats: bitwise, on integer views; and the layout a caller can observe.
 
 Identical NaN/Inf bit patterns compare equal; -0.0 and +0.0 differ. A mismatch is
 described by its first differing element (flat index, multi-index, both values).
+``layout_difference`` says how a tensor's dtype, shape, device, strides (of the dimensions that address more than
+one element) or the alignment its storage offset gives it differ from the reference's.
 """
 
 from __future__ import annotations
@@ -54,6 +56,50 @@ def describe_difference(info: dict) -> str:
 def first_difference(ref: torch.Tensor, got: torch.Tensor) -> str:
     info = first_difference_info(ref, got)
     return "" if info is None else describe_difference(info)
+
+
+ALIGNMENT = 16  # bytes: the data pointer alignment compiled kernels specialise on
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    return t.storage_offset() * t.element_size() % ALIGNMENT == 0
+
+
+def layout_difference(ref: torch.Tensor, got: torch.Tensor, offset: bool = False) -> str:
+    """How ``got``'s layout differs from ``ref``'s, or ''.
+
+    Dtype, shape and device always; strides of the dimensions of size > 1 (a size-1 dimension's stride addresses
+    nothing, and torch itself leaves it unspecified); with ``offset`` (what the caller receives), the storage offset
+    where it changes what a consumer sees: a data pointer 16-byte aligned in the reference must stay so (Inductor and
+    Triton kernels specialise on it, as ``torch._inductor.utils.tensor_is_aligned``). An offset that keeps the
+    alignment (an output written into a shared buffer, as ``grouped_gemv`` and ``linear_cat`` do) is no difference
+    a consumer sees. An empty tensor has no strides or offset to observe.
+    """
+    if ref.dtype != got.dtype or ref.shape != got.shape:
+        return f"dtype and shape {got.dtype}{list(got.shape)} where the reference has {ref.dtype}{list(ref.shape)}"
+    if ref.device != got.device:
+        return f"device {got.device} where the reference has {ref.device}"
+    if ref.numel() == 0:
+        return ""
+    if any(n > 1 and a != b for n, a, b in zip(ref.shape, ref.stride(), got.stride())):
+        return f"strides {tuple(got.stride())} where the reference has {tuple(ref.stride())}"
+    if offset and _aligned(ref) and not _aligned(got):
+        return (f"storage offset {got.storage_offset()} (data pointer not {ALIGNMENT}-byte aligned) where the "
+                f"reference has {ref.storage_offset()}")
+    return ""
+
+
+def compare_layout(ref: object, got: object, offset: bool = False) -> Verdict:
+    """``layout_difference`` over tensors or (nested) lists of them; other values are not its business."""
+    if isinstance(ref, torch.Tensor) and isinstance(got, torch.Tensor):
+        why = layout_difference(ref, got, offset)
+        return Verdict(not why, why)
+    if isinstance(ref, (list, tuple)) and isinstance(got, (list, tuple)):
+        for i, (r, g) in enumerate(zip(ref, got)):
+            v = compare_layout(r, g, offset)
+            if not v:
+                return Verdict(False, f"output {i}: {v.detail}")
+    return Verdict(True)
 
 
 def compare_bitwise(ref: object, got: object) -> Verdict:

@@ -114,7 +114,17 @@ class Report:
             g = GraphReport(graph_id=len(self.graphs), quality=quality, kind=kind,
                             compile_id=str(cid) if cid is not None else "")
             self.graphs.append(g)
-            return g
+        _compiled(self, g)
+        return g
+
+    @classmethod
+    def combined(cls, reports: list[Report]) -> Report:
+        """One report over the graphs of ``reports`` (the same records), counters since the first was made."""
+        out = cls()
+        out.graphs = [g for r in reports for g in r.graphs]
+        if reports:
+            out._counters_start = reports[0]._counters_start
+        return out
 
     # --- queries -------------------------------------------------------------------------
     def sites(self, status: str | None = None) -> list[SiteRecord]:
@@ -172,7 +182,10 @@ class Report:
     def table(self) -> str:
         rows = self.summary_rows()
         out = [tabulate(rows + ([self.total_row()] if len(rows) > 1 else []), headers=self.SUMMARY_HEADERS)]
-        site_rows = [[s.id, s.status, _fmt_before_after(s), _fmt_shapes(s), _fmt_verdict(s)] for s in self.sites()]
+        # a site id is one per graph: where several graphs hold it (a recompile), each row names its graph
+        label = (lambda g, s: f"{s.id} (graph {g.graph_id})") if len(self.graphs) > 1 else (lambda g, s: s.id)
+        site_rows = [[label(g, s), s.status, _fmt_before_after(s), _fmt_shapes(s), _fmt_verdict(s)]
+                     for g in self.graphs for s in g.sites.values()]
         if site_rows:
             out.append(tabulate(site_rows, headers=["site (pattern@source#n)", "status", "ATen ops → op",
                                                     "in → out", "verdict"],
@@ -242,18 +255,42 @@ def rank_path(path: str, rank: int, world: int) -> str:
     return f"{stem}.rank{rank}.{ext}" if dot and "/" not in ext else f"{path}.rank{rank}"
 
 
-_DEFAULT = Report()
+_LOCK = threading.Lock()
+_PROCESS = Report()  # every graph compiled since the last reset_reports(), whichever report it belongs to
+_LAST: Report | None = None  # the report that got the newest graph
 _BY_PATH: dict[str, Report] = {}
-_BY_PATH_LOCK = threading.Lock()
+
+
+def _compiled(report: Report, g: GraphReport) -> None:
+    global _LAST
+    with _LOCK:
+        if report is not _PROCESS:
+            _PROCESS.graphs.append(g)
+        _LAST = report
+
+
+def last_report() -> Report:
+    """The report of the compile that compiled a graph last (``process_report()`` before any)."""
+    return _LAST if _LAST is not None else _PROCESS
+
+
+def process_report() -> Report:
+    """Every graph compiled in this process since ``reset_reports()``, each compile's records as they are."""
+    return _PROCESS
+
+
+def reset_reports() -> None:
+    """Start the process-wide report afresh (a compile's own report, ``report_of``, keeps its graphs)."""
+    global _PROCESS, _LAST
+    with _LOCK:
+        _PROCESS, _LAST = Report(), None
+        _BY_PATH.clear()
 
 
 def default_report(path: str | None = None) -> Report:
-    """The report a compile without its own ``Report`` adds to.
-
-    With ``options={"report": path}`` every graph compiled with that path goes to one report
-    (the file then holds exactly those graphs); otherwise to the process-wide one.
-    """
+    """The report a backend called by name adds to when torch does not let it have one per compile (see
+    ``backend._check_options_at_torch_compile``): per report path, or the process-wide one."""
     if path is None:
-        return _DEFAULT
-    with _BY_PATH_LOCK:
+        return _PROCESS
+    with _LOCK:
         return _BY_PATH.setdefault(path, Report())

@@ -6,11 +6,13 @@ is being captured), ``VerifiedGraph``:
 1. runs the *reference* graph (the ATen graph before any rewrite) node by node on copies
    of the inputs the graph mutates, and as soon as a site's inputs and outputs exist,
    runs the site's replacement on the reference inputs and compares it with the reference
-   outputs (bitwise for exact sites; ``rtol/atol`` for tier-"high" ones). Every site is
-   judged alone, on reference values. Values are freed as soon as nothing needs them.
+   outputs (bitwise for exact sites; ``rtol/atol`` for tier-"high" ones; for both, dtype, shape and the
+   strides of every dimension of size > 1). Every site is judged alone, on reference values. Values are freed
+   as soon as nothing needs them.
 2. has the fused graph rebuilt without the rejected sites (site ids are stable across
    rebuilds; the rebuilding is the pipeline's, ``Pipeline.build``) and runs it on the real inputs;
-3. compares its outputs with the reference outputs; a mismatch there puts every site back
+3. compares its outputs with the reference outputs (values, strides, and the 16-byte alignment their storage
+   offsets give them: what the caller receives); a mismatch there puts every site back
    (the mutated inputs are restored first) and says so.
 
 A graph with collectives in it (context parallelism) runs in lockstep on several ranks: each decision above is shared
@@ -29,6 +31,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import operator
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -41,7 +44,7 @@ from ..log import artifact_logger, current_compile_id, error_message, get_logger
 from ..lowering.dispatch import capturing
 from . import warm_start
 from .agree import Agreement
-from .compare import Verdict, compare_bitwise, compare_close
+from .compare import Verdict, compare_bitwise, compare_close, compare_layout
 from .report import GraphReport, Report
 from .runtime_graph import publish
 
@@ -139,6 +142,31 @@ def run_with_site_checks(
     return result, verdicts
 
 
+def returned_storage(gm: fx.GraphModule) -> set[str]:
+    """Names of the nodes whose storage the caller receives: the graph's outputs and what they are views of (a
+    value's storage offset, and so its alignment, is observable there, and nowhere else in the graph)."""
+    names: set[str] = set()
+    for out in gm.graph.output_node().all_input_nodes:
+        n: Any = out
+        while isinstance(n, fx.Node) and n.name not in names:
+            names.add(n.name)
+            if n.op != "call_function" or not n.args:
+                break
+            if n.target is operator.getitem or _is_view(n.target):
+                n = n.args[0]
+            else:
+                break
+    return names
+
+
+def _is_view(target: object) -> bool:
+    schema = getattr(target, "_schema", None)
+    if schema is None or not schema.returns:
+        return False
+    alias = schema.returns[0].alias_info
+    return alias is not None and not alias.is_write
+
+
 def _signature_fn(gm: fx.GraphModule) -> Callable[[Sequence[Any]], tuple]:
     """Signature of the inputs that can vary between calls of one compiled graph."""
     dynamic = []
@@ -182,6 +210,7 @@ class VerifiedGraph:
         self.compile_id = current_compile_id()  # made while torch compiles; verified on a later call
         # A graph the ranks share goes through verification even with no site here: the other ranks' may have some.
         self._verifies = bool(self.checks) or agreement is not None
+        self._returned = returned_storage(ref)
 
     # --- building ------------------------------------------------------------------------
     def build(self, exclude: frozenset[str]) -> fx.GraphModule:
@@ -220,16 +249,23 @@ class VerifiedGraph:
             return self._verify_and_run(sig, list(args))
 
     def _judge(self, check: SiteCheck, refs: list[Any], got: list[Any]) -> Verdict:
+        """Values (bitwise, or within tolerance for a non-exact site), then the layout: a site's output must have the
+        reference's strides, or what reads it downstream (a view, a pointwise op keeping its input's layout, the
+        caller) sees another tensor; and, where the caller receives its storage, the reference's alignment."""
         max_err = 0.0
         for i, (r, g) in enumerate(zip(refs, got)):
-            if check.exact:
+            if check.exact or not isinstance(r, torch.Tensor):
                 v = compare_bitwise(r, g)
             else:
                 v = compare_close(r, g, self.options.rtol, self.options.atol)
                 max_err = max(max_err, v.max_abs_err or 0.0)
+            if v and isinstance(r, torch.Tensor) and isinstance(g, torch.Tensor):
+                v = compare_layout(r, g, offset=i < len(check.outputs) and check.outputs[i] in self._returned)
             if not v:
                 if v.first_diff is not None and len(refs) > 1:
                     v.first_diff = {**v.first_diff, "output": i}
+                if len(refs) > 1 and not v.detail.startswith("output "):
+                    v.detail = f"output {i}: {v.detail}"
                 return v
         return Verdict(True, "bitwise equal" if check.exact else f"within tolerance (max |err| {max_err:.3g})")
 
@@ -241,7 +277,8 @@ class VerifiedGraph:
             out = run(*args)
         except Exception as e:  # noqa: BLE001 - the caller puts every site back and runs the reference graph
             return None, Verdict(False, f"the rewritten graph raised {error_message(e)}")
-        return out, compare_bitwise(ref_out, out)
+        v = compare_bitwise(ref_out, out)
+        return out, (compare_layout(ref_out, out, offset=True) if v else v)
 
     def _agree_on_sites(self, rejected_here: set[str]) -> dict[str, list[int]]:
         """Put back every site some rank of the agreement rejected; the ones this rank kept, with their ranks."""
@@ -347,8 +384,9 @@ class VerifiedGraph:
             for cid in self.checks:
                 self.rejected.add(cid)
                 rec = self.greport.sites[cid]
-                if rec.status == "kept":
+                if rec.status == "kept":  # one verdict per site: the end-to-end one replaces "bitwise equal"
                     rec.status, rec.reason = "rejected", "end-to-end mismatch"
+                    rec.verdict = f"end-to-end mismatch ({e2e.detail})"
             for i, t in snapshot.items():
                 args[i].copy_(t)
             gm = run = self.ref
@@ -370,7 +408,7 @@ class VerifiedGraph:
         trace_artifact("diffusion_fuse_report", lambda: {k: v for k, v in dataclasses.asdict(self.greport).items()
                                                          if k not in _TRACE_SKIP}, encoding="json")
         if self.options.report:
-            self.report.save(self.options.report)
+            self._save_report(self.options.report)
         return out
 
     def _run_stored(self, sig: tuple, args: list[Any], key: str, stored: dict[str, Any], began: float) -> Any:
@@ -414,3 +452,13 @@ class VerifiedGraph:
         _log.info("graph %d: warm start: %d stored verdict(s) taken (key %s), verifier skipped",
                   self.greport.graph_id, len(verdicts), key[:16])
         return self._chose(sig, gm, run, entry, out)
+
+    def _save_report(self, path: str) -> None:
+        """Write the report; a failure (the directory went away, a full disk) is logged and noted, and the forward
+        goes on: the path itself was checked when the options were parsed."""
+        try:
+            self.report.save(path)
+        except Exception as e:  # noqa: BLE001 - writing the report must never fail the user's forward
+            note = f"report not written to {path}: {error_message(e)}"
+            _log.warning("graph %d: %s", self.greport.graph_id, note)
+            self.greport.notes.append(note)

@@ -46,7 +46,7 @@ def replays(monkeypatch):
 @pytest.mark.parametrize("name", ["flux", "wan21", "wan22_ti2v"])
 def test_reduce_overhead_lossless_equals_eager(name, replays):
     model, kwargs = build(name, torch.bfloat16, "cuda")
-    n0 = len(diffusion_fuse.last_report().graphs)
+    n0 = len(diffusion_fuse.process_report().graphs)
     before = counters.snapshot()
     compiled = torch.compile(model, backend="diffusion_fuse", mode="reduce-overhead", fullgraph=True)
     row = {"model": name}
@@ -75,7 +75,7 @@ def test_reduce_overhead_lossless_equals_eager(name, replays):
     check(kwargs, 4, "back_to_res1")
     assert row["back_to_res1_replays"] >= 1
 
-    graphs = diffusion_fuse.last_report().graphs[n0:]
+    graphs = diffusion_fuse.process_report().graphs[n0:]
     ctr = counters.diff(counters.snapshot(), before)
     row.update(graphs=len(graphs), cudagraphs=[g.cudagraphs for g in graphs],
                verifications=sum(len(g.verifications) for g in graphs),
