@@ -5,7 +5,8 @@
 #   ./run.sh test [args]     the test suite (GPU tests skip themselves without CUDA)
 #   ./run.sh newest [args]   a smoke subset of the suite (NEWEST_TESTS) on NEWEST_TORCH, the newest torch the
 #                            registry serves here and pyproject.toml's upper end, in a venv of its own outside
-#                            the checkout (its torch is a CUDA build of about 5 GB: made once per machine)
+#                            the checkout (its torch is a CUDA build of about 5 GB: made once per machine; by
+#                            hand, not in CI)
 set -euo pipefail
 cd "$(dirname "$0")"
 PY="${PYTHON:-python3}"
@@ -38,7 +39,7 @@ if [ "$cmd" = newest ]; then
   PATH="$venv/bin:$PATH" exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "${NEWEST_TESTS[@]}" "$@"
 fi
 
-if [ ! -x .venv/bin/tlparse ] || ! .venv/bin/python -c "import diffusion_fuse, diffusers, peft, pytest" 2>/dev/null; then
+if [ ! -x .venv/bin/tlparse ] || [ ! -x .venv/bin/ruff ] || ! .venv/bin/python -c "import diffusion_fuse, diffusers, peft, pytest" 2>/dev/null; then
   "$PY" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q "torch==2.13.0"

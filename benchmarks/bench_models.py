@@ -2,7 +2,8 @@
 
 Models (random weights, bf16, built directly on the GPU; configs are the official ``config.json`` values, written
 below with their source): FLUX.1-dev 1024², SANA-1.6B 1024² batch 2, Wan2.2-TI2V-5B 704p/121f, Qwen-Image 1024²,
-FLUX.2-dev 1024², Wan2.1-T2V-14B 480p/81f, SD3.5-large 1024² batch 2, at full depth (reduced only if the weights do not fit, and then said).
+FLUX.2-dev 1024², Wan2.1-T2V-14B 480p/81f, SD3.5-large 1024² batch 2, at full depth (reduced only if the weights do
+not fit, and then said).
 
 Variants: ``eager``; ``inductor`` (default mode); ``inductor-max-autotune`` (``max-autotune-no-cudagraphs``, only
 with ``--max-autotune``: its compile is slow); ``lossless`` and ``high`` (``backend="diffusion_fuse"``). Every
@@ -643,7 +644,8 @@ def main(argv: list[str] | None = None) -> None:
     variants = (args.variants.split(",") if args.variants else
                 ["eager", "lossless"] if args.tiny else list(DEFAULT_VARIANTS))
     if args.max_autotune and "inductor-max-autotune" not in variants:
-        variants.insert(variants.index("lossless") if "lossless" in variants else len(variants), "inductor-max-autotune")
+        at = variants.index("lossless") if "lossless" in variants else len(variants)
+        variants.insert(at, "inductor-max-autotune")
     if args.reps < 1:
         ap.error("--reps must be at least 1")
     bad = [v for v in variants if v not in VARIANTS]

@@ -28,10 +28,10 @@ import time
 import warnings
 
 import torch
+from bench_e2e import bits, timed  # benchmarks/ is the script's folder
 from tabulate import tabulate
 
 import diffusion_fuse
-from bench_e2e import bits, timed  # benchmarks/ is the script's folder
 from diffusion_fuse.testing.tiny_models import cast_like_from_pretrained
 
 warnings.filterwarnings("ignore")

@@ -42,11 +42,12 @@ is the line reported. (The profiler's own ``with_stack`` records Python frames a
 line where each function starts, so it cannot name the line an op came from.)
 
 Launching op: a kernel's CUDA runtime call (same correlation id) gives its host time; the deepest profiler event
-open then, below the op the profiler links the kernel to, is where the kernel comes from (our scopes are user
-annotations, so the profiler links a kernel launched in one to the enclosing op, a graph node's scope). A CUDA graph replay launches its kernels from
-``cudaGraphLaunch``, with no op around them: they are matched one by one to the kernels of the
-``diffusion_fuse`` run (the same graphs, without CUDA graphs) by kernel name sequence (``difflib``), and take their
-class, op and floor from there; kernels that find no match take the class their name has there, else ``other``.
+open then, below the op the profiler links the kernel to, is where the kernel comes from (a graph node's scope, or
+one of our ops' ranges, which the profiler links kernels to as it does Inductor's kernel markers). A CUDA graph
+replay launches its kernels from ``cudaGraphLaunch``, with no op around them: they are matched one by one to the
+kernels of the ``diffusion_fuse`` run (the same graphs, without CUDA graphs) by kernel name sequence (``difflib``),
+and take their class, op and floor from there; kernels that find no match take the class their name has there, else
+``other``.
 
 HBM floor, for our families, eager ATen ops and copies: bytes that must move over the bandwidth of one large
 device-to-device copy (on the CPU: a large memcpy), measured once per run. An op's bytes: the storage each tensor
@@ -231,7 +232,8 @@ class ProfileReport:
             rows.append([r.name] + [_ms(r.ms.get(v)) for v in self.variants]
                         + [_ms(r.floor_ms), _ms(above), f"{share:.1f}"])
         rows.append(["(total)"] + [_ms(self.totals_ms.get(v)) for v in self.variants] + ["", "", "100.0"])
-        return tabulate(rows, headers=headers, disable_numparse=True, colalign=("left",) + ("right",) * (len(headers) - 1))
+        return tabulate(rows, headers=headers, disable_numparse=True,
+                        colalign=("left",) + ("right",) * (len(headers) - 1))
 
     def ops_table(self, limit: int | None = 20) -> str:
         rows = [[o.op, f"{o.calls:g}", _ms(o.ms), _ms(o.floor_ms), _ms(o.above_floor_ms)]

@@ -13,8 +13,8 @@ Flux2Transformer2DModel from diffusion_fuse.testing.tiny_models (1 double + 1 si
 from __future__ import annotations
 
 import torch
-
 from _common import main, parse_args
+
 from diffusion_fuse.testing.tiny_models import build
 
 

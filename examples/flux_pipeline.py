@@ -13,8 +13,8 @@ FluxTransformer2DModel from diffusion_fuse.testing.tiny_models (1 double + 1 sin
 from __future__ import annotations
 
 import torch
-
 from _common import main, parse_args
+
 from diffusion_fuse.testing.tiny_models import build
 
 

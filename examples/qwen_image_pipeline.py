@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 
 import torch
-
 from _common import main, parse_args
+
 from diffusion_fuse.testing.tiny_models import build
 
 

@@ -7,7 +7,8 @@ and compiled, and checks that the images are bit-identical.
 
     python examples/sana_pipeline.py [--steps 3] [--device cuda|cpu] [--dtype bf16|fp32]
 
-Shapes: 32x32 image (SANA needs multiples of 32); AutoencoderDC (3 stages, 4x compression, 4 latent channels) -> latent [2, 4, 8, 8] with CFG
+Shapes: 32x32 image (SANA needs multiples of 32); AutoencoderDC (3 stages, 4x compression, 4 latent channels)
+-> latent [2, 4, 8, 8] with CFG
 -> 64 tokens (patch 1); 6 caption tokens of 8 channels (4 and 2 of them unmasked). SanaTransformer2DModel from
 diffusion_fuse.testing.tiny_models (1 block). --repeated-blocks is not supported: SanaTransformer2DModel has no
 _repeated_blocks in diffusers 0.42.1.
@@ -16,8 +17,8 @@ _repeated_blocks in diffusers 0.42.1.
 from __future__ import annotations
 
 import torch
-
 from _common import main, parse_args
+
 from diffusion_fuse.testing.tiny_models import build
 
 

@@ -16,8 +16,8 @@ RMS qk-norm). --repeated-blocks is not supported: SD3Transformer2DModel has no _
 from __future__ import annotations
 
 import torch
-
 from _common import main, parse_args
+
 from diffusion_fuse.testing.tiny_models import build
 
 

@@ -15,8 +15,8 @@ diffusion_fuse.testing.tiny_models ("wan21": 1 block, one timestep per sample).
 from __future__ import annotations
 
 import torch
-
 from _common import main, parse_args
+
 from diffusion_fuse.testing.tiny_models import build
 
 

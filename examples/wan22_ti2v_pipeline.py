@@ -8,7 +8,8 @@ whose tokens get timestep 0 while the others get t. Random weights, nothing down
 passed directly; no text/image encoder). Runs the full loop with classifier-free guidance eagerly and compiled
 and checks that the videos are bit-identical.
 
-    python examples/wan22_ti2v_pipeline.py [--image] [--steps 3] [--device cuda|cpu] [--dtype bf16|fp32] [--repeated-blocks]
+    python examples/wan22_ti2v_pipeline.py [--image] [--steps 3] [--device cuda|cpu] [--dtype bf16|fp32]
+        [--repeated-blocks]
 
 Shapes: 3 frames of 32x32; AutoencoderKLWan in its Wan 2.2 form (is_residual=True, 2x2 pixel patchify, 4x spatial
 and 2x temporal compression) -> latent [1, 4, 2, 8, 8] -> 32 tokens, timestep [1, 32]; 12 text tokens.
@@ -18,10 +19,10 @@ WanTransformer3DModel from diffusion_fuse.testing.tiny_models ("wan22_ti2v").
 from __future__ import annotations
 
 import torch
-
 from _common import main, parse_args
-from diffusion_fuse.testing.tiny_models import build
 from wan21_pipeline import text_embeddings, tiny_wan_vae
+
+from diffusion_fuse.testing.tiny_models import build
 
 
 def _pipeline_cls(image: bool):

@@ -105,7 +105,7 @@ def test_a_rejected_guard_takes_the_reference_path(name):
         dispatch = spec.dispatch
         reason = f"rejected by {__name__}"
         guard = dispatch.guard
-        dispatch.guard = lambda _a: (False, reason)
+        dispatch.guard = lambda _a, reason=reason: (False, reason)
         dispatch._plans.clear()
         try:
             before = counters.snapshot()

@@ -23,7 +23,8 @@ def test_parse_spec():
     assert faults.parse("norm_modulate") == {"norm_modulate": faults.Fault("norm_modulate", "perturb", 0)}
     assert faults.parse("diffusion_fuse::norm_modulate:raise, other:perturb:7") == {
         "norm_modulate": faults.Fault("norm_modulate", "raise", 0), "other": faults.Fault("other", "perturb", 7)}
-    for bad in ("norm_modulate:explode", "norm_modulate:perturb:-1", "norm_modulate:perturb:x", ":raise", "a:raise:1:2"):
+    for bad in ("norm_modulate:explode", "norm_modulate:perturb:-1", "norm_modulate:perturb:x", ":raise",
+                "a:raise:1:2"):
         with pytest.raises(ValueError, match="op:kind"):
             faults.parse(bad)
     with pytest.raises(ValueError, match="kind"):

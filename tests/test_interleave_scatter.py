@@ -136,4 +136,7 @@ def test_a_dynamic_shape_graph_keeps_the_chain_and_runs(name):
         for kw in (kwargs, wider(name, kwargs)):
             assert bitwise_equal(model(**kw), compiled(**kw))
     graph = report.graphs[-1]
-    assert "slice_scatter" in graph.final_code and not any(n.startswith("interleave_scatter") for n in graph.notes)
+    assert not any(n.startswith("interleave_scatter") for n in graph.notes)
+    # the traced slice_scatters run as ATen ops or inside a pointwise kernel (which takes writes into a slice)
+    in_kernels = any("slice_scatter" in op for s in graph.sites.values() if s.status == "kept" for op in s.before)
+    assert "slice_scatter" in graph.final_code or in_kernels

@@ -36,7 +36,8 @@ EXPECTED_BY_FAMILY = {
     "sana": {N: 2, G: 1}, "qwen_image": {N: 2, G: 2}, "sd35": {N: 2, G: 6},
 }
 FP32_EXPECTED_BY_FAMILY = {**EXPECTED_BY_FAMILY, "sana": {N: 2, G: 1, R: 1}}
-EXPECTED_SITES = {name: sum(c.values()) for name, c in EXPECTED_BY_FAMILY.items()}  # the AdaLN families' (tier high too)
+# the AdaLN families' (tier high too)
+EXPECTED_SITES = {name: sum(c.values()) for name, c in EXPECTED_BY_FAMILY.items()}
 # Family pointwise (fxpasses/pointwise.py): the groups of pointwise ops the other families left
 # (timestep embeddings, silu of temb, the QK-RMSNorm tails with RoPE, gated residual adds,
 # gelu + clone/cat, casts); fp32 graphs have fewer (no casts to group).

@@ -22,7 +22,8 @@ TORCHAO = Path(os.environ.get("DIFFUSION_FUSE_TORCHAO_PATH", ROOT / ".venv" / "t
 @pytest.mark.parametrize("name", ["flux", "flux2"])
 def test_torchao_static_fp8_model_equals_eager_with_quantizers_fused(name):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TORCHAO), str(ROOT)]), OMP_NUM_THREADS="1")
-    code = f"import json; from diffusion_fuse.testing.fp8 import torchao_check; print(json.dumps(torchao_check({name!r})))"
+    code = ("import json; from diffusion_fuse.testing.fp8 import torchao_check; "
+            f"print(json.dumps(torchao_check({name!r})))")
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     res = json.loads(run.stdout.strip().splitlines()[-1])

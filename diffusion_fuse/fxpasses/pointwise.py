@@ -163,7 +163,8 @@ def lone_op_worth_fusing(n: fx.Node) -> bool:
         return False  # symbolic sizes or strides: comparing them would add guards
     if any(_layout(a.expand(v.shape)) != _layout(v) for a in ins):
         return True  # broadcast, or laid out unlike the output
-    return n.target is torch.ops.aten._to_copy.default and any(a.dtype != v.dtype and not a.is_contiguous() for a in ins)
+    return n.target is torch.ops.aten._to_copy.default and any(a.dtype != v.dtype and not a.is_contiguous()
+                                                              for a in ins)
 
 
 def _static(t: torch.Tensor) -> bool:

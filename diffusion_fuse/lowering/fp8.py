@@ -78,7 +78,8 @@ def quant_twin(base: OpSpec, plan: Callable[[Any, tuple[int, str, bool]], Callab
         last = outs.pop()
         return outs + ([last] if keep_out else []) + [quantize(last, s, q_mode, lo, hi) for s in q_scales]
 
-    extra = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=t) for name, t in _QUANT_PARAMS]
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    extra = [inspect.Parameter(name, kind, annotation=t) for name, t in _QUANT_PARAMS]
     base_params = [p.replace(default=inspect.Parameter.empty) for p in sig.parameters.values()]  # all given
     reference.__signature__ = inspect.Signature([*base_params, *extra], return_annotation=list[Tensor])
     reference.__name__ = reference.__qualname__ = f"{base.name}_quant"

@@ -30,7 +30,8 @@ def rms_norm_rope(x: Tensor, weight: Tensor | None, eps: float | None, cos: Tens
 
 
 def narrow_rows(t: Tensor, ndim: int, dim: int, start: int, length: int) -> Tensor:
-    """``t`` (broadcasting to an ``ndim``-dim output) restricted to output positions [start, start+length) of ``dim``."""
+    """``t`` (broadcasting to an ``ndim``-dim output) restricted to output positions [start, start+length) of
+    ``dim``."""
     d = dim - (ndim - t.dim())
     return t if d < 0 or t.shape[d] == 1 else t.narrow(d, start, length)
 

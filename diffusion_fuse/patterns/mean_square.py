@@ -10,7 +10,8 @@ Covered ATen forms (diffusers ``RMSNorm.forward``; Qwen-Image, SD3.5 and SANA QK
     mean.dim(pow.Tensor_Scalar(_to_copy(x, dtype=float32), 2), [-1], True)   # x bf16/fp16
     mean.dim(pow.Tensor_Scalar(x, 2), [-1], True)                              # x fp32
 
-The op's static guard (lowering/mean_square.py) keeps the rows its kernel can take. Searched in tier lossless only: tier high's ``rms_norm_chain`` takes the whole norm, this part included.
+The op's static guard (lowering/mean_square.py) keeps the rows its kernel can take. Searched in tier lossless only:
+tier high's ``rms_norm_chain`` takes the whole norm, this part included.
 """
 
 from __future__ import annotations

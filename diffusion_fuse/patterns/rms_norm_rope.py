@@ -47,10 +47,12 @@ def example_rope_tables(seq: int, d: int):
 class Rope:
     """diffusers' ``apply_rotary_emb`` (use_real, unbind -1) applied to ``y`` and nothing else reading ``y``::
 
-        view(y, [..., D/2, 2]) → unbind(-1) → neg(im), stack([neg, re], -1) → view(y's shape) → _to_copy(f32) → mul(·, sin)
+        view(y, [..., D/2, 2]) → unbind(-1) → neg(im), stack([neg, re], -1) → view(y's shape) → _to_copy(f32)
+            → mul(·, sin)
         _to_copy(y, f32) → mul(·, cos);  add(the two products) → _to_copy(y's dtype)
 
-    (each mul and the add in either operand order; an fp32 y has none of the casts). cos/sin: fp32 values broadcasting to y with last dim D.
+    (each mul and the add in either operand order; an fp32 y has none of the casts). cos/sin: fp32 values
+    broadcasting to y with last dim D.
     """
 
     def __init__(self, y: fx.Node) -> None:

@@ -227,7 +227,8 @@ def format_text(report: Any, code: bool = True) -> str:
             if grp["code_diff"]:
                 out.extend("    " + ln for ln in grp["code_diff"].splitlines())
         if d["unattributed"]:
-            out.append(f"--- {UNATTRIBUTED}: removed {d['unattributed']['removed']}, added {d['unattributed']['added']}")
+            u = d["unattributed"]
+            out.append(f"--- {UNATTRIBUTED}: removed {u['removed']}, added {u['added']}")
         if code:
             text = code_diff(g)
             if text:
