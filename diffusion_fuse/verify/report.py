@@ -77,6 +77,7 @@ class GraphReport:
     ref_code: str = ""
     fused_code: str = ""
     final_code: str = ""  # the graph that runs after the verifier put back rejected sites ("" until judged)
+    final_ops: dict[str, int] = dataclasses.field(default_factory=dict)  # that graph's calls per op (target_name)
     cudagraphs: str = ""  # "" (not asked for) | "on" | "not applied: <torch's reason>" (diffusion_fuse/cudagraphs.py)
 
 

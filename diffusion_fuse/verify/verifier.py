@@ -35,7 +35,7 @@ from ..log import error_message, get_logger
 from ..patterns.match_utils import describe, source_location
 from ..patterns.registry import REGISTRY, Site
 from .compare import Verdict, compare_bitwise, compare_close
-from .graph_diff import graph_data, value_str
+from .graph_diff import graph_data, target_name, value_str
 from .report import GraphReport, NearMissRecord, Report, SiteRecord
 
 _log = get_logger("verify")
@@ -91,6 +91,11 @@ def site_record(site: Site, tier: str) -> SiteRecord:
 def searched_families(options: Options) -> list[str]:
     """The families the fuse pass looks for under ``options`` (registry order)."""
     return [f.name for f in REGISTRY.searched(options)]
+
+
+def op_counts(gm: fx.GraphModule) -> dict[str, int]:
+    """Calls per op (``target_name``) in ``gm``."""
+    return dict(collections.Counter(target_name(n) for n in gm.graph.nodes if n.op == "call_function"))
 
 
 def mutated_placeholders(gm: fx.GraphModule) -> list[int]:
@@ -229,9 +234,9 @@ class VerifiedGraph:
         graph_report.ref_graph, graph_report.fused_graph = graph_data(ref), graph_data(fused)
         graph_report.ref_code, graph_report.fused_code = ref.code, fused.code
         if not self.checks:
-            graph_report.final_code = ref.code
+            graph_report.final_code, graph_report.final_ops = ref.code, op_counts(ref)
         elif not options.verify:
-            graph_report.final_code = fused.code
+            graph_report.final_code, graph_report.final_ops = fused.code, op_counts(fused)
         _log.info("graph %d: %d site(s) rewritten, %d near miss(es)", graph_report.graph_id, len(ctx.sites),
                   len(ctx.near_misses))
 
@@ -341,7 +346,7 @@ class VerifiedGraph:
                 args[i].copy_(t)
             gm = run = self.ref
             out = gm(*args)
-        self.greport.final_code = gm.code
+        self.greport.final_code, self.greport.final_ops = gm.code, op_counts(gm)
         self.greport.verifications.append(entry)
         self._chosen[sig] = run
         if self.options.report:
