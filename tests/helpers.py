@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+
 import torch
+import torch.fx as fx
 
 import diffusion_fuse
 
@@ -70,3 +73,25 @@ def lossless_tiny_model(name: str, monkeypatch=None, calls: int = 2):
         for _ in range(calls):
             assert bitwise_equal(ref, compiled(**kwargs)[0])
     return report, [run for vg in graphs for run in vg._chosen.values()]
+
+
+def capture_graphs(model: torch.nn.Module, kwargs: dict) -> list[fx.GraphModule]:
+    """Compile with an aot_autograd backend (no decompositions) and return the captured ATen inference graph(s)."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs: list[fx.GraphModule] = []
+
+    def capture(gm: fx.GraphModule, example_inputs):
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    backend = aot_autograd(fw_compiler=capture, inference_compiler=capture)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        ref = model(**kwargs)[0]
+        out = torch.compile(model, backend=backend, fullgraph=True)(**kwargs)[0]
+    torch._dynamo.reset()
+    if not torch.equal(ref, out):
+        print("WARNING: captured graph output differs from eager", file=sys.stderr)
+    return graphs

@@ -1,6 +1,6 @@
 """Acceptance: tiny diffusers models compiled with the lossless tier equal eager, every AdaLN site matched.
 
-Expected counts are those of tests/SITE_CENSUS.md (read off the ATen graphs); a LayerNorm whose
+Expected counts are those of ``python -m diffusion_fuse census``; a LayerNorm whose
 input is a gated residual ``residual + gate * x`` goes to family gated_residual_norm_modulate:
 - flux: 2 AdaLayerNormZero (img/txt) + 2 norm2 modulates (gated) + 1 single-block + 1 norm_out = 6
 - flux2: same places = 6
