@@ -19,9 +19,12 @@ from typing import Any
 import torch
 from tabulate import tabulate
 
+from .log import error_message, get_logger
+
 __all__ = ["ModelCensus", "census", "classify", "format_table", "run_model"]
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+_log = get_logger("census")
 
 _GEMM = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "mv", "addmv", "dot", "_scaled_mm"}
 _NO_COPY = {"_unsafe_view"}  # a view its schema does not annotate as one (the output of a reshape's copy)
@@ -70,6 +73,7 @@ class ModelCensus:
     eager_ops: dict[str, int]  # op: calls, ops that compute
     views: dict[str, int]  # op: calls, views
     classes: dict[str, int]  # classify(op): calls, every call of the graphs that run
+    error: str = ""  # what raised where the model did not run ("eager raised ..." | "compiled raised ...")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -106,11 +110,22 @@ def run_model(name: str, dtype: str = "bf16", seed: int = 0) -> tuple[ModelCensu
     report = Report()
     compiled = torch.compile(model, backend=DiffusionFuseBackend(None, report), fullgraph=entry.fullgraph)
     with torch.no_grad():
-        ref = model(**kwargs)
-        out = compiled(**kwargs)
+        try:
+            ref = model(**kwargs)
+        except Exception as e:  # noqa: BLE001 - the model itself does not run: a row that says so
+            return _failed(name, dtype, f"eager raised {error_message(e)}"), report
+        try:
+            out = compiled(**kwargs)
+        except Exception as e:  # noqa: BLE001 - a row that says so, and a failed exit status
+            return _failed(name, dtype, f"compiled raised {error_message(e)}"), report
     bitwise = bool(compare_bitwise(list(ref) if isinstance(ref, tuple) else ref,
                                    list(out) if isinstance(out, tuple) else out))
     return from_report(name, dtype, report, bitwise), report
+
+
+def _failed(name: str, dtype: str, error: str) -> ModelCensus:
+    _log.warning("census: %s (%s): %s", name, dtype, error)
+    return ModelCensus(name, dtype, False, 0, {}, 0, {}, {}, {}, error)
 
 
 def census(names: Iterable[str], dtype: str = "bf16") -> list[ModelCensus]:
@@ -136,10 +151,15 @@ def format_table(rows: Sequence[ModelCensus]) -> str:
     """The census as tabulate tables: sites kept per family per model, then each model's unfused eager ops."""
     fams = _families(rows)
     head = ["model", "bitwise", *fams, "rejected", "eager ops left", "views"]
-    body = [[r.name, "yes" if r.bitwise else "NO", *(r.kept.get(f, 0) for f in fams), r.rejected,
-             sum(r.eager_ops.values()), sum(r.views.values())] for r in rows]
+    body = [[r.name, "-" if r.error else "yes" if r.bitwise else "NO", *(r.kept.get(f, 0) for f in fams),
+             r.rejected, sum(r.eager_ops.values()), sum(r.views.values())] for r in rows]
     out = [tabulate(body, headers=head)]
+    failed = [f"{r.name}: {r.error}" for r in rows if r.error]
+    if failed:
+        out.append("not run:\n" + "\n".join(failed))
     for r in rows:
+        if r.error:
+            continue
         ops = [[op, n] for op, n in r.eager_ops.items()]
         title = (f"{r.name} ({r.dtype}): {sum(r.eager_ops.values())} eager op calls left unfused, "
                  f"{len(r.eager_ops)} kinds (and {sum(r.views.values())} view calls)")

@@ -104,3 +104,10 @@ def test_command_writes_json(tmp_path, capsys, runs):
     (model,) = json.loads(path.read_text())["models"]
     row = runs["dit"][0]
     assert model["name"] == "dit" and model["kept"] == row.kept and model["eager_ops"] == row.eager_ops
+
+
+def test_a_model_that_does_not_run_is_a_row_that_says_so():
+    rows = [census.ModelCensus("m", "bf16", False, 0, {}, 0, {}, {}, {}, "eager raised RuntimeError: no")]
+    text = census.format_table(rows)
+    assert text.splitlines()[2].split()[:2] == ["m", "-"]
+    assert "not run:\nm: eager raised RuntimeError: no" in text

@@ -9,8 +9,8 @@ a scale-shift table added to the timestep embedding, or a LayerNorm / RMSNorm fo
 of the timestep (FiLM included). ``ZOO`` holds one entry per such class (two for Wan: Wan2.1's one timestep, Wan2.2
 TI2V's per-token timesteps); the seven ``tiny_models`` builds are those of ``tiny_models.build``. Configs and inputs
 follow diffusers' own model tests (tests/models/transformers/test_models_transformer_*.py), cut to one block of each
-kind and batch 1 so that each builds in milliseconds and compiles in about a second on the CPU. Where a test has no
-config or is longer, these choices:
+kind and batch 1, so that each builds in milliseconds and compiles in one to a few seconds on the CPU. Where a test
+has no config or is longer, these choices:
 
 - cosmos: ``concat_padding_mask=False`` (resizing the padding mask needs torchvision);
 - hidream: its MoE routes to 1 of 2 experts (the data-dependent expert loop breaks the graph; still compiled);
@@ -58,9 +58,11 @@ class ZooModel:
 
     ``build(dtype, device, seed)`` returns ``(model, kwargs)``: the model in eval mode with random weights drawn
     after ``torch.manual_seed(seed)`` (parameters diffusers initializes to zero get a normal distribution of std
-    ``1/sqrt(fan_in)``, or the output is all zeros), cast as ``from_pretrained(torch_dtype=dtype)`` casts
-    (``_keep_in_fp32_modules`` stay float32), and the kwargs of ``model(**kwargs)``, which returns a tuple whose
-    element 0 is the prediction. Floating inputs are cast to ``dtype`` except those named in ``fp32_inputs``.
+    ``1/sqrt(fan_in)``, or the output is all zeros; ``tiny`` entries are built by ``tiny_models.build``), cast as
+    ``from_pretrained(torch_dtype=dtype)`` casts (``_keep_in_fp32_modules`` stay float32), and the kwargs of
+    ``model(**kwargs)`` (``return_dict=False`` where the forward takes it). Most models then return a tuple whose
+    element 0 is the prediction; Kandinsky 5 and T5FilmDecoder return the tensor, Z-Image and WanAnimate2 a list per
+    sample. Floating inputs are cast to ``dtype`` except those named in ``fp32_inputs``.
     """
 
     name: str
@@ -70,7 +72,6 @@ class ZooModel:
     fp32_inputs: tuple[str, ...] = ()
     tiny: str = ""  # the name of the same model in tiny_models, built there
     fullgraph: bool = True  # whether Dynamo takes the forward as one graph
-    note: str = ""
 
     @property
     def cls(self) -> type:
@@ -143,7 +144,7 @@ for _name, _path in [("flux", "transformer_flux.FluxTransformer2DModel"),
     _add(_name, _path, tiny=_name)
 
 
-# --- the rest, in the order of diffusers.models.transformers ----------------------------------------------------
+# --- the rest -------------------------------------------------------------------------------------------------
 _add("ace_step", "ace_step_transformer.AceStepTransformer1DModel",
      dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
           head_dim=8, in_channels=24, audio_acoustic_hidden_dim=8, patch_size=2, sliding_window=16),
