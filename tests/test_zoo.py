@@ -4,8 +4,8 @@ Per model and dtype: the compiled output equals eager's bit for bit, every site 
 verifier, and no pass or matcher failed (no error in the report's near misses or notes). Models Dynamo cannot take
 whole (``ZooModel.fullgraph`` False) compile with graph breaks; every other model compiles with ``fullgraph=True``.
 
-The cases run in two worker processes (the CI machine's two cores; compiling is single-threaded Python), started
-once for the selected cases; each test asserts on its own case's result.
+The cases run in one worker process per core (compiling is single-threaded Python; CI has two cores), started once
+for the selected cases; each test asserts on its own case's result.
 """
 
 import concurrent.futures
@@ -22,7 +22,6 @@ from helpers import bitwise_equal, compile_and_run
 from diffusion_fuse.testing.zoo import ZOO
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-WORKERS = 2
 
 # What a failed pass, matcher, rewrite or check writes into a near miss or a note (fxpasses/, verify/verifier.py).
 ERROR_MARKERS = ("raised", "failed", "did not build", "put back", "differs")
@@ -95,7 +94,7 @@ def results(request):
     cases = sorted({(item.callspec.params["name"], item.callspec.params["dtype"]) for item in request.session.items
                     if item.module is request.module and hasattr(item, "callspec")})
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no fork of this process's threads
-    workers = max(1, min(WORKERS, os.cpu_count() or 1, len(cases)))
+    workers = max(1, min(os.cpu_count() or 1, len(cases)))
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
         futures = {case: pool.submit(run_case, *case) for case in cases}
         return {case: f.result() for case, f in futures.items()}
