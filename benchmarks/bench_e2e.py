@@ -278,12 +278,6 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1,
                     help="time the variants in R rounds, alternating their order (ABBA), --reps calls each per round; "
                          "medians over all rounds (clock and host drift spread over every variant)")
-    ap.add_argument("--side-ab", action="store_true",
-                    help="add lossless with the side stream (options side_stream=True), default mode and "
-                         "with --cudagraphs under CUDA graphs")
-    ap.add_argument("--linear-gelu-ab", action="store_true",
-                    help="add lossless with the (opt-in) linear_gelu family, default mode and with --cudagraphs "
-                         "under CUDA graphs")
     ap.add_argument("--host-hidden", action="store_true",
                     help="also time each forward with its host work hidden behind a GPU sleep (GPU ms per forward)")
     ap.add_argument("--back-to-back", type=int, default=0, metavar="N",
@@ -301,26 +295,12 @@ def main() -> None:
         if not args.skip_nopw:  # the same tier without the pointwise pass: what the pass is worth
             nopw = diffusion_fuse.DiffusionFuseBackend({"patterns": {"pointwise": False}}, diffusion_fuse.Report())
             variants["lossless_nopw"] = torch.compile(model, backend=nopw)
-        if args.side_ab:  # the same tier with the (opt-in) side stream: what it is worth
-            variants["lossless_side"] = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(
-                {"side_stream": True}, diffusion_fuse.Report()))
-        lg_report = diffusion_fuse.Report()
-        if args.linear_gelu_ab:  # the same tier with the FF up-projection and its gelu as one GEMM
-            variants["lossless_lg"] = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(
-                {"patterns": {"linear_gelu": True}}, lg_report))
         if not args.skip_inductor:
             variants["inductor"] = torch.compile(model)
         if args.cudagraphs:  # the host-overhead cure: one graph replay per forward
             # options={"cudagraphs": True} is what backend="diffusion_fuse", mode="reduce-overhead" sets
             variants["lossless_cudagraphs"] = torch.compile(
                 model, backend=diffusion_fuse.DiffusionFuseBackend({"cudagraphs": True}, diffusion_fuse.Report()))
-            if args.linear_gelu_ab:
-                variants["lossless_lg_cudagraphs"] = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(
-                    {"cudagraphs": True, "patterns": {"linear_gelu": True}}, diffusion_fuse.Report()))
-            if args.side_ab:
-                variants["lossless_side_cudagraphs"] = torch.compile(
-                    model, backend=diffusion_fuse.DiffusionFuseBackend({"cudagraphs": True, "side_stream": True},
-                                                                        diffusion_fuse.Report()))
             if not args.skip_inductor:
                 variants["inductor_cudagraphs"] = torch.compile(model, mode="reduce-overhead")
         for k in [k for k in variants if k.endswith("_cudagraphs")]:
@@ -383,8 +363,7 @@ def main() -> None:
         if "lossless_nopw" in outs:
             rec["lossless_nopw_equal"] = torch.equal(bits(outs["eager"]), bits(outs["lossless_nopw"]))
         rec["inductor_equal"] = torch.equal(bits(outs["eager"]), bits(outs["inductor"])) if "inductor" in outs else None
-        for k in ("lossless_cudagraphs", "inductor_cudagraphs", "lossless_side", "lossless_side_cudagraphs",
-                  "lossless_lg", "lossless_lg_cudagraphs"):
+        for k in ("lossless_cudagraphs", "inductor_cudagraphs"):
             if k in outs:
                 rec[f"{k}_equal"] = torch.equal(bits(outs["eager"]), bits(outs[k]))
         rec["sites"] = len(report.sites())
@@ -393,10 +372,6 @@ def main() -> None:
         rec["pointwise_kept"] = report.count("pointwise", status="kept")
         rec["counters"] = report.counters()
         rec["report"] = report.table()
-        if args.linear_gelu_ab:  # which sites the family took, and whether the verifier kept them
-            rec["lossless_lg_sites"] = {k: v.status for g in lg_report.graphs for k, v in g.sites.items()
-                                        if k.startswith("linear_gelu")}
-            print("lossless_lg sites:", rec["lossless_lg_sites"])
         records.append(rec)
         ind = rec.get("inductor_ms")
         nopw = rec.get("lossless_nopw_ms")
@@ -420,8 +395,7 @@ def main() -> None:
     # every variant: GPU time per forward, host time until the call returned, summed kernel time (--profile)
     per = []
     for rec in records:
-        for k in ("eager", "inductor", "inductor_cudagraphs", "lossless_nopw", "lossless", "lossless_side",
-                  "lossless_lg", "lossless_cudagraphs", "lossless_side_cudagraphs", "lossless_lg_cudagraphs"):
+        for k in ("eager", "inductor", "inductor_cudagraphs", "lossless_nopw", "lossless", "lossless_cudagraphs"):
             if f"{k}_ms" in rec:
                 exact = rec.get(f"{k}_equal", True if k == "eager" else None)
                 b2b = rec.get(f"{k}_b2b_ms")

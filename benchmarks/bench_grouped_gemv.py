@@ -21,7 +21,7 @@ from tabulate import tabulate
 
 import diffusion_fuse  # noqa: F401  (registers the ops)
 from diffusion_fuse.kernels import grouped_gemv as gg
-from diffusion_fuse.lowering.grouped_gemv import grouped_gemv_reference
+from diffusion_fuse.lowering.grouped_gemv import grouped_gemv
 
 try:
     from bench_rms_norm import copy_bandwidth
@@ -58,7 +58,7 @@ def main() -> None:
         k, sizes = MODELS[name]
         x, ws, bs = operands(k, sizes)
         nbytes = sum(w.numel() * 2 for w in ws)
-        ref = grouped_gemv_reference(x, ws, bs)
+        ref = grouped_gemv(x, ws, bs)
         forms = [gg.member_form(x.device, 1, w.shape[0], k, x.dtype, True) for w in ws]
         row = {"model": name, "members": len(ws), "weight_bytes": nbytes, "floor_us": nbytes / bw * 1e6,
                "forms": {str(n): gg.member_form(x.device, 1, n, k, x.dtype, True) for n in sorted(set(sizes))},

@@ -2,7 +2,7 @@
 
 Models (random weights, bf16, built directly on the GPU; configs are the official ``config.json`` values, written
 below with their source): FLUX.1-dev 1024², SANA-1.6B 1024² batch 2, Wan2.2-TI2V-5B 704p/121f, Qwen-Image 1024²,
-FLUX.2-dev 1024², Wan2.1-T2V-14B 480p/81f, at full depth (reduced only if the weights do not fit, and then said).
+FLUX.2-dev 1024², Wan2.1-T2V-14B 480p/81f, SD3.5-large 1024² batch 2, at full depth (reduced only if the weights do not fit, and then said).
 
 Variants: ``eager``; ``inductor`` (default mode); ``inductor-max-autotune`` (``max-autotune-no-cudagraphs``, only
 with ``--max-autotune``: its compile is slow); ``lossless`` and ``high`` (``backend="diffusion_fuse"``). Every
@@ -83,6 +83,12 @@ def _randn(gen, *shape):
     return torch.randn(*shape, device=gen.device, generator=gen).to(torch.bfloat16)
 
 
+# stabilityai/stable-diffusion-3.5-large, transformer/config.json
+SD35_LARGE = dict(sample_size=128, patch_size=2, in_channels=16, num_layers=38, attention_head_dim=64,
+                  num_attention_heads=38, joint_attention_dim=4096, caption_projection_dim=2432,
+                  pooled_projection_dim=2048, out_channels=16, pos_embed_max_size=192, qk_norm="rms_norm")
+
+
 def _flux1_inputs(gen):
     # 1024²: 128x128 latents, 2x2-packed -> 64x64 = 4096 tokens of 64 channels; 512 T5 tokens (max_sequence_length).
     d = gen.device
@@ -138,6 +144,15 @@ def _wan21_inputs(gen):
                 encoder_hidden_states=_randn(gen, 1, 512, 4096), return_dict=False)
 
 
+def _sd35_inputs(gen):
+    # 1024² through the 8x VAE: 128x128 latents of 16 channels (4096 tokens after 2x2 patches); batch 2 (CFG);
+    # 333 text tokens (77 CLIP + 256 T5), pooled CLIP-L and CLIP-G embeddings.
+    d = gen.device
+    return dict(hidden_states=_randn(gen, 2, 16, 128, 128), encoder_hidden_states=_randn(gen, 2, 333, 4096),
+                pooled_projections=_randn(gen, 2, 2048), timestep=torch.tensor([500.0, 500.0], device=d).bfloat16(),
+                return_dict=False)
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -173,6 +188,9 @@ MODELS = {s.name: s for s in [
     ModelSpec("wan21_14b", "Wan2.1-T2V-14B", "WanTransformer3DModel", WAN21_T2V_14B,
               "Wan-AI/Wan2.1-T2V-14B-Diffusers transformer/config.json", _wan21_inputs,
               "480p/81f, 32,760 tokens", "wan21", 3306, ("num_layers",)),
+    ModelSpec("sd35_large", "SD3.5-large", "SD3Transformer2DModel", SD35_LARGE,
+              "stabilityai/stable-diffusion-3.5-large transformer/config.json", _sd35_inputs,
+              "1024², batch 2, 4096 image + 333 text tokens", "sd35", 187, ("num_layers",)),
 ]}
 DEFAULT_MODELS = list(MODELS)  # FLUX.1-dev, SANA and Wan2.2-5B first: the cheapest to run, the most telling
 
@@ -182,9 +200,7 @@ DEFAULT_MODELS = list(MODELS)  # FLUX.1-dev, SANA and Wan2.2-5B first: the cheap
 VARIANTS = ("eager", "inductor", "inductor-max-autotune", "lossless", "high",
             # diagnostics (host overhead): torch's aot_eager (the ATen graph run as-is, what our executor
             # starts from), lossless with no family at all, lossless without the pointwise family
-            "aot-eager", "lossless-nofuse", "lossless-nopw", "lossless-side",
-            # opt-in families: lossless with the linear_gelu family on (the FF up-projection + gelu as one GEMM)
-            "lossless-lg", "lossless-lg-cudagraphs",
+            "aot-eager", "lossless-nofuse", "lossless-nopw",
             # lossless under CUDA graphs without the grouped_gemv family (each modulation linear its own cuBLAS call)
             "lossless-nogemv-cudagraphs",
             # CUDA graphs (torch's cudagraph trees) for host-bound models: mode="reduce-overhead" for Inductor,
@@ -219,15 +235,10 @@ def compile_kwargs(variant: str, report) -> dict:
         from diffusion_fuse.patterns.registry import REGISTRY
 
         opts["patterns"] = {f: False for f in REGISTRY.names()}
-    elif variant == "lossless-side":
-        opts["side_stream"] = True
     elif variant == "lossless-nopw":
         opts["patterns"] = {"pointwise": False}
     elif variant in ("lossless-cudagraphs", "lossless-cudagraphs-tagguards"):
         opts["cudagraphs"] = True
-    elif variant in ("lossless-lg", "lossless-lg-cudagraphs"):
-        opts["patterns"] = {"linear_gelu": True}
-        opts["cudagraphs"] = variant.endswith("cudagraphs")
     elif variant == "lossless-nogemv-cudagraphs":
         opts["patterns"] = {"grouped_gemv": False}
         opts["cudagraphs"] = True
@@ -237,13 +248,13 @@ def compile_kwargs(variant: str, report) -> dict:
 # Rough per-block-class compile seconds and extra forward-equivalents on the first call (verification), for the
 # time estimate only.
 COMPILE_S = {"eager": 0, "inductor": 30, "inductor-max-autotune": 240, "lossless": 8, "high": 40, "aot-eager": 8,
-             "lossless-nofuse": 8, "lossless-nopw": 8, "lossless-side": 8, "inductor-cudagraphs": 30,
-             "lossless-cudagraphs": 8, "lossless-lg": 8, "lossless-lg-cudagraphs": 8,
+             "lossless-nofuse": 8, "lossless-nopw": 8, "inductor-cudagraphs": 30,
+             "lossless-cudagraphs": 8,
              "lossless-cudagraphs-tagguards": 8, "lossless-nogemv-cudagraphs": 8}
 FIRST_CALL_FORWARDS = {"eager": 1, "inductor": 1, "inductor-max-autotune": 1, "lossless": 3, "high": 3,
-                       "aot-eager": 1, "lossless-nofuse": 1, "lossless-nopw": 3, "lossless-side": 3,
-                       "inductor-cudagraphs": 3, "lossless-cudagraphs": 4, "lossless-lg": 3,
-                       "lossless-lg-cudagraphs": 4, "lossless-cudagraphs-tagguards": 4,
+                       "aot-eager": 1, "lossless-nofuse": 1, "lossless-nopw": 3,
+                       "inductor-cudagraphs": 3, "lossless-cudagraphs": 4,
+                       "lossless-cudagraphs-tagguards": 4,
                        "lossless-nogemv-cudagraphs": 4}
 BUILD_S = 10
 
@@ -542,7 +553,7 @@ def markdown(runs: list[dict]) -> str:
         meta = data["meta"]
         clock = "perf_counter" if meta.get("tiny") else "CUDA events"
         models = ", ".join(rec["label"] for rec in data["models"])
-        lines.append(f"`{meta['command']}` ({meta['date']}; {models}): {meta['device']}, torch {meta['torch']}, "
+        lines.append(f"`{meta['command']}` ({models}): {meta['device']}, torch {meta['torch']}, "
                      f"triton {meta['triton']}, diffusers {meta['diffusers']}; {meta['reps']} timed forwards per "
                      f"variant (ABBA-interleaved, {clock}, medians); random bf16 weights; "
                      + ("compiled variants compile the whole transformer (`torch.compile(model)`, `dynamic=False`)."
@@ -557,8 +568,8 @@ def markdown(runs: list[dict]) -> str:
     lines += ["| " + " | ".join(TABLE_HEADERS) + " |", "|" + "---|" * len(TABLE_HEADERS)]
     # a model measured in more than one run: its rows and notes name the run by its start time
     seen = collections.Counter(rec["label"] for run in runs for rec in run["models"])
-    data = {"models": [dict(rec, label=f"{rec['label']} [{run['meta']['date']}]")
-                       if seen[rec["label"]] > 1 else rec for run in runs for rec in run["models"]]}
+    data = {"models": [dict(rec, label=f"{rec['label']} [run {i + 1}]")
+                       if seen[rec["label"]] > 1 else rec for i, run in enumerate(runs) for rec in run["models"]]}
     notes = []
     for rec in data["models"]:
         for row in table_rows(rec):
@@ -582,7 +593,9 @@ def write_table(json_paths: str, md_path: str) -> None:
     runs = []
     for path in json_paths.split(","):
         with open(path) as f:
-            runs.append(json.load(f))
+            data = json.load(f)
+        # one run as this script writes it, or several gathered as {"about": ..., "runs": [...]}
+        runs += data["runs"] if "runs" in data else [data]
     text = open(md_path).read()
     if BEGIN not in text or END not in text:
         sys.exit(f"{md_path}: markers not found ({BEGIN!r} ... {END!r})")

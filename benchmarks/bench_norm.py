@@ -13,11 +13,11 @@ The floor is the bytes that must move (inputs read once, output written once) ov
 bandwidth of a 1 GiB copy measured in the same run; "copy" is a copy of the kernel's bytes at its size, timed
 both ways.
 
-Each LN+modulate workload also times the kernel's launch variants (kernels/ln_modulate.py
+Each LN+modulate workload also times the kernel's launch variants (kernels/norm_modulate.py
 ``LAUNCH_CANDIDATES``: row groups, the one-exchange tree, register caps, cache hints) in the same run: rows
 labelled ``  variant <name>``, bit-exactness checked against eager like the default row (their
 eager/inductor ratios use that workload's eager and Inductor times). The gated workload times the
-cache-hint candidates only (``plan_gated_residual_ln_modulate(cache_hints=...)``).
+cache-hint candidates only (``plan_gated_residual_norm_modulate(cache_hints=...)``).
 
     python benchmarks/bench_norm.py [--json PATH] [--variants all|none|NAME,NAME]
 """
@@ -32,10 +32,10 @@ import torch
 from tabulate import tabulate
 from triton.testing import do_bench
 
-from diffusion_fuse.kernels.gated_residual_ln import plan_gated_residual_ln_modulate
-from diffusion_fuse.kernels.ln_modulate import LAUNCH_CANDIDATES, LaunchVariant, plan_ln_modulate
-from diffusion_fuse.lowering.gated_residual import gated_residual_ln_modulate_reference
-from diffusion_fuse.lowering.norm_modulate import ln_modulate_reference
+from diffusion_fuse.kernels.gated_residual_norm_modulate import plan_gated_residual_norm_modulate
+from diffusion_fuse.kernels.norm_modulate import LAUNCH_CANDIDATES, LaunchVariant, plan_norm_modulate
+from diffusion_fuse.lowering.gated_residual_norm_modulate import gated_residual_norm_modulate
+from diffusion_fuse.lowering.norm_modulate import norm_modulate
 
 try:
     from steady import input_sets, steady_copy_us, steady_sm_copy_us, steady_us
@@ -126,11 +126,11 @@ def main() -> None:
     rows, steady_rows, records = [], [], []
     for name, spec in workloads():
         if spec[0] == "gated":
-            args, reference, plan = spec[1], gated_residual_ln_modulate_reference, plan_gated_residual_ln_modulate
-            op_fn = torch.ops.diffusion_fuse.gated_residual_ln_modulate
+            args, reference, plan = spec[1], gated_residual_norm_modulate, plan_gated_residual_norm_modulate
+            op_fn = torch.ops.diffusion_fuse.gated_residual_norm_modulate
         else:
-            args, reference, plan, op_fn = spec, ln_modulate_reference, plan_ln_modulate, \
-                torch.ops.diffusion_fuse.ln_modulate
+            args, reference, plan, op_fn = spec, norm_modulate, plan_norm_modulate, \
+                torch.ops.diffusion_fuse.norm_modulate
         eager = lambda: reference(*args)  # noqa: E731 - the ATen chain eager runs
         ind = torch.compile(reference)
         launch = plan(*args)  # the kernel alone: planned once, as the op caches it per layout

@@ -31,9 +31,11 @@ from tabulate import tabulate
 from triton.testing import do_bench
 
 import diffusion_fuse  # noqa: F401  (registers the ops)
-from diffusion_fuse.lowering.mean_square import mean_square_reference
-from diffusion_fuse.lowering.rms_norm import (rms_norm_cat_rope_reference, rms_norm_chain_reference, rms_norm_reference,
-                                              rms_norm_rope_reference)
+from diffusion_fuse.lowering.mean_square import mean_square
+from diffusion_fuse.lowering.rms_norm import rms_norm as rms_norm_reference
+from diffusion_fuse.lowering.rms_norm_cat_rope import rms_norm_cat_rope as rms_norm_cat_rope_reference
+from diffusion_fuse.lowering.rms_norm_chain import rms_norm_chain as rms_norm_chain_reference
+from diffusion_fuse.lowering.rms_norm_rope import rms_norm_rope as rms_norm_rope_reference
 
 try:
     from steady import input_sets, steady_us
@@ -41,7 +43,7 @@ except ImportError:  # imported as benchmarks.bench_rms_norm
     from benchmarks.steady import input_sets, steady_us
 
 REFERENCES = {"rms_norm": rms_norm_reference, "rms_norm_chain": rms_norm_chain_reference,
-              "rms_norm_rope": rms_norm_rope_reference, "mean_square": mean_square_reference,
+              "rms_norm_rope": rms_norm_rope_reference, "mean_square": mean_square,
               "rms_norm_cat_rope": rms_norm_cat_rope_reference}
 
 
@@ -82,7 +84,8 @@ def row_group_sweep(bw: float, variants=((1, False), (2, False), (4, False), (8,
     """Steady µs of the FLUX QK-norm kernels per (row groups, one cos/sin row per program) launch, each output
     checked bitwise against the reference (the shared row only for RoPE, where a program's rows divide the heads)."""
     from diffusion_fuse.kernels import rms_norm as rk
-    from diffusion_fuse.lowering.rms_norm import _contiguous, _rows, rms_norm_tail
+    from diffusion_fuse.kernels.rms_norm import rms_norm_tail
+    from diffusion_fuse.lowering.rms_norm import contiguous_strides as _contiguous, row_dims as _rows
 
     rows, out = [], []
     for name, op_name, op_args in workloads():

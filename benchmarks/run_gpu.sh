@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# One command for the GPU machine: GPU tests, the demo on CUDA, benchmarks, SASS of eager's LayerNorm.
+# One command for the GPU machine: GPU tests, the demo on CUDA, benchmarks.
 # Logs and JSON go to a work folder packed as $OUT/results.tgz (the device tool brings back few
 # files); summary.txt and the benchmark JSON are also copied to $OUT. A short table is printed last.
-#   bash benchmarks/run_gpu.sh [all|tests|bench|nosass|models]   (all: tests, demo, benchmarks, SASS;
-#   nosass: all but SASS, so every benchmark unless BENCHES names some: ~5 min more than `tests`)
+#   bash benchmarks/run_gpu.sh [all|tests|bench|models]   (all: tests, demo, benchmarks; nosass: the same as all;
+#   without BENCHES, all and bench run every benchmark: ~5 min more than `tests`)
 #   models: whole models at real shapes (benchmarks/bench_models.py); MODELS=flux1,sana,wan22_5b by default,
 #   MODELS=qwen_image,flux2,wan21_14b for the rest; BENCH_MODELS_ARGS adds options (e.g. --max-autotune)
 #   TESTS="tests/gpu/test_a.py tests/gpu/test_b.py" picks test files; BENCHES="bench_e2e bench_pointwise" picks
@@ -72,7 +72,6 @@ elif [ "$what" != bench ]; then
 fi
 if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = nosass ]; then
   want() { [ -z "${BENCHES:-}" ] || [[ " $BENCHES " == *" $1 "* ]]; }
-  want profile && step profile 120 python3 benchmarks/profile_ln_modulate.py
   # shellcheck disable=SC2086
   want bench_norm && step bench_norm "${NORM_LIMIT:-200}" python3 benchmarks/bench_norm.py --json "$OUT/bench_norm.json" \
     ${BENCH_NORM_ARGS:-}
@@ -82,39 +81,8 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = nosass ]; then
     --json "$OUT/bench_grouped_gemv.json"
   # shellcheck disable=SC2086
   want bench_e2e && step bench_e2e "${E2E_LIMIT:-400}" python3 benchmarks/bench_e2e.py --json "$OUT/bench_e2e.json" ${BENCH_E2E_ARGS:-}
-  want bench_linear_gelu && step bench_linear_gelu 300 python3 benchmarks/bench_linear_gelu.py \
-    --json "$OUT/bench_linear_gelu.json"
-  # shellcheck disable=SC2086  # PROBE_LUT16_ARGS: e.g. --chains-only
-  want probe_lut16 && step probe_lut16 200 python3 benchmarks/probe_lut16.py --json "$OUT/probe_lut16.json" \
-    ${PROBE_LUT16_ARGS:-}
-  # opt-in (BENCHES="probe_graph_memsets"): cuBLAS's memset nodes in a CUDA graph, as captured and hoisted
-  [[ " ${BENCHES:-} " == *" probe_graph_memsets "* ]] && step probe_graph_memsets 120 python3 \
-    benchmarks/probe_graph_memsets.py --json "$OUT/probe_graph_memsets.json"
-  # opt-in (BENCHES="probe_gemv_exact"): the modulation linears' GEMV against cuBLAS, bits and time
-  [[ " ${BENCHES:-} " == *" probe_gemv_exact "* ]] && step probe_gemv_exact 300 python3 benchmarks/probe_gemv_exact.py \
-    --json "$OUT/probe_gemv_exact.json"
-  # opt-in (BENCHES="probe_complex_rope"): eager's complex multiply formula on CUDA, and Qwen-Image's RoPE fused
-  [[ " ${BENCHES:-} " == *" probe_complex_rope "* ]] && step probe_complex_rope 200 python3 \
-    benchmarks/probe_complex_rope.py --json "$OUT/probe_complex_rope.json"
-  # shellcheck disable=SC2086  # opt-in (BENCHES="probe_gemm_exact"): minutes of Triton builds
-  [[ " ${BENCHES:-} " == *" probe_gemm_exact "* ]] && step probe_gemm_exact "${GEMM_LIMIT:-300}" python3 benchmarks/probe_gemm_exact.py \
-    --json "$OUT/probe_gemm_exact.json" ${PROBE_GEMM_ARGS:-}
-  # opt-in (BENCHES="probe_gemm_ws"): each variant in its own process (a kernel that faults or hangs takes only
-  # its own run with it); PROBE_WS_VARIANTS picks them (indices into probe_gemm_ws.VARIANTS)
-  if [[ " ${BENCHES:-} " == *" probe_gemm_ws "* ]]; then
-    for v in ${PROBE_WS_VARIANTS:-0 1 2 3}; do
-      step "probe_gemm_ws_$v" 150 python3 benchmarks/probe_gemm_ws.py --variant "$v" --json "$OUT/probe_gemm_ws_$v.json"
-    done
-  fi
-  # opt-in (BENCHES="probe_host"): a CUDA-graph forward's host time by stage (narrow FLUX.1-dev tree)
-  [[ " ${BENCHES:-} " == *" probe_host "* ]] && step probe_host 300 python3 benchmarks/probe_host.py \
-    --json "$OUT/probe_host.json" ${PROBE_HOST_ARGS:-}
-  # opt-in (BENCHES="probe_input_copies"): a CUDA-graph forward's input copies, per tensor against grouped
-  [[ " ${BENCHES:-} " == *" probe_input_copies "* ]] && step probe_input_copies 120 python3 \
-    benchmarks/probe_input_copies.py --json "$OUT/probe_input_copies.json"
   want bench_wan_temb && step bench_wan_temb 400 python3 benchmarks/bench_wan_temb.py --json "$OUT/bench_wan_temb.json"
 fi
-[ "$what" = all ] && step sass 240 bash benchmarks/sass_layer_norm.sh
 [ -n "$CLOCKS_PID" ] && kill "$CLOCKS_PID" 2>/dev/null
 if [ -f "$OUT/gpu_clocks.csv" ]; then
   python3 benchmarks/clocks_summary.py "$OUT/gpu_clocks.csv" "$OUT/summary.txt" >>"$OUT/summary.txt" 2>&1
@@ -127,21 +95,11 @@ tar -czf "$FINAL/results.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
 cp "$OUT/summary.txt" "$FINAL/"  # JSON and logs travel in results.tgz: the device tool brings back few files
 echo "== summary"
 cat "$OUT/summary.txt"
-[ -f "$OUT/profile.log" ] && tail -n 9 "$OUT/profile.log"
 [ -f "$OUT/bench_norm.log" ] && tail -n 6 "$OUT/bench_norm.log"
 [ -f "$OUT/bench_rms_norm.log" ] && tail -n 6 "$OUT/bench_rms_norm.log"
 [ -f "$OUT/bench_pointwise.log" ] && tail -n 12 "$OUT/bench_pointwise.log"
-[ -f "$OUT/probe_lut16.log" ] && tail -n 24 "$OUT/probe_lut16.log"
-[ -f "$OUT/probe_graph_memsets.log" ] && tail -n 8 "$OUT/probe_graph_memsets.log"
-[ -f "$OUT/probe_gemv_exact.log" ] && tail -n 8 "$OUT/probe_gemv_exact.log"
-[ -f "$OUT/probe_complex_rope.log" ] && tail -n 14 "$OUT/probe_complex_rope.log"
-for f in "$OUT"/probe_gemm_ws_*.log; do [ -f "$f" ] && grep -v "^done " "$f" | tail -n 20; done
-[ -f "$OUT/bench_linear_gelu.log" ] && tail -n 10 "$OUT/bench_linear_gelu.log"
-[ -f "$OUT/probe_gemm_exact.log" ] && grep -v "^done " "$OUT/probe_gemm_exact.log" | tail -n 80
 [ -f "$OUT/bench_grouped_gemv.log" ] && tail -n 4 "$OUT/bench_grouped_gemv.log"
 [ -f "$OUT/bench_e2e.log" ] && tail -n 4 "$OUT/bench_e2e.log"
 [ -f "$OUT/bench_models.log" ] && grep -E "^(==|[A-Z].*  (eager|inductor|lossless|high))" "$OUT/bench_models.log"
-[ -f "$OUT/probe_host.log" ] && tail -n 9 "$OUT/probe_host.log"
-[ -f "$OUT/probe_input_copies.log" ] && tail -n 6 "$OUT/probe_input_copies.log"
 [ -f "$OUT/bench_wan_temb.log" ] && tail -n 14 "$OUT/bench_wan_temb.log"
 exit $status

@@ -82,9 +82,8 @@ def steady_us(calls: Sequence[Callable[[], object]], rounds: int = 4, replays: i
 def steady_copy_us(nbytes: int) -> float:
     """µs per device copy moving ``nbytes`` (half read, half written), timed as ``steady_us`` times kernels.
 
-    Caveat (session 6): inside a CUDA graph ``copy_`` is a memcpy node; a 1 GiB one ran at 2.73 TB/s
-    (results/h200-2026-11-30f/run3/probe_pointwise_block.json, floor_us) against ~4.2 TB/s for ``do_bench``'s
-    copy outside a graph, so this ceiling may be looser than an SM copy kernel's: ``steady_sm_copy_us``."""
+    Inside a CUDA graph ``copy_`` is a memcpy node, which runs slower than a copy kernel outside a graph, so this
+    ceiling may be looser than an SM copy kernel's: ``steady_sm_copy_us``."""
     pairs = []
     for _ in range(max(1, math.ceil(L2_CLEAR_BYTES / max(nbytes, 1)))):
         a = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")

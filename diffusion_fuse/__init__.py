@@ -16,10 +16,10 @@ from .log import configure_from_env
 
 configure_from_env()
 
-from . import lowering, patterns  # noqa: E402,F401  (register ops and families)
-from .backend import DiffusionFuseBackend, diffusion_fuse  # noqa: E402
-from .config import Options, parse_options  # noqa: E402
+from .backend import DiffusionFuseBackend, diffusion_fuse, parse_options  # noqa: E402  (loads the families)
+from .config import Options  # noqa: E402
 from .patterns.user import register_pattern, unregister_pattern  # noqa: E402
+from .profile import profile  # noqa: E402
 from .verify.report import Report, default_report  # noqa: E402
 
 __version__ = "0.1.0"
@@ -57,6 +57,7 @@ __all__ = [
     "explain",
     "last_report",
     "parse_options",
+    "profile",
     "register_pattern",
     "unregister_pattern",
 ]

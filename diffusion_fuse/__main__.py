@@ -2,6 +2,8 @@
 
     python -m diffusion_fuse inspect --model flux [--dtype bf16|fp32] [--html report.html] [--json report.json]
     python -m diffusion_fuse inspect --script my_pipeline.py [script args...]
+    python -m diffusion_fuse profile --model flux [--dtype bf16|fp32] [--forwards N] [--html p.html] [--json p.json]
+    python -m diffusion_fuse profile --script my_model.py [script args...]
     python -m diffusion_fuse census [--models a,b] [--dtype bf16|fp32] [--json F]
     diffusion-fuse inspect ...                      (the same, as an installed console script)
 
@@ -13,6 +15,14 @@ and whether the output is bit-identical to eager. ``--script PATH`` runs a scrip
 every graph the script compiled with ``backend="diffusion_fuse"``. ``--diff`` adds the per-site
 before/after diff and the graph code diff; ``--html`` writes all of it as one self-contained
 HTML file; ``--fault op:kind[:index]`` injects a fault (see lowering/faults.py).
+
+``profile`` runs ``diffusion_fuse.profile`` (diffusion_fuse/profile.py): the model eager, compiled by diffusion_fuse
+(lossless, with and without CUDA graphs on a GPU) and by Inductor, under torch.profiler, and prints where each
+variant's time goes per class (GEMM, attention, convolution, our families, eager ATen ops left unfused per op and
+per source line with what Inductor made of that line, copies, host gaps), each memory-bound class with its HBM
+floor, sorted by the time above it. ``--model NAME`` profiles a tiny model; ``--script PATH`` runs a script (as
+``__main__``, with the arguments that follow it) that calls ``diffusion_fuse.profile`` and prints every report it
+made; ``--html`` and ``--json`` write the last one.
 
 ``census`` compiles models of the diffusers zoo (diffusion_fuse.testing.zoo; all of them unless ``--models``)
 and prints per model the sites each family kept and the eager ATen ops left unfused (diffusion_fuse/census.py).
@@ -46,12 +56,26 @@ def _parser() -> argparse.ArgumentParser:
     ins.add_argument("--quality", choices=("lossless", "high"), default="lossless")
     ins.add_argument("--no-verify", action="store_true", help="run the rewritten graph without verifying it")
     ins.add_argument("--fault", metavar="OP:KIND[:INDEX]",
-                     help="inject a fault, e.g. ln_modulate:perturb:3 or ln_modulate:raise (see lowering/faults.py)")
+                     help="inject a fault, e.g. norm_modulate:perturb:3 or norm_modulate:raise "
+                          "(see lowering/faults.py)")
     ins.add_argument("--diff", action="store_true", help="also print the per-site and graph code diffs")
     ins.add_argument("--html", metavar="PATH", help="write the report as one self-contained HTML file")
     ins.add_argument("--json", metavar="PATH", help="write the report as JSON")
+    prof = sub.add_parser("profile", help="where a forward's time goes: eager, diffusion_fuse and Inductor, per class",
+                          description=__doc__.split("\n\n")[3].replace("\n", " ").replace("``", ""))
+    what = prof.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", choices=MODEL_NAMES, help="a tiny random-weight model")
+    what.add_argument("--script", nargs=argparse.REMAINDER, metavar="PATH [ARGS]",
+                      help="run a Python script that calls diffusion_fuse.profile (put every other option before "
+                           "--script)")
+    prof.add_argument("--dtype", choices=DTYPES, default="bf16", help="dtype of the tiny model (default bf16)")
+    prof.add_argument("--seed", type=int, default=0, help="seed of the tiny model's weights and inputs")
+    prof.add_argument("--forwards", type=int, default=3, help="profiled forwards per variant (default 3)")
+    prof.add_argument("--warmup", type=int, default=3, help="calls before profiling (default 3)")
+    prof.add_argument("--html", metavar="PATH", help="write the report as one self-contained HTML file")
+    prof.add_argument("--json", metavar="PATH", help="write the report as JSON")
     cen = sub.add_parser("census", help="per zoo model: sites kept per family, eager ATen ops left unfused",
-                         description=__doc__.split("\n\n")[3].replace("\n", " ").replace("``", ""))
+                         description=__doc__.split("\n\n")[4].replace("\n", " ").replace("``", ""))
     cen.add_argument("--models", metavar="A,B", help="zoo models, comma-separated (default: the whole zoo)")
     cen.add_argument("--dtype", choices=DTYPES, default="bf16", help="dtype of the models (default bf16)")
     cen.add_argument("--json", metavar="PATH", help="write the census as JSON")
@@ -98,17 +122,8 @@ def _run_script(argv: Sequence[str]) -> tuple[Any, list[str], int, list[str]]:
 
     if not argv:
         raise SystemExit("diffusion-fuse inspect: --script needs a path")
-    path, rest = argv[0], list(argv[1:])
-    saved = sys.argv
-    sys.argv = [path] + rest
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
-    code = 0
-    try:
-        runpy.run_path(path, run_name="__main__")
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv = saved
+    path = argv[0]
+    code = _run_script_file(path, list(argv[1:]))
     report = last_report()
     head = ["", f"diffusion_fuse inspect: script {path}" + (f" (exit status {code})" if code else "")]
     if not report.graphs:
@@ -147,6 +162,62 @@ def inspect(args: argparse.Namespace) -> int:
     return code
 
 
+def _run_script_file(path: str, rest: list[str]) -> int:
+    """Run ``path`` as ``__main__`` with ``rest`` as its arguments; its exit status."""
+    saved = sys.argv
+    sys.argv = [path] + rest
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    code = 0
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = saved
+    return code
+
+
+def profile(args: argparse.Namespace) -> int:
+    import logging
+    import warnings
+
+    import torch
+
+    from . import profile as run_profile
+    from .profile import _RECENT
+
+    if args.model:
+        from .testing.tiny_models import build
+
+        warnings.filterwarnings("ignore")
+        logging.getLogger("diffusers").setLevel(logging.ERROR)
+        dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+        model, kwargs = build(args.model, dtype, seed=args.seed)
+        reports = [run_profile(model, forwards=args.forwards, warmup=args.warmup, **kwargs)]
+        head = [f"diffusion_fuse profile: tiny {args.model} ({args.dtype}, random weights, seed {args.seed})", ""]
+        code = 0
+    else:
+        if not args.script:
+            raise SystemExit("diffusion-fuse profile: --script needs a path")
+        n = len(_RECENT)
+        code = _run_script_file(args.script[0], list(args.script[1:]))
+        reports = _RECENT[n:]
+        head = ["", f"diffusion_fuse profile: script {args.script[0]}" + (f" (exit status {code})" if code else ""),
+                ""]
+        if not reports:
+            print("\n".join(head + ["the script made no diffusion_fuse.profile report"]))
+            return code or 2
+    lines = head + ["\n\n".join(r.table() for r in reports)]
+    if args.html:
+        reports[-1].save_html(args.html)
+        lines.append(f"HTML report: {args.html}")
+    if args.json:
+        reports[-1].save(args.json)
+        lines.append(f"JSON report: {args.json}")
+    print("\n".join(lines))
+    return code
+
+
 def run_census(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     import logging
     import warnings
@@ -176,11 +247,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.command == "census":
         return run_census(ap, args)
-    if args.command != "inspect":
+    if args.command not in ("inspect", "profile"):
         ap.print_help()
         return 2
     if args.json and not args.json.endswith(".json"):
         ap.error("--json PATH must end with .json")
+    if args.command == "profile":
+        return profile(args)
     if args.fault:
         from .lowering import faults
 

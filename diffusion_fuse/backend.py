@@ -25,18 +25,26 @@ import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
-from . import lowering  # noqa: F401  (registers the ops)
-from . import patterns  # noqa: F401  (registers the families)
-from .config import Options, parse_options
+from . import config, families
+from .config import Options
 from .cudagraphs import with_cuda_graphs
 from .log import error_message, get_logger
 from .patterns.registry import REGISTRY
+from .pipeline import prepare
 from .subclass_params import flatten_subclass_params
 from .verify.compare import compare_close
 from .verify.report import Report, default_report
 from .verify.verifier import VerifiedGraph
 
+families.load()
+
 _log = get_logger("backend")
+
+
+def parse_options(options: Mapping[str, Any] | None = None, mode: str | None = None) -> Options:
+    """Check ``options`` (and the ``mode=`` torch.compile passes) and build an ``Options``; a bad key or value
+    raises ``ValueError`` naming it and the allowed ones."""
+    return config.parse(options, mode, REGISTRY.names())
 
 
 class DiffusionFuseBackend:
@@ -66,7 +74,7 @@ class DiffusionFuseBackend:
             if flat is not None:
                 greport.notes.append(f"{flat[2].count} tensor-subclass parameters flattened at compile time "
                                      "(inner tensors are the graph's inputs; no per-call unwrap by AOTAutograd)")
-            vg = VerifiedGraph(agm, options, greport, report)
+            vg = prepare(agm, options, greport, report)
             if options.cudagraphs:
                 n_dynamo = len(flat[1]) if flat is not None else len(example_inputs)  # the graph AOTAutograd saw
                 return with_cuda_graphs(vg, agm, n_dynamo, inputs, greport)
@@ -101,7 +109,7 @@ class DiffusionFuseBackend:
         verified: list[VerifiedGraph] = []
 
         def inference_compiler(agm: fx.GraphModule, _inputs: Sequence[Any]):
-            vg = VerifiedGraph(agm, self.options, greport, self.report)
+            vg = prepare(agm, self.options, greport, self.report)
             verified.append(vg)
             return make_boxed_func(vg)
 

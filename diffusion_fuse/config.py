@@ -8,7 +8,7 @@ allowed values.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Literal
 
 Quality = Literal["lossless", "high"]
@@ -27,8 +27,7 @@ class Options:
     verify:   compare every rewritten site with its reference subgraph on the first real call
               (and on each new input signature); rejected sites go back to their ATen nodes.
     patterns: {pattern name: bool} to enable or disable families; names not listed keep
-              their default (enabled when the family's tier is allowed by ``quality``, except families
-              that are off by default: ``linear_gelu``).
+              their default (enabled when the family's tier is allowed by ``quality``).
     report:   path of a file the report is written to after each verification (``.json``
               for JSON, ``.html`` for the HTML report, anything else for the text table), or None.
     rtol/atol: tolerance for non-exact sites and outputs in tier "high": relative L2 error
@@ -37,10 +36,6 @@ class Options:
               default: on for ``mode="reduce-overhead"`` and ``"max-autotune"``, as in Inductor.
               An option too because torch.compile takes ``mode`` or ``options``, not both
               (``options={"quality": "high", "cudagraphs": True}``). See diffusion_fuse/cudagraphs.py.
-    side_stream: lossless tier on CUDA, off by default: run a block's small branch (the text tokens of a
-              dual-stream block, a cross-attention's context projections) on a second CUDA stream beside the
-              large one; the same kernels on the same inputs, so the same bits (fxpasses/side_stream.py). On an
-              H200 it measured no faster on FLUX (BENCHMARKS.md), hence opt-in.
     """
 
     quality: Quality = "lossless"
@@ -50,22 +45,22 @@ class Options:
     rtol: float = 2e-2
     atol: float = 1e-3
     cudagraphs: bool = False
-    side_stream: bool = False
     mode: str | None = None
 
-    def pattern_enabled(self, name: str, tier: str, default_on: bool = True) -> bool:
+    def pattern_enabled(self, name: str, tier: str) -> bool:
         if name in self.patterns:
             return bool(self.patterns[name])
-        return default_on and (tier == "lossless" or self.quality == "high")
+        return tier == "lossless" or self.quality == "high"
 
 
 def _fail(key: str, value: Any, allowed: Any) -> None:
     raise ValueError(f"diffusion_fuse: option {key}={value!r} is not allowed; allowed: {allowed}")
 
 
-def parse_options(options: Mapping[str, Any] | None = None, mode: str | None = None) -> Options:
-    """Check ``options`` (and the ``mode=`` torch.compile passes) and build an ``Options``."""
-    from .patterns.registry import REGISTRY  # registry fills itself on import
+def parse(options: Mapping[str, Any] | None = None, mode: str | None = None,
+                  families: Collection[str] = ()) -> Options:
+    """Check ``options`` (and the ``mode=`` torch.compile passes) and build an ``Options``; ``families``: the
+    pattern names ``patterns`` may name (the registry's)."""
 
     if mode not in MODES:
         _fail("mode", mode, list(MODES))
@@ -78,7 +73,7 @@ def parse_options(options: Mapping[str, Any] | None = None, mode: str | None = N
         )
     if "quality" in raw and raw["quality"] not in QUALITIES:
         _fail("quality", raw["quality"], list(QUALITIES))
-    for key in ("verify", "cudagraphs", "side_stream"):
+    for key in ("verify", "cudagraphs"):
         if key in raw and not isinstance(raw[key], bool):
             _fail(key, raw[key], [True, False])
     raw.setdefault("cudagraphs", mode in CUDAGRAPH_MODES)
@@ -90,7 +85,7 @@ def parse_options(options: Mapping[str, Any] | None = None, mode: str | None = N
     patterns = raw.get("patterns", {})
     if not isinstance(patterns, Mapping):
         _fail("patterns", patterns, "a dict {pattern name: bool}")
-    known = REGISTRY.names()
+    known = set(families)
     for name, on in patterns.items():
         if name not in known:
             _fail("patterns", name, sorted(known))

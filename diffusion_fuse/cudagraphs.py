@@ -63,8 +63,12 @@ def static_input_indices(n_dynamo_inputs: int, n_graph_inputs: int) -> list[int]
 def skip_reason(gm: fx.GraphModule, static_idxs: Sequence[int]) -> str | None:
     """Why ``gm`` cannot run under CUDA graphs (torch's own checks and wording), or None."""
     from torch._dynamo.backends.cudagraphs import find_input_mutations, get_device_node_mapping
-    from torch._inductor.cudagraph_utils import (check_multiple_devices_or_any_cpu_nodes, format_default_skip_message,
-                                                 get_mutation_stack_trace, get_placeholder_info)
+    from torch._inductor.cudagraph_utils import (
+        check_multiple_devices_or_any_cpu_nodes,
+        format_default_skip_message,
+        get_mutation_stack_trace,
+        get_placeholder_info,
+    )
     from torch._inductor.utils import get_first_incompatible_cudagraph_node
 
     mutated = find_input_mutations(gm.graph) - set(static_idxs)

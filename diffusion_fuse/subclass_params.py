@@ -2,9 +2,8 @@
 
 AOTAutograd runs a graph whose inputs include traceable tensor subclasses by flattening each of them on every
 call (``runtime_unwrap_tensor_subclasses``: ``__tensor_flatten__`` per subclass, recursively, plus size and stride
-bookkeeping), before anything is launched. That is about 10 µs per subclass: with torchao's static FP8 recipe on
-a FLUX stack of 2 double + 4 single blocks (186 Float8 weights) it is 2 ms of host time per forward in front of
-the first kernel, which under CUDA graphs is most of the host time (benchmarks/results/h200-2026-11-30e/run2).
+bookkeeping), before anything is launched: host time per forward that grows with the number of Float8 weights and,
+under CUDA graphs, is most of the host time.
 
 Here the backend hands AOTAutograd the Dynamo graph with each subclass *parameter* replaced by placeholders for its
 inner tensors and a ``rebuild_subclass`` node that puts the subclass back together (``__tensor_unflatten__`` with

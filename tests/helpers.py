@@ -6,8 +6,10 @@ import sys
 
 import torch
 import torch.fx as fx
+from torch._dynamo.backends.common import aot_autograd
 
 import diffusion_fuse
+from diffusion_fuse.fxpasses import PassManager
 
 
 def compile_and_run(model, kwargs, options=None, fullgraph=True):
@@ -75,10 +77,30 @@ def lossless_tiny_model(name: str, monkeypatch=None, calls: int = 2):
     return report, [run for vg in graphs for run in vg._chosen.values()]
 
 
+def rewrite_high(model, *args, **kwargs):
+    """Trace ``model`` to the ATen graph the backend sees (no decompositions), rewrite it with the
+    tier-high families and run both: (pass context, ATen graph output, rewritten graph output, rewritten graph)."""
+    got = {}
+
+    def compiler(gm, _):
+        fused, ctx = PassManager(diffusion_fuse.parse_options({"quality": "high"})).rewrite(gm)
+        got.update(ctx=ctx, fused=fused)
+
+        def run(*a):
+            got["ref"], got["out"] = gm(*a), fused(*a)
+            return got["ref"]
+
+        return run
+
+    with torch.no_grad():
+        torch.compile(model, backend=aot_autograd(fw_compiler=compiler, inference_compiler=compiler),
+                      fullgraph=True)(*args, **kwargs)
+    return got["ctx"], got["ref"], got["out"], got["fused"]
+
+
 def capture_graphs(model: torch.nn.Module, kwargs: dict) -> list[fx.GraphModule]:
     """Compile with an aot_autograd backend (no decompositions) and return the captured ATen inference graph(s)."""
     from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
 
     graphs: list[fx.GraphModule] = []
 

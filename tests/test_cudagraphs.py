@@ -151,7 +151,6 @@ def test_verify_false_goes_to_the_tree_from_the_first_call(fake_trees):
 
 def test_tier_high_hands_cudagraphs_to_inductor(monkeypatch):
     import torch._inductor.compile_fx as compile_fx
-
     from helpers import AdaLN, adaln_inputs
 
     patches = []
@@ -179,12 +178,12 @@ def test_a_layout_first_seen_during_a_capture_takes_the_reference_path(monkeypat
 
     planned = []
 
-    def plan(x):
-        planned.append(x.shape)
-        return lambda x: x * 2
+    def plan(a):
+        planned.append(a[0].shape)
+        return lambda a: a[0] * 2
 
-    op = dispatch.GuardedKernel("capture_test_op", lambda x: (x.shape,), lambda x: (True, ""), plan,
-                                lambda x: x + x)
+    op = dispatch.GuardedKernel("capture_test_op", lambda args: (args[0].shape,), lambda a: (True, ""), plan,
+                                lambda x: x + x, tuple)
     x = torch.ones(3)
     before = counters.snapshot()
     monkeypatch.setattr(dispatch, "capturing", lambda: True)

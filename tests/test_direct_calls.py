@@ -3,18 +3,18 @@ ops' kernels without the dispatcher."""
 
 import torch
 import torch.fx as fx
+from helpers import bitwise_equal, lossless_tiny_model
 
 from diffusion_fuse.fxpasses.direct_calls import direct_calls
 from diffusion_fuse.lowering import dispatch
 from diffusion_fuse.lowering.dispatch import DIRECT, GuardedKernel
-from helpers import bitwise_equal, lossless_tiny_model
 
 ops = torch.ops.diffusion_fuse
 
 
 def test_every_built_in_op_can_be_called_directly():
-    for name in ("ln_modulate", "gated_residual_ln_modulate", "gated_residual", "pointwise", "rms_norm",
-                 "static_quant", "cat_quant", "ln_modulate_quant", "gated_residual_ln_modulate_quant"):
+    for name in ("norm_modulate", "gated_residual_norm_modulate", "gated_residual", "pointwise", "rms_norm",
+                 "static_quant", "cat_quant", "norm_modulate_quant", "gated_residual_norm_modulate_quant"):
         assert getattr(ops, name).default in DIRECT, name
 
 
@@ -29,8 +29,8 @@ def _graph_calling(target, args, kwargs=None) -> fx.GraphModule:
 
 
 def test_defaults_are_filled_and_float_arguments_stay_floats():
-    # ln_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, scale_temb=None, shift_temb=None)
-    gm = _graph_calling(ops.ln_modulate.default, ("x", None, None, 0, "s", None, None, None))
+    # norm_modulate(x, weight, bias, eps, scale, shift, ln_dtype, out_dtype, scale_temb=None, shift_temb=None)
+    gm = _graph_calling(ops.norm_modulate.default, ("x", None, None, 0, "s", None, None, None))
     direct = direct_calls(gm)
     (node,) = [n for n in direct.graph.nodes if n.op == "call_function"]
     assert isinstance(node.target, GuardedKernel)

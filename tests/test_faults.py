@@ -7,27 +7,27 @@ import logging
 
 import pytest
 import torch
+from helpers import AdaLN, adaln_inputs, bitwise_equal, compile_and_run
+from html_report import parse, select
 
 import diffusion_fuse
 from diffusion_fuse.lowering import counters, faults
 from diffusion_fuse.lowering.dispatch import GuardedKernel
 from diffusion_fuse.testing.tiny_models import build
-from helpers import AdaLN, adaln_inputs, bitwise_equal, compile_and_run
-from html_report import parse, select
 
-LN_OP = "diffusion_fuse::ln_modulate"
+LN_OP = "diffusion_fuse::norm_modulate"
 
 
 # --- the spec -------------------------------------------------------------------------------
 def test_parse_spec():
-    assert faults.parse("ln_modulate") == {"ln_modulate": faults.Fault("ln_modulate", "perturb", 0)}
-    assert faults.parse("diffusion_fuse::ln_modulate:raise, other:perturb:7") == {
-        "ln_modulate": faults.Fault("ln_modulate", "raise", 0), "other": faults.Fault("other", "perturb", 7)}
-    for bad in ("ln_modulate:explode", "ln_modulate:perturb:-1", "ln_modulate:perturb:x", ":raise", "a:raise:1:2"):
+    assert faults.parse("norm_modulate") == {"norm_modulate": faults.Fault("norm_modulate", "perturb", 0)}
+    assert faults.parse("diffusion_fuse::norm_modulate:raise, other:perturb:7") == {
+        "norm_modulate": faults.Fault("norm_modulate", "raise", 0), "other": faults.Fault("other", "perturb", 7)}
+    for bad in ("norm_modulate:explode", "norm_modulate:perturb:-1", "norm_modulate:perturb:x", ":raise", "a:raise:1:2"):
         with pytest.raises(ValueError, match="op:kind"):
             faults.parse(bad)
     with pytest.raises(ValueError, match="kind"):
-        with faults.inject("ln_modulate", kind="explode"):
+        with faults.inject("norm_modulate", kind="explode"):
             pass
 
 
@@ -45,16 +45,16 @@ def fault_env(monkeypatch):
 
 
 def test_context_manager_nests_and_wins_over_env(fault_env):
-    fault_env("ln_modulate:raise")
-    assert faults.active("ln_modulate").kind == "raise"
-    with faults.inject("ln_modulate", "perturb", 3):
-        assert faults.active("ln_modulate") == faults.Fault("ln_modulate", "perturb", 3)
-        with faults.inject("diffusion_fuse::ln_modulate", "perturb", 4):
-            assert faults.active("ln_modulate").index == 4
-        assert faults.active("ln_modulate").index == 3
-    assert faults.active("ln_modulate").kind == "raise"
+    fault_env("norm_modulate:raise")
+    assert faults.active("norm_modulate").kind == "raise"
+    with faults.inject("norm_modulate", "perturb", 3):
+        assert faults.active("norm_modulate") == faults.Fault("norm_modulate", "perturb", 3)
+        with faults.inject("diffusion_fuse::norm_modulate", "perturb", 4):
+            assert faults.active("norm_modulate").index == 4
+        assert faults.active("norm_modulate").index == 3
+    assert faults.active("norm_modulate").kind == "raise"
     fault_env("")
-    assert faults.active("ln_modulate") is None
+    assert faults.active("norm_modulate") is None
 
 
 # --- GuardedKernel, with a stand-in kernel ----------------------------------------------------
@@ -62,10 +62,12 @@ def make_op(name: str, kernel_ok: bool) -> GuardedKernel:
     def reference(x):
         return x * 2
 
-    def guard(x):
+    def guard(a):
         return (True, "") if kernel_ok else (False, "guard says no")
 
-    return GuardedKernel(name, lambda x: (x.shape, x.dtype), guard, lambda x: (lambda y: y + y), reference)
+    # the arguments bound as the tuple itself: a[0] is x
+    return GuardedKernel(name, lambda args: (args[0].shape, args[0].dtype), guard, lambda a: (lambda a: a[0] + a[0]),
+                         reference, tuple)
 
 
 def calls(op: str, since: dict) -> dict:
@@ -119,11 +121,12 @@ def test_a_plan_that_raises_is_a_kernel_error_not_the_forwards(caplog):
     # the caller, and the layout must not plan again on every call.
     name, planned = "df_test_plan_raises", []
 
-    def plan(x):
+    def plan(a):
         planned.append(1)
         raise RuntimeError("probe launch failed")
 
-    op = GuardedKernel(name, lambda x: (x.shape, x.dtype), lambda x: (True, ""), plan, lambda x: x * 2)
+    op = GuardedKernel(name, lambda args: (args[0].shape, args[0].dtype), lambda a: (True, ""), plan, lambda x: x * 2,
+                       tuple)
     since, x = counters.snapshot(), torch.ones(3)
     with caplog.at_level(logging.WARNING, logger="diffusion_fuse"):
         assert torch.equal(op(x), x * 2) and torch.equal(op(x), x * 2)
@@ -153,7 +156,7 @@ def adaln_kwargs():
 
 def test_perturbed_kernel_rejects_every_site_of_the_op_on_tiny_flux(tmp_path):
     model, kwargs = build("flux", torch.bfloat16)
-    with faults.inject("ln_modulate", "perturb", 37):
+    with faults.inject("norm_modulate", "perturb", 37):
         ref, out, report = compile_and_run(model, kwargs)
     assert bitwise_equal(ref, out)  # the verifier put every bad site back
     sites = report.sites()
@@ -183,15 +186,15 @@ def test_perturbed_kernel_rejects_every_site_of_the_op_on_tiny_flux(tmp_path):
 
 def test_raise_keeps_the_sites_and_counts_kernel_errors(caplog):
     kwargs = adaln_kwargs()
-    with caplog.at_level(logging.WARNING, logger="diffusion_fuse"), faults.inject("ln_modulate", "raise"):
+    with caplog.at_level(logging.WARNING, logger="diffusion_fuse"), faults.inject("norm_modulate", "raise"):
         ref, out, report = compile_and_run(AdaLN().eval(), kwargs)
     assert bitwise_equal(ref, out)
     (site,) = report.sites()
     assert site.status == "kept"  # the reference result is what a failing kernel returns
     # One call in the verifier's check, one in the fused run: the first fails, the second finds
     # the stand-in kernel disabled for that layout (or fails too if its layout differs).
-    errors = report.counters()["fallback"]["ln_modulate"]
-    msg = "RuntimeError: injected fault (ln_modulate:raise)"
+    errors = report.counters()["fallback"]["norm_modulate"]
+    msg = "RuntimeError: injected fault (norm_modulate:raise)"
     assert set(errors) <= {f"kernel error: {msg}", f"kernel disabled after error: {msg}"}
     assert errors[f"kernel error: {msg}"] >= 1 and sum(errors.values()) == 2
     (row,) = [r for r in report.summary() if r["family"] == "norm_modulate"]
@@ -200,7 +203,7 @@ def test_raise_keeps_the_sites_and_counts_kernel_errors(caplog):
 
 
 def test_env_var_injects_too(fault_env):
-    fault_env("ln_modulate:perturb:0")
+    fault_env("norm_modulate:perturb:0")
     ref, out, report = compile_and_run(AdaLN().eval(), adaln_kwargs())
     assert bitwise_equal(ref, out)
     (site,) = report.sites()
@@ -209,7 +212,7 @@ def test_env_var_injects_too(fault_env):
 
 
 def test_explain_under_fault_lists_the_rejection():
-    with faults.inject("ln_modulate", "perturb", 5):
+    with faults.inject("norm_modulate", "perturb", 5):
         report = diffusion_fuse.explain(AdaLN().eval(), **adaln_kwargs())
     (row,) = [r for r in report.summary() if r["family"] == "norm_modulate"]
     assert row["matched"] == 1 and row["rejected"] == 1 and row["kept"] == 0

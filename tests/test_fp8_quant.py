@@ -1,4 +1,5 @@
-"""FP8-static quantizers (patterns/static_quant.py): tiny diffusers models with FP8StaticLinear compiled
+"""FP8-static quantizers (patterns/quant_chain.py; families static_quant, cat_quant and the norm families' _quant
+ops): tiny diffusers models with FP8StaticLinear compiled
 lossless equal eager, and every quantizer in them is fused (alone, after the token cat, or into the norm
 op that produces its input).
 
@@ -17,11 +18,11 @@ Every model runs the ``x.float() / s`` form; tests with small modules check the 
 
 import pytest
 import torch
+from helpers import AdaLN, adaln_inputs, bitwise_equal, compile_and_run
 
 import diffusion_fuse
 from diffusion_fuse.testing.fp8 import FP8StaticLinear, quantize_linears_fp8
 from diffusion_fuse.testing.tiny_models import build
-from helpers import AdaLN, adaln_inputs, bitwise_equal, compile_and_run
 
 N, G, Q, C = "norm_modulate", "gated_residual_norm_modulate", "static_quant", "cat_quant"
 EXPECTED = {
@@ -49,9 +50,9 @@ def test_fp8_models_equal_eager_and_every_quantizer_is_fused(name):
     assert quantizers_fused(report) == n_linears, report.table()
     # the norm sites became the ops with the quant epilogue, and the report names them
     norm = {s.id: s for s in report.sites() if s.pattern in (N, G)}
-    assert {s.after for s in norm.values()} <= {"diffusion_fuse::ln_modulate_quant",
-                                                 "diffusion_fuse::gated_residual_ln_modulate_quant"}
-    assert "ln_modulate_quant" in report.table()
+    assert {s.after for s in norm.values()} <= {"diffusion_fuse::norm_modulate_quant",
+                                                 "diffusion_fuse::gated_residual_norm_modulate_quant"}
+    assert "norm_modulate_quant" in report.table()
     # quantizers are named by the model line that called the linear, not by testing/fp8.py
     assert not any("testing/fp8.py" in s.id for s in report.sites())
     if name == "flux":  # norm sites keep the ids they have without FP8 (tests/test_models_lossless.py)
@@ -108,74 +109,6 @@ def test_quantizers_join_the_norm_op(n, extra_reader, reciprocal, quantizers_in_
     assert norm.output_shapes[0].startswith("bfloat16") == (extra_reader or n > quantizers_in_norm)
     assert report.count(Q) == n - quantizers_in_norm
     assert quantizers_fused(report) == n
-
-
-def _quant_fn(form: str):
-    s = torch.tensor(0.05)
-
-    def fn(x):
-        if form == "fp32_input":
-            return (x.float() * 3 / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
-        if form == "torchao":  # torchao 0.18 _quantize_affine_float8 with a per-tensor [1, 1] scale
-            scale = s.reshape(1, 1)
-            max_value = torch.finfo(torch.float8_e4m3fn).max
-            return (x.to(torch.float32) / scale).clamp(min=-max_value, max=max_value).to(torch.float8_e4m3fn)
-        if form == "python_scale":
-            return (x.float() / 0.05).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
-        if form == "wide_clamp":  # bounds past e4m3's range: eager's cast does not saturate there
-            return (x.float() / s).clamp(-1000.0, 1000.0).to(torch.float8_e4m3fn)
-        if form == "per_row_scale":
-            return (x.float() / (s * torch.ones(x.shape[0], 1))).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
-        raise KeyError(form)
-
-    return fn
-
-
-@pytest.mark.parametrize("form, fused, near_miss", [
-    ("fp32_input", True, None),
-    ("torchao", True, None),
-    ("python_scale", False, "scale is a Python number"),
-    ("wide_clamp", False, None),
-    ("per_row_scale", False, "is not a one-element float tensor"),
-])
-def test_quantizer_forms(form, fused, near_miss):
-    x = (torch.randn(8, 32, generator=torch.Generator().manual_seed(0)) * 30).to(torch.bfloat16)
-    fn = _quant_fn(form)
-    report = diffusion_fuse.Report()
-    compiled = torch.compile(fn, backend=diffusion_fuse.DiffusionFuseBackend(None, report), fullgraph=True)
-    with torch.no_grad():
-        assert torch.equal(fn(x).view(torch.uint8), compiled(x).view(torch.uint8))
-    assert report.count(Q) == int(fused), report.table()
-    misses = [m.reason for g in report.graphs for m in g.near_misses if m.pattern == Q]
-    assert (near_miss is None and not misses) or any(near_miss in r for r in misses), misses
-
-
-class CatProj(torch.nn.Module):
-    """FLUX single-block tail: cat([attn, gelu(mlp)], 2) → FP8 proj_out (+ another reader of the cat)."""
-
-    def __init__(self, extra_reader: bool) -> None:
-        super().__init__()
-        torch.manual_seed(2)
-        self.proj = FP8StaticLinear.from_linear(torch.nn.Linear(48, 16).to(torch.bfloat16), 6.0)
-        self.extra_reader = extra_reader
-
-    def forward(self, attn, mlp):
-        c = torch.cat([attn, torch.nn.functional.gelu(mlp, approximate="tanh")], dim=2)
-        y = self.proj(c)
-        return (y, c.sum(-1)) if self.extra_reader else y
-
-
-@pytest.mark.parametrize("extra_reader", [False, True])
-def test_cat_quant(extra_reader):
-    model = CatProj(extra_reader)
-    g = torch.Generator().manual_seed(0)
-    attn = torch.randn(1, 2, 8, 16, generator=g).to(torch.bfloat16).permute(0, 2, 1, 3).reshape(1, 8, 32)
-    mlp = torch.randn(1, 8, 16, generator=g).to(torch.bfloat16)
-    ref, out, report = compile_and_run(model, dict(attn=attn, mlp=mlp))
-    assert bitwise_equal(ref, out)
-    (site,) = [s for s in report.sites() if s.pattern == C]
-    assert site.status == "kept" and site.after == "diffusion_fuse::cat_quant"
-    assert [o.split("[")[0] for o in site.output_shapes] == ["bfloat16"] * extra_reader + ["float8_e4m3fn"]
 
 
 def test_disabling_static_quant_leaves_standalone_quantizers_as_aten():

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import bitwise_equal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import diffusion_fuse
-from helpers import bitwise_equal
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 

@@ -2,7 +2,7 @@
 are grouped, where the op goes, the report, the op's reference path.
 
 On the CPU the op runs its reference (the same ``addmm`` calls as eager), so the outputs are eager's bits;
-tests/kernels/test_grouped_gemv.py checks the kernel in Triton's interpreter and tests/gpu/ on an H200.
+tests/kernels/test_grouped_gemv_kernel.py checks the kernel in Triton's interpreter and tests/gpu/ on an H200.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 import torch.fx as fx
 from helpers import bitwise_equal, capture_graphs, compile_and_run
 
-from diffusion_fuse.lowering.grouped_gemv import grouped_gemv_reference
+from diffusion_fuse.lowering.grouped_gemv import grouped_gemv
 from diffusion_fuse.testing.tiny_models import build
 
 
@@ -177,6 +177,6 @@ def test_reference_lays_members_out_one_after_another():
     x = torch.randn(2, 32, generator=g)
     ws = [torch.randn(8, 32, generator=g), torch.randn(16, 32, generator=g)]
     bs = [torch.randn(8, generator=g), None]
-    flat = grouped_gemv_reference(x, ws, bs)
+    flat = grouped_gemv(x, ws, bs)
     assert torch.equal(flat[:16].view(2, 8), torch.addmm(bs[0], x, ws[0].t()))
     assert torch.equal(flat[16:].view(2, 16), torch.mm(x, ws[1].t()))

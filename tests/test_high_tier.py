@@ -2,14 +2,14 @@
 
 import pytest
 import torch
+from helpers import compile_and_run
+from test_models_lossless import EXPECTED_SITES, LINEAR_CAT_SITES
+from test_rms_norm_pattern import CHAIN_SITES
+from test_verifier import SigmoidModulate, inputs, search
 
 import diffusion_fuse
 from diffusion_fuse.fxpasses.inductor_pass import InductorFusePass
 from diffusion_fuse.testing.tiny_models import build
-from helpers import compile_and_run
-from test_models_lossless import EXPECTED_SITES, LINEAR_CAT_SITES
-from test_rms_norm_patterns import CHAIN_SITES
-from test_verifier import SigmoidModulate, inputs, search
 
 
 @pytest.mark.parametrize("name", ["flux", "wan22_ti2v", "sd35"])

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import AdaLN, adaln_inputs
+from html_report import parse, select
 
 import diffusion_fuse
-from helpers import AdaLN, adaln_inputs
 from diffusion_fuse.log import parse_settings
 from diffusion_fuse.verify import graph_diff
 from diffusion_fuse.verify.html import svg_graph
-from html_report import parse, select
 
 ROOT = Path(__file__).resolve().parents[1]
 SUMMARY_COLUMNS = ["matched", "kept", "rejected", "unverified", "kernel hits", "guard fallbacks", "kernel errors"]
@@ -53,7 +53,7 @@ import diffusion_fuse
 
 
 class LeakyAdaLN(torch.nn.Module):
-    """AdaLN whose normalized tensor is also returned: the LN output has a user besides the modulate."""
+    """AdaLN whose first LayerNorm spans two dims: a near miss of every LayerNorm family."""
 
     def __init__(self, dim=32):
         super().__init__()
@@ -62,7 +62,7 @@ class LeakyAdaLN(torch.nn.Module):
 
     def forward(self, x, emb):
         scale, shift, scale2, shift2 = self.proj(emb).chunk(4, dim=-1)
-        h = self.norm(x)
+        h = torch.nn.functional.layer_norm(x, x.shape[-2:], eps=1e-6)
         y = h * (1 + scale[:, None]) + shift[:, None]
         z = self.norm(y) * (1 + scale2[:, None]) + shift2[:, None]
         return z, h
@@ -90,7 +90,7 @@ def cli(tmp_path_factory):
     runs = {
         "flux": (["--model", "flux", "--html", str(tmp / "flux.html"), "--json", str(tmp / "flux.json")], {}),
         "wan21": (["--model", "wan21", "--dtype", "fp32", "--html", str(tmp / "wan21.html")], {}),
-        "script": (["--fault", f"ln_modulate:perturb:{FAULT_INDEX}", "--html", str(tmp / "script.html"),
+        "script": (["--fault", f"norm_modulate:perturb:{FAULT_INDEX}", "--html", str(tmp / "script.html"),
                     "--script", str(script), "--steps", "2"], {}),
     }
     procs = {name: subprocess.Popen([sys.executable, "-m", "diffusion_fuse", "inspect", *argv], cwd=ROOT,
@@ -176,12 +176,17 @@ def test_cli_flux_html_and_json(cli):
     assert "clone" in unattributed.text
     assert len(select(els, "ul", "removed")) == n_sites + 1 and len(select(els, "ul", "added")) == n_sites + 1
     (code,) = select(els, "pre", "code-diff")
-    assert "diffusion_fuse.ln_modulate.default" in code.text and "-    native_layer_norm" in code.text
-    assert not select(els, "tr", "near-miss")
+    assert "diffusion_fuse.norm_modulate.default" in code.text and "-    native_layer_norm" in code.text
+    assert only_small_head_dim_near_misses(els)
     data = json.loads((run["dir"] / "flux.json").read_text())
     assert {c: sum(r[c] for r in data["summary"] if r["family"] not in OWN_ROWS) for c in SUMMARY_COLUMNS} == FLUX
     (g,) = data["graphs"]
     assert len(g["sites"]) == n_sites and g["ref_code"] and g["final_code"] and g["ref_graph"]["edges"]
+
+
+def only_small_head_dim_near_misses(els) -> bool:
+    """The tiny models' heads of 16 are near misses of mean_square (its kernel takes rows of 32, 64 and 128)."""
+    return all(e.data("pattern") == "mean_square" for e in select(els, "tr", "near-miss"))
 
 
 def test_cli_wan_counts(cli):
@@ -192,7 +197,7 @@ def test_cli_wan_counts(cli):
     rows, _ = summary_from_text(run["out"])
     assert totals(rows) == WAN21, run["out"]
     els = html_of(run, "wan21.html")
-    assert not select(els, "tr", "near-miss")
+    assert only_small_head_dim_near_misses(els)
     sites = select(els, "tr", "site")
     assert len(sites) == 4 + WAN21_POINTWISE
     (norm2,) = [e for e in sites if e.data("location").endswith("normalization.py:87")]
@@ -208,7 +213,7 @@ def test_cli_script_near_miss_and_injected_fault(cli):
     rows, _ = summary_from_text(run["out"])
     assert totals(rows)["matched"] == 1 and totals(rows)["rejected"] == 1
     assert "elements differ; first at [0, 1, 5]" in run["out"]
-    reason = "one of the LN output's 2 users: LN output feeds output, not a mul by (1 + scale)"
+    reason = "normalized_shape [8, 32] spans more than the last dim"
     assert re.search(r"norm_modulate\s+native_layer_norm\s+\S*leaky_adaln\.py:17\s+" + re.escape(reason), run["out"])
     els = html_of(run, "script.html")
     near = [e for e in select(els, "tr", "near-miss") if e.data("pattern") == "norm_modulate"]
@@ -224,7 +229,7 @@ def test_cli_script_near_miss_and_injected_fault(cli):
 def test_cli_usage_errors(capsys):
     from diffusion_fuse.__main__ import main
 
-    for argv in (["inspect", "--model", "flux", "--fault", "ln_modulate:oops"], ["inspect"],
+    for argv in (["inspect", "--model", "flux", "--fault", "norm_modulate:oops"], ["inspect"],
                  ["inspect", "--model", "nosuchmodel"], ["inspect", "--model", "flux", "--json", "r.txt"]):
         with pytest.raises(SystemExit) as e:
             main(argv)
@@ -245,7 +250,7 @@ def test_explain_report_has_the_graph_level_detail(tmp_path):
     report = diffusion_fuse.explain(AdaLN().eval(), *adaln_inputs())
     (site,) = report.sites()
     assert site.status == "kept" and site.verdict == "bitwise equal" and site.first_diff is None
-    assert site.before[:2] == ["native_layer_norm", "getitem"] and site.after.endswith("ln_modulate")
+    assert site.before[:2] == ["native_layer_norm", "getitem"] and site.after.endswith("norm_modulate")
     assert site.input_shapes[0] == "float32[2, 8, 32]" and site.output_shapes == ["float32[2, 8, 32]"]
     assert "tests/helpers.py:" in site.location  # where the modulate is written
     (g,) = report.graphs
@@ -258,7 +263,7 @@ def test_explain_report_has_the_graph_level_detail(tmp_path):
     roles = {n["name"]: n["role"] for n in grp["before"]["nodes"]}
     assert all(roles[n] == "core" for n in site.nodes)
     assert {roles[n] for n in site.input_nodes} == {"input"}
-    assert "+ln_modulate" in grp["code_diff"].replace(" ", "").replace("_default", "")
+    assert "+norm_modulate" in grp["code_diff"].replace(" ", "").replace("_default", "")
     assert graph_diff.code_diff(g).startswith("--- graph 0: ATen graph")
     assert "=== graph 0" in graph_diff.format_text(report)
     json.dumps(report.to_dict())  # plain data only

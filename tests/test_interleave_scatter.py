@@ -1,7 +1,7 @@
 """fxpasses/interleave_scatter.py: even/odd halves written into ``empty_like`` become their stack (Wan's RoPE).
 
 CPU: the rewritten graph runs ATen (and the pointwise op's reference path), so outputs must equal eager's
-bitwise; the generated kernel for the rewritten RoPE runs in tests/kernels/test_pointwise_codegen.py
+bitwise; the generated kernel for the rewritten RoPE runs in tests/kernels/test_pointwise_kernel.py
 (``wan_rope``) and on the GPU in tests/gpu/test_pointwise_gpu.py (``CHAINS``).
 """
 
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import bitwise_equal, compile_and_run
 
 from diffusion_fuse.config import Options
 from diffusion_fuse.fxpasses.base import PassContext
 from diffusion_fuse.fxpasses.interleave_scatter import InterleaveScatterPass
 from diffusion_fuse.testing import pointwise as pw
 from diffusion_fuse.testing.tiny_models import build
-from helpers import bitwise_equal, compile_and_run
 
 bf16, f32 = torch.bfloat16, torch.float32
 aten = torch.ops.aten
@@ -126,9 +126,8 @@ def test_a_dynamic_shape_graph_keeps_the_chain_and_runs(name):
     # A second resolution makes Dynamo's graph dynamic: the stack's view would need the sizes as graph values
     # (its shape printed as symbols the code does not define: a failed compile before this check), so the pass
     # leaves the chain as traced there; both resolutions equal eager
-    from diffusion_fuse.testing.tiny_models import wider
-
     import diffusion_fuse
+    from diffusion_fuse.testing.tiny_models import wider
 
     model, kwargs = build(name, f32)
     report = diffusion_fuse.Report()

@@ -12,7 +12,7 @@ import torch
 from helpers import bitwise_equal, compile_and_run
 
 from diffusion_fuse.lowering import counters
-from diffusion_fuse.lowering.linear_cat import can_use_linear_cat, linear_cat_reference
+from diffusion_fuse.lowering.linear_cat import SPEC, can_use_linear_cat, linear_cat
 from diffusion_fuse.testing.tiny_models import build
 
 
@@ -107,23 +107,23 @@ def _operands(rows=(6, 10), n=32, k=32, bias=True, dtype=torch.bfloat16):
 
 def test_the_op_runs_the_out_path_and_equals_the_reference():
     xs, ws, bs, dim, inner = _operands()
-    assert can_use_linear_cat(xs, ws, bs, dim, inner) == (True, "")
+    assert can_use_linear_cat(SPEC.bind((xs, ws, bs, dim, inner))) == (True, "")
     before = counters.snapshot()
     out = torch.ops.diffusion_fuse.linear_cat(xs, ws, bs, dim, inner)
     assert counters.diff(counters.snapshot(), before)["kernel"] == {"linear_cat": 1}
-    assert bitwise_equal(out, linear_cat_reference(xs, ws, bs, dim, inner))
+    assert bitwise_equal(out, linear_cat(xs, ws, bs, dim, inner))
     eager = torch.cat([torch.addmm(b, x, w.t()).view(1, -1, w.shape[0]) for x, w, b in zip(xs, ws, bs)], dim=1)
     assert bitwise_equal(out, eager)
 
 
 def test_a_piece_not_16_byte_aligned_takes_the_reference_path_and_says_so():
     xs, ws, bs, dim, inner = _operands(rows=(3, 5), n=5)  # the second piece starts 30 bytes in
-    ok, why = can_use_linear_cat(xs, ws, bs, dim, inner)
+    ok, why = can_use_linear_cat(SPEC.bind((xs, ws, bs, dim, inner)))
     assert not ok and "not 16-byte aligned" in why
     before = counters.snapshot()
     out = torch.ops.diffusion_fuse.linear_cat(xs, ws, bs, dim, inner)
     assert counters.diff(counters.snapshot(), before)["fallback"] == {"linear_cat": {why: 1}}
-    assert bitwise_equal(out, linear_cat_reference(xs, ws, bs, dim, inner))
+    assert bitwise_equal(out, linear_cat(xs, ws, bs, dim, inner))
 
 
 @pytest.mark.parametrize("bad, expect", [
@@ -133,5 +133,5 @@ def test_a_piece_not_16_byte_aligned_takes_the_reference_path_and_says_so():
      "different devices or of different dtypes"),
 ])
 def test_guard_names_what_it_rejects(bad, expect):
-    ok, why = can_use_linear_cat(*bad(*_operands()))
+    ok, why = can_use_linear_cat(SPEC.bind(bad(*_operands())))
     assert not ok and expect in why

@@ -1,5 +1,5 @@
 """Family mean_square (patterns/mean_square.py) through the backend on CPU: which chains become sites, and that
-the output is eager's (the op's reference path runs on CPU; the kernel's order is tests/kernels/test_mean_square.py's
+the output is eager's (the op's reference path runs on CPU; the kernel's order is tests/kernels/test_mean_square_kernel.py's
 and tests/gpu/test_mean_square_gpu.py's)."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ import collections
 
 import pytest
 import torch
+from helpers import bitwise_equal
+
 import diffusion_fuse
 from diffusion_fuse.testing.tiny_models import QKNorm
-from helpers import bitwise_equal
 
 
 def _compile(model, x, options=None):

@@ -26,9 +26,9 @@ Family ``pointwise`` (on by default) then groups what is left; its counts are it
 
 import pytest
 import torch
+from helpers import bitwise_equal, compile_and_run
 
 from diffusion_fuse.testing.tiny_models import MODEL_NAMES, build
-from helpers import bitwise_equal, compile_and_run
 
 N, G, R = "norm_modulate", "gated_residual_norm_modulate", "gated_residual"
 EXPECTED_BY_FAMILY = {
@@ -36,7 +36,8 @@ EXPECTED_BY_FAMILY = {
     "sana": {N: 2, G: 1}, "qwen_image": {N: 2, G: 2}, "sd35": {N: 2, G: 6},
 }
 FP32_EXPECTED_BY_FAMILY = {**EXPECTED_BY_FAMILY, "sana": {N: 2, G: 1, R: 1}}
-EXPECTED_SITES = {name: sum(c.values()) for name, c in EXPECTED_BY_FAMILY.items()}  # the AdaLN families' (tier high too)
+# the AdaLN families' sites (tier high too)
+EXPECTED_SITES = {name: sum(c.values()) for name, c in EXPECTED_BY_FAMILY.items()}
 # Family pointwise (fxpasses/pointwise.py): the groups of pointwise ops the other families left
 # (timestep embeddings, silu of temb, the QK-RMSNorm tails with RoPE, gated residual adds,
 # gelu + clone/cat, casts); fp32 graphs have fewer (no casts to group).
@@ -59,8 +60,8 @@ def expected(name, dtype):
     fams = {**(FP32_EXPECTED_BY_FAMILY if fp32 else EXPECTED_BY_FAMILY)[name],
             P: (FP32_POINTWISE_SITES if fp32 else POINTWISE_SITES)[name], L: LINEAR_CAT_SITES.get(name, 0),
             GG: 0 if fp32 else GROUPED_GEMV_SITES.get(name, 0)}
-    # an SD3.5 AdaLayerNormZeroX site is two ln_modulate calls; a pointwise site is one call
-    calls = {"ln_modulate": fams.get(N, 0) + (name == "sd35"), "gated_residual_ln_modulate": fams.get(G, 0),
+    # an SD3.5 AdaLayerNormZeroX site is two norm_modulate calls; a pointwise site is one call
+    calls = {"norm_modulate": fams.get(N, 0) + (name == "sd35"), "gated_residual_norm_modulate": fams.get(G, 0),
              "gated_residual": fams.get(R, 0), "pointwise": fams[P], "linear_cat": fams[L], "grouped_gemv": fams[GG]}
     return fams, calls
 
@@ -80,7 +81,8 @@ def test_lossless_equals_eager_and_matches_every_site(name, dtype):
     assert all(s.status == "kept" for s in sites), report.table()
     assert "rms_norm_chain" not in report.graphs[0].families  # tier high only
     near = [m for g in report.graphs for m in g.near_misses]
-    assert not near, report.table()
+    # what the tiny models hold that no kernel takes (head dims of 16) is a near miss with its reason
+    assert all(m.pattern == "mean_square" and m.reason.startswith("last dim") for m in near), report.table()
     # On CPU every Triton op call takes the reference path, and says so (verifier check + fused run); linear_cat's
     # "kernel" is the ATen GEMM with out=, which runs on the CPU too
     assert report.counters()["fallback"] == {op: {"device is cpu": 2 * n} for op, n in calls.items()

@@ -2,9 +2,9 @@
 
 CPU: every op call takes the reference path (the group's ATen subgraph), so outputs equal
 eager by construction; these tests check the grouping itself, the generated index arithmetic
-(kernels/pointwise_codegen.py, no interpreter needed to read the source) and the plumbing
+(kernels/pointwise.py, no interpreter needed to read the source) and the plumbing
 (options, tier high, the verifier putting a group back). The kernels run in
-tests/kernels/test_pointwise_codegen.py (interpreter) and tests/gpu/test_pointwise_gpu.py.
+tests/kernels/test_pointwise_kernel.py (interpreter) and tests/gpu/test_pointwise_gpu.py.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import operator
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import bitwise_equal, compile_and_run
 
 import diffusion_fuse
-from diffusion_fuse.kernels.pointwise_codegen import Generator, Lin, Term, flatten
+from diffusion_fuse.kernels.pointwise import Generator, Lin, Term, flatten
 from diffusion_fuse.lowering import faults
 from diffusion_fuse.lowering.pointwise import PROGRAMS, generate_source
 from diffusion_fuse.testing import pointwise as pw
 from diffusion_fuse.testing.tiny_models import build
-from helpers import bitwise_equal, compile_and_run
 
 bf16, f32 = torch.bfloat16, torch.float32
 
@@ -231,7 +231,8 @@ def test_bf16_operands_round_after_every_op():
 
 
 def test_bf16_gelu_is_a_lookup_in_eagers_outputs_and_the_recipe_where_no_table_is_built(monkeypatch):
-    from diffusion_fuse.kernels import lut16, pointwise_codegen
+    from diffusion_fuse.kernels import lut16
+    from diffusion_fuse.kernels import pointwise as pointwise_codegen
 
     fn = lambda x: torch.nn.functional.gelu(x, approximate="tanh").clone()  # noqa: E731
     src = generate_source([rn(4, 40)], pw.program_of(fn, rn(4, 40)))
@@ -383,3 +384,33 @@ def test_dynamic_shapes_compile_and_equal_eager():
     for n in (5, 9):
         args = (rn(n, 32), rn(n, 32, seed=1))
         assert bitwise_equal(f(*args), compiled(*args))
+
+
+# --- a write into a slice: slice → f → copy → slice_scatter, one kernel -------------------------------------
+@pytest.mark.parametrize("text", [0, 3, 8])
+def test_a_write_into_a_slice_is_one_group_with_eagers_output(text):
+    q, cos, sin = rn(2, 9, 3, 16), rn(9 - text, 1, 16, dtype=torch.float32), rn(9 - text, 1, 16, dtype=torch.float32)
+
+    def fn(q, cos, sin):
+        return pw.rope_into_slice(q, cos, sin)  # text = 9 - len(cos)
+
+    gm, sites = pw.fuse(fn, q, cos, sin)
+    (site,) = sites
+    assert {"copy", "clone"} <= set(pw.site_ops(site)), pw.site_ops(site)
+    assert any(n.target is torch.ops.aten.slice_scatter.default for n in site.nodes) == (text > 0)
+    ref, out, report = compile_and_run(lambda q, cos, sin: fn(q, cos, sin), dict(q=q, cos=cos, sin=sin))
+    assert bitwise_equal(ref, out) and report.count("pointwise", status="kept") == 1, report.table()
+
+
+def test_a_write_into_a_row_is_one_group_with_eagers_output():
+    def fn(x, y):
+        x = x * 2
+        x[:, 1] = torch.sigmoid(y)
+        return x + 1
+
+    x, y = rn(2, 5, 16), rn(2, 16, seed=1)
+    gm, sites = pw.fuse(fn, x, y)
+    (site,) = sites
+    assert any(n.target is torch.ops.aten.select_scatter.default for n in site.nodes)
+    ref, out, report = compile_and_run(lambda x, y: fn(x, y), dict(x=x, y=y))
+    assert bitwise_equal(ref, out) and report.count("pointwise", status="kept") == 1, report.table()

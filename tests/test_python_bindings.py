@@ -3,9 +3,9 @@
 import pytest
 import torch
 import torch.fx as fx
+from helpers import bitwise_equal, lossless_tiny_model
 
 from diffusion_fuse.fxpasses.python_bindings import BINDINGS, python_bindings
-from helpers import bitwise_equal, lossless_tiny_model
 
 aten = torch.ops.aten
 

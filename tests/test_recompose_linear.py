@@ -3,10 +3,10 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import bitwise_equal, lossless_tiny_model
 from torch._functorch.aot_autograd import aot_export_module
 
 from diffusion_fuse.fxpasses.recompose_linear import recompose_linear
-from helpers import bitwise_equal, lossless_tiny_model
 
 aten = torch.ops.aten
 

@@ -7,12 +7,12 @@ import threading
 
 import pytest
 import torch
+from helpers import AdaLN as _AdaLN
+from helpers import bitwise_equal
 
 import diffusion_fuse
 from diffusion_fuse.lowering import counters, faults
 from diffusion_fuse.testing.tiny_models import build
-from helpers import AdaLN as _AdaLN
-from helpers import bitwise_equal
 
 
 def AdaLN(dim: int = 64):  # noqa: N802 - reads like the model class it builds
@@ -45,7 +45,7 @@ def test_new_input_signature_is_verified_again_and_a_late_fault_is_caught():
             assert bitwise_equal(model(x, t), c(x, t))
         # The kernel goes wrong only for a shape the graph has not seen yet.
         x, t = torch.randn(2, 16, 64), torch.randn(2, 64)
-        with faults.inject("ln_modulate", "perturb", 5):
+        with faults.inject("norm_modulate", "perturb", 5):
             out = c(x, t)
         assert bitwise_equal(model(x, t), out)
     (graph,) = report.graphs
@@ -135,6 +135,9 @@ def test_counters_are_thread_safe():
 
 def test_verifier_frees_reference_values_as_it_goes():
     """The reference run keeps a value only while a later node or a site check needs it."""
+    import operator
+    import weakref
+
     from diffusion_fuse.verify.verifier import run_with_site_checks
 
     class Chain(torch.nn.Module):
@@ -144,29 +147,26 @@ def test_verifier_frees_reference_values_as_it_goes():
             return x
 
     gm = torch.fx.symbolic_trace(Chain())
-    alive = []
-    x = torch.randn(1000)
+    made: list[weakref.ref] = []  # every value the run computes
+    alive: list[int] = []  # how many of them are still referenced when each op runs
 
-    class Probe:  # count tensors that are still referenced while the run is in progress
-        def __call__(self, *args):
-            alive.append(sum(isinstance(o, torch.Tensor) and o.numel() == 1000 for o in gc.get_objects()))
-            return True
+    def tracked(fn):
+        def run(*args):
+            alive.append(sum(r() is not None for r in made))
+            out = fn(*args)
+            made.append(weakref.ref(out))
+            return out
+
+        return run
 
     for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target is torch.sin:
-            n.target = _probed_sin(Probe())
+        if n.op == "call_function" and n.target in (torch.sin, operator.add):
+            n.target = tracked(n.target)
     gm.recompile()
+    x = torch.randn(1000)
     out, verdicts = run_with_site_checks(gm, [x], [], lambda *a: None)
     assert torch.equal(out, Chain()(x)) and verdicts == {}
-    assert max(alive) <= 4, alive  # the input, one or two live intermediates, nothing that piles up
-
-
-def _probed_sin(probe):
-    def sin(x):
-        probe()
-        return torch.sin(x)
-
-    return sin
+    assert len(made) == 40 and max(alive) <= 1, alive  # only the value the next op reads is alive
 
 
 def test_outputs_that_alias_inputs_and_each_other():
@@ -211,7 +211,7 @@ def test_a_three_resolution_service_compiles_at_most_two_graphs(dynamic):
 @pytest.mark.parametrize("name", ["flux", "flux2", "wan21", "wan22_ti2v", "sana", "qwen_image", "sd35"])
 def test_every_tiny_model_compiles_with_dynamic_shapes_and_no_rewrite_raises(name):
     """``dynamic=True``: every size symbolic from the first call. Each pass must leave what it cannot express
-    with symbolic sizes as traced (session 15's interleave_scatter printed a size symbol into the graph's code);
+    with symbolic sizes as traced (a pass that prints a size symbol into the graph's code breaks the graph);
     the verifier would put such a graph's sites back, which this test calls a failure too."""
     from diffusion_fuse.testing.tiny_models import wider
 

@@ -2,11 +2,11 @@
 
 import pytest
 import torch
+from helpers import bitwise_equal
 from torch import Tensor
 
 import diffusion_fuse
 from diffusion_fuse.verify.compare import compare_bitwise, compare_close
-from helpers import bitwise_equal
 
 
 @torch.library.custom_op("df_test::sigmoid_modulate", mutates_args=())

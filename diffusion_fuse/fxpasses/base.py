@@ -95,7 +95,7 @@ def reaches_output(n: fx.Node) -> bool:
     return False
 
 
-def note_rewrites(ctx: "PassContext", pass_name: str, names: list[str], what: str) -> None:
+def note_rewrites(ctx: PassContext, pass_name: str, names: list[str], what: str) -> None:
     """The report note and the log line of a pass's exact-by-construction rewrites (the first four named)."""
     if not names:
         return
@@ -105,9 +105,11 @@ def note_rewrites(ctx: "PassContext", pass_name: str, names: list[str], what: st
 
 
 class GraphPass:
-    """One rewrite of an FX graph, in place."""
+    """One rewrite of an FX graph, in place. ``after``: the passes that must run before it (the pass manager's
+    order is derived from these, fxpasses/pass_manager.py)."""
 
     name: str = "pass"
+    after: tuple[str, ...] = ()
 
     def __call__(self, graph: fx.Graph, ctx: PassContext) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -118,6 +120,17 @@ class GraphPass:
     def uuid(self) -> str:
         src = inspect.getsource(type(self))
         return hashlib.sha256(f"{self.name}\0{src}\0{self.config_key()}".encode()).hexdigest()
+
+
+PASSES: dict[str, type[GraphPass]] = {}
+
+
+def register_pass(cls: type[GraphPass]) -> type[GraphPass]:
+    """Class decorator: a pass of the pipeline (its place follows from ``after``)."""
+    if cls.name in PASSES and PASSES[cls.name] is not cls:
+        raise ValueError(f"a pass named {cls.name!r} is already registered")
+    PASSES[cls.name] = cls
+    return cls
 
 
 def retarget_calls(gm: fx.GraphModule, change: Callable[[fx.Node], tuple | None]) -> tuple[fx.GraphModule, int]:

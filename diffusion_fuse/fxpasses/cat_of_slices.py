@@ -27,7 +27,7 @@ import torch
 import torch.fx as fx
 
 from ..log import get_logger
-from .base import GraphPass, PassContext, is_fresh, reaches_output
+from .base import GraphPass, PassContext, is_fresh, reaches_output, register_pass
 
 _log = get_logger("fxpasses")
 aten = torch.ops.aten
@@ -79,6 +79,7 @@ def covered_base(cat: fx.Node) -> fx.Node | None:
     return base
 
 
+@register_pass
 class CatOfSlicesPass(GraphPass):
     name = "cat_of_slices"
 

@@ -28,7 +28,16 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from .base import GraphPass, PassContext, is_fresh, note_rewrites, reaches_output, view_root, written_args
+from .base import (
+    GraphPass,
+    PassContext,
+    is_fresh,
+    note_rewrites,
+    reaches_output,
+    register_pass,
+    view_root,
+    written_args,
+)
 
 aten = torch.ops.aten
 _LAYOUT_KEEPING = (None, torch.preserve_format, torch.contiguous_format)
@@ -73,8 +82,10 @@ def droppable(n: fx.Node) -> bool:
     return bool(same_layout) and storage_base(x) is not None and not reaches_output(n)
 
 
+@register_pass
 class DropClonesPass(GraphPass):
     name = "drop_clones"
+    after = ("pointwise",)
 
     def __call__(self, graph: fx.Graph, ctx: PassContext) -> None:
         if ctx.options.quality != "lossless" or not _writes_only_inputs(graph):

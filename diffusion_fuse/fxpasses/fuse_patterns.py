@@ -14,9 +14,11 @@ import torch
 import torch.fx as fx
 
 from ..log import error_message, get_logger
+from ..lowering.spec import static_check
 from ..patterns.match_utils import source_location
 from ..patterns.registry import REGISTRY, NearMiss, Site
-from .base import GraphPass, PassContext
+from ..verify.verifier import SiteCheck
+from .base import GraphPass, PassContext, register_pass
 
 _log = get_logger("fxpasses")
 
@@ -63,12 +65,48 @@ def _propagate_fake(nodes: list[fx.Node]) -> None:
             n.meta["val"] = n.target(*args, **kwargs)
 
 
+def static_problem(site: Site) -> str:
+    """Why an op the site becomes could never run its kernel, by the op's static guard on the inputs' fake values
+    (lowering/spec.py), or ''. Without fake values the guard decides at run time."""
+    vals = [n.meta.get("val") for n in site.inputs]
+    if any(v is None for v in vals):
+        return ""
+    g = fx.Graph()
+    phs = []
+    for i, v in enumerate(vals):
+        ph = g.placeholder(f"in_{i}")
+        ph.meta["val"] = v
+        phs.append(ph)
+    try:
+        site.emit(g, phs)
+        calls = [n for n in g.nodes if n.op == "call_function"]
+        _propagate_fake(calls)
+    except Exception:  # noqa: BLE001 - a site that cannot be emitted is apply_site's to report
+        return ""
+    for n in calls:
+        if all(a.meta.get("val") is not None for a in n.all_input_nodes):
+            why = static_check(n.target, fx.node.map_arg(n.args, lambda a: a.meta["val"]))
+            if why:
+                return why
+    return ""
+
+
 REF_NAME = "diffusion_fuse_ref"
 
 
 def ref_name(node: fx.Node) -> str:
     """The name of the reference-graph node whose value ``node`` holds."""
     return node.meta.get(REF_NAME, node.name)
+
+
+def site_check(site: Site) -> SiteCheck:
+    """What the verifier needs to judge ``site`` on the reference graph: its replacement as a small graph, and the
+    reference-graph names of the values it reads and replaces."""
+    g = fx.Graph()
+    phs = [g.placeholder(f"in_{i}") for i in range(len(site.inputs))]
+    g.output(tuple(site.emit(g, phs)))
+    return SiteCheck(id=site.id, inputs=[ref_name(n) for n in site.inputs], outputs=[ref_name(n) for n in site.outputs],
+                     replacement=fx.GraphModule(torch.nn.Module(), g), exact=site.exact, diagnose=site.diagnose)
 
 
 def _last_in_order(nodes: list[fx.Node]) -> fx.Node:
@@ -113,8 +151,10 @@ def stable_topological_sort(graph: fx.Graph) -> None:
     _sort(graph)
 
 
+@register_pass
 class FusePatternsPass(GraphPass):
     name = "fuse_patterns"
+    after = ("cat_of_slices",)
 
     def config_key(self) -> str:
         # The uuid must change when the set of families or their code changes.
@@ -136,6 +176,7 @@ class FusePatternsPass(GraphPass):
         for node in list(graph.nodes):
             if node.op != "call_function" or node in claimed:
                 continue  # an anchor inside a site chosen before (a quantizer a norm site took) is not tried
+            misses: list[NearMiss] = []
             for fam in by_anchor.get(node.target, ()):
                 try:
                     res = fam.match(node)
@@ -144,17 +185,21 @@ class FusePatternsPass(GraphPass):
                 if res is None:
                     continue
                 if isinstance(res, NearMiss):
-                    ctx.near_misses.append(res)
+                    misses.append(res)
                     continue
                 problem = _check_closed(res)
                 if problem is None and claimed.intersection(res.nodes):
                     problem = "overlaps a site matched before it"
+                if problem is None:
+                    problem = static_problem(res) or None
                 if problem is not None:
-                    ctx.near_misses.append(NearMiss(fam.name, node, problem))
+                    misses.append(NearMiss(fam.name, node, problem))
                     continue
                 claimed.update(res.nodes)
                 chosen.append(res)
+                misses = []  # an anchor a family took is no near miss of the families tried before it
                 break
+            ctx.near_misses.extend(misses)
         apply_sites(graph, ctx, chosen)
 
 

@@ -14,8 +14,10 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from ..lowering.grouped_gemv import member_problem
 from ..patterns.grouped_gemv import GroupedGemv, group_site, member_of
-from .base import GraphPass, PassContext, note_rewrites
+from ..patterns.match_utils import val
+from .base import GraphPass, PassContext, note_rewrites, register_pass
 from .fuse_patterns import apply_sites
 
 aten = torch.ops.aten
@@ -62,13 +64,20 @@ def _cse_inputs(graph: fx.Graph, members: list[fx.Node]) -> list[str]:
     return removed
 
 
+def _member(n: fx.Node) -> bool:
+    m = member_of(n)
+    return m is not None and not member_problem(val(m[0]), val(m[1]))
+
+
+@register_pass
 class GroupedGemvPass(GraphPass):
     name = "grouped_gemv"
+    after = ("fuse_patterns",)
 
     def __call__(self, graph: fx.Graph, ctx: PassContext) -> None:
         if ctx.options.quality != "lossless" or not ctx.options.pattern_enabled(GroupedGemv.name, "lossless"):
             return
-        members = [n for n in graph.nodes if member_of(n) is not None]
+        members = [n for n in graph.nodes if _member(n)]
         if len(members) < 2:
             return
         note_rewrites(ctx, self.name, _cse_inputs(graph, members),

@@ -29,7 +29,7 @@ import torch
 import torch.fx as fx
 
 from ..log import get_logger
-from .base import GraphPass, PassContext, note_rewrites
+from .base import GraphPass, PassContext, note_rewrites, register_pass
 from .fuse_patterns import REF_NAME, _propagate_fake, ref_name
 
 _log = get_logger("fxpasses")
@@ -114,8 +114,10 @@ def match(empty: fx.Node):
     return v0, c0, v1, c1, e2, dim
 
 
+@register_pass
 class InterleaveScatterPass(GraphPass):
     name = "interleave_scatter"
+    after = ("fuse_patterns",)
 
     def __call__(self, graph: fx.Graph, ctx: PassContext) -> None:
         if ctx.options.quality != "lossless":

@@ -1,19 +1,18 @@
-"""The ordered pass pipeline per tier.
+"""The pass pipeline: every registered pass (fxpasses/base.py ``register_pass``), in the order their ``after``
+declarations give (a pass runs after each pass it names; passes no declaration orders keep their registration
+order).
 
-lossless: cat_of_slices (a cat that rebuilds the tensor its inputs were sliced from is that tensor;
-          exact by construction, noted in the report) → fuse_patterns (lossless families) → grouped_gemv
-          (linears of one short input, e.g. every block's AdaLN modulation, as one launch) →
-          interleave_scatter (even/odd halves written into empty_like are their stack: Wan's RoPE; exact by
-          construction, noted) → pointwise (groups what the families left) → drop_clones (standalone clones of contiguous
-          intermediates, e.g. eval-mode Dropout's, are their input; exact by construction) → cleanup;
-          the result runs as ATen + our ops. What runs after verification is that graph
-          with runtime rewrites that change no kernel, only what the host does to issue them
-          (``PassManager.runtime``): recompose_linear (view → t → addmm → view back to one
-          ``aten.linear``), python_bindings (ATen ops through torch's generated bindings, as eager
-          calls them) and direct_calls (our ops without the dispatcher).
-high:     the same passes run inside Inductor as a post-grad ``CustomGraphPass``
-          (fxpasses/inductor_pass.py), with the tier-"high" families enabled too; the pointwise
-          pass does nothing there (Inductor fuses pointwise ops itself).
+lossless: cat_of_slices (a cat that rebuilds the tensor its inputs were sliced from is that tensor; exact by
+          construction, noted in the report) → fuse_patterns (the anchored families) → grouped_gemv (linears of
+          one short input as one launch) and interleave_scatter (even/odd halves written into ``empty_like`` are
+          their stack; exact by construction) → pointwise (groups what the families left) → drop_clones
+          (standalone clones of contiguous intermediates are their input) → cleanup. What runs after
+          verification is that graph with runtime rewrites that change no kernel, only what the host does to
+          issue them (``PassManager.runtime``): recompose_linear (view → t → addmm → view back to one
+          ``aten.linear``), python_bindings (ATen ops through torch's generated bindings, as eager calls them)
+          and direct_calls (our ops without the dispatcher).
+high:     the same passes run inside Inductor as a post-grad ``CustomGraphPass`` (fxpasses/inductor_pass.py),
+          with the tier-"high" families enabled too; the lossless-only family passes do nothing there.
 """
 
 from __future__ import annotations
@@ -26,14 +25,9 @@ import torch.fx as fx
 
 from ..config import Options
 from ..log import error_message, get_logger
-from .base import GraphPass, PassContext
-from .cat_of_slices import CatOfSlicesPass
-from .cleanup import CleanupPass
-from .drop_clones import DropClonesPass
-from .fuse_patterns import FusePatternsPass
-from .grouped_gemv import GroupedGemvPass
-from .interleave_scatter import InterleaveScatterPass
-from .pointwise import PointwiseFusionPass
+from . import cat_of_slices, cleanup, drop_clones, fuse_patterns, interleave_scatter  # noqa: F401  (register)
+from . import direct_calls, python_bindings, recompose_linear
+from .base import PASSES, GraphPass, PassContext
 
 _log = get_logger("fxpasses")
 
@@ -58,12 +52,33 @@ def copy_graph_module(ref: fx.GraphModule) -> fx.GraphModule:
     return fx.GraphModule(ref, graph)
 
 
+def pass_order() -> list[str]:
+    """The registered passes' names in pipeline order (``after`` names that are not registered are ignored)."""
+    names = list(PASSES)
+    done: list[str] = []
+    visiting: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in done:
+            return
+        if name in visiting:
+            raise ValueError(f"pass order: a cycle through {name!r}")
+        visiting.add(name)
+        for dep in PASSES[name].after:
+            if dep in PASSES:
+                visit(dep)
+        visiting.discard(name)
+        done.append(name)
+
+    for name in names:
+        visit(name)
+    return done
+
+
 class PassManager:
     def __init__(self, options: Options) -> None:
         self.options = options
-        self.passes: list[GraphPass] = [CatOfSlicesPass(), FusePatternsPass(), GroupedGemvPass(),
-                                        InterleaveScatterPass(), PointwiseFusionPass(), DropClonesPass(),
-                                        CleanupPass()]
+        self.passes: list[GraphPass] = [PASSES[name]() for name in pass_order()]
 
     def run(self, graph: fx.Graph, exclude: frozenset[str] = frozenset()) -> PassContext:
         ctx = PassContext(options=self.options, exclude=exclude)
@@ -90,24 +105,14 @@ class PassManager:
         return gm, ctx
 
     @staticmethod
-    def runtime(gm: fx.GraphModule, rewrite: bool = True, side: bool = True) -> tuple[Callable, dict[str, int]]:
+    def runtime(gm: fx.GraphModule, rewrite: bool = True) -> tuple[Callable, dict[str, int]]:
         """The graph that runs in place of ``gm`` (verified end to end by the caller), and what the
-        ATen-level runtime rewrites changed (``rewrite=False``: our ops' direct calls only; ``side``: small
-        branches on a second CUDA stream, side_stream.py)."""
-        from .direct_calls import direct_calls
-        from .python_bindings import python_bindings
-        from .recompose_linear import recompose_linear
-        from .side_stream import SideStreamGraph, side_stream
-
-        counts = {"linears_recomposed": 0, "python_bindings": 0, "side_stream_nodes": 0}
-        device = -1
+        ATen-level runtime rewrites changed (``rewrite=False``: our ops' direct calls only)."""
+        counts = {"linears_recomposed": 0, "python_bindings": 0}
         if rewrite:
-            gm, counts["linears_recomposed"] = recompose_linear(gm)
-            if side:
-                gm, counts["side_stream_nodes"], device = side_stream(gm)
-            gm, counts["python_bindings"] = python_bindings(gm)
-        run = direct_calls(gm)
-        return (SideStreamGraph(run, device) if counts["side_stream_nodes"] else run), counts
+            gm, counts["linears_recomposed"] = recompose_linear.recompose_linear(gm)
+            gm, counts["python_bindings"] = python_bindings.python_bindings(gm)
+        return direct_calls.direct_calls(gm), counts
 
     def uuid(self) -> str:
         h = hashlib.sha256()

@@ -48,7 +48,7 @@ import sys
 import torch
 import torch.fx as fx
 
-from ..kernels.pointwise_codegen import (
+from ..kernels.pointwise import (
     COMPLEX_DTYPES,
     COMPLEX_VIEWS,
     MULTI_VIEW_OPS,
@@ -57,14 +57,24 @@ from ..kernels.pointwise_codegen import (
     pad_fill,
 )
 from ..kernels.pointwise_ops import FLOAT_DTYPES, RECIPES
-from ..lowering.pointwise import diagnose, register_program
+from ..lowering.pointwise import (
+    PROGRAMS,
+    SPEC,
+    can_use_pointwise,
+    launch_once,
+    node_values,
+    prepared_discard,
+    register_program,
+)
 from ..patterns.match_utils import describe
 from ..patterns.registry import Site
-from .base import GraphPass, PassContext
+from ..verify.compare import compare_bitwise
+from .base import GraphPass, PassContext, register_pass
 from .fuse_patterns import apply_sites
 
 PATTERN = "pointwise"
 _WHERE = torch.ops.aten.where.self
+_COPY = torch.ops.aten.copy.default
 
 
 def _numel(v) -> object:
@@ -113,7 +123,7 @@ def classify(n: fx.Node) -> str | None:
     if r is None or r.check(n):
         return None
     for i, a in enumerate(n.args):
-        if isinstance(a, fx.Node):
+        if isinstance(a, fx.Node) and not (t is _COPY and i == 0):  # copy's destination: its shape and dtype only
             allowed = FLOAT_DTYPES + (torch.bool,) if (t is _WHERE and i == 0) else FLOAT_DTYPES
             if i not in r.tensor_args or not _tensor(a.meta.get("val"), allowed):
                 return None
@@ -171,8 +181,10 @@ class _Group:
     lo: int  # smallest graph position of its nodes
 
 
+@register_pass
 class PointwiseFusionPass(GraphPass):
     name = "pointwise"
+    after = ("grouped_gemv", "interleave_scatter")
 
     def config_key(self) -> str:
         # The grouping rules live in this module's functions and the op table: both key the uuid.
@@ -453,3 +465,40 @@ def _program(body: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node],
         k += 1
     g.output(tuple(env[o] for o in outputs))
     return fx.GraphModule(torch.nn.Module(), g)
+
+
+def _prefix_program(gm: fx.GraphModule, node: fx.Node) -> fx.GraphModule:
+    """``gm`` cut down to what ``node`` reads, with ``node`` as its one output (same placeholders)."""
+    g = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    needed, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        if n not in needed:
+            needed.add(n)
+            stack.extend(n.all_input_nodes)
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            env[n] = g.placeholder(n.name)
+        elif n in needed:
+            env[n] = g.node_copy(n, env.__getitem__)
+    g.output((env[node],))
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+def diagnose(key: str, inputs) -> str:
+    """For a rejected group: the first of its ops whose generated kernel differs from eager on ``inputs``."""
+    ok, why = can_use_pointwise(SPEC.bind((list(inputs), key)))
+    prepared_discard(inputs, key)
+    if not ok:
+        return f"the reference path ran ({why}): the difference is not the kernel's"
+    gm = PROGRAMS[key].gm
+    for n, value in node_values(gm, inputs):
+        if (n.op != "call_function" or not isinstance(value, torch.Tensor) or value.dtype not in FLOAT_DTYPES
+                or n.target in VIEW_OPS or n.target is operator.getitem):
+            continue  # an input or a view: judged through the ops that read it
+        (got,) = launch_once(register_program(_prefix_program(gm, n), describe([n])), list(inputs))
+        v = compare_bitwise(value, got)
+        if not v:
+            return f"first op to differ from eager: {describe([n])[0]} ({v.detail})"
+    return "each op alone equals eager"

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .fp8_quant import BLOCK, NUM_WARPS, eager_nan_keeps_sign, quantize_e4m3, row_strides
+from .fp8_quant import BLOCK, NUM_WARPS, Q_MODES, eager_nan_keeps_sign, quantize_e4m3, row_strides
 from .launch import CachedLaunch
 from .layer_norm_stats import program_row
 
@@ -42,28 +42,24 @@ def _cat_quant_kernel(
     tl.store(Q + row * W + offs, quantize_e4m3(v.to(tl.float32), s, q_lo, q_hi, Q_MODE, NAN_SIGN), mask=mask)
 
 
-def plan_cat_quant(a, b, scale, q_mode, lo, hi, keep_cat, nan_sign: bool | None = None):
-    """A launch for inputs of this layout (they must satisfy ``can_use_cat_quant``)."""
-    NA, W = a.shape[-1], a.shape[-1] + b.shape[-1]
-    rows = a.numel() // NA
-    shape, device, dtype = (*a.shape[:-1], W), a.device, a.dtype
-    S, a_sb, a_ss = row_strides(a)
-    _, b_sb, b_ss = row_strides(b)
+def plan_cat_quant(a, nan_sign: bool | None = None):
+    """A launch for inputs of this layout: ``a`` holds the op's arguments by name (lowering/cat_quant.py; its
+    guard accepted them), and so does the launch's argument."""
+    NA, W = a.a.shape[-1], a.a.shape[-1] + a.b.shape[-1]
+    rows = a.a.numel() // NA
+    shape, device, dtype = (*a.a.shape[:-1], W), a.a.device, a.a.dtype
+    S, a_sb, a_ss = row_strides(a.a)
+    _, b_sb, b_ss = row_strides(a.b)
     nan_sign = eager_nan_keeps_sign(device) if nan_sign is None else nan_sign
+    keep_cat = a.keep_cat
     kernel = CachedLaunch(_cat_quant_kernel, (rows, triton.cdiv(W, BLOCK)),
-                          dict(BLOCK=BLOCK, KEEP_CAT=keep_cat, Q_MODE=q_mode, NAN_SIGN=nan_sign),
+                          dict(BLOCK=BLOCK, KEEP_CAT=keep_cat, Q_MODE=Q_MODES[a.q_mode], NAN_SIGN=nan_sign),
                           num_warps=NUM_WARPS)
 
-    def launch(a, b, scale, q_mode, lo, hi, keep_cat):
+    def launch(a):
         q = torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)
         c = torch.empty(shape, dtype=dtype, device=device) if keep_cat else q
-        kernel(a, b, scale, c, q.view(torch.uint8), NA, W, S, a_sb, a_ss, b_sb, b_ss, lo, hi)
+        kernel(a.a, a.b, a.scale, c, q.view(torch.uint8), NA, W, S, a_sb, a_ss, b_sb, b_ss, a.lo, a.hi)
         return [c, q] if keep_cat else [q]
 
     return launch
-
-
-def cat_quant_triton(a, b, scale, q_mode, lo, hi, keep_cat, nan_sign: bool | None = None):
-    """Plan and launch once (tests, benchmarks); the op caches plans per layout instead."""
-    args = (a, b, scale, q_mode, lo, hi, keep_cat)
-    return plan_cat_quant(*args, nan_sign=nan_sign)(*args)

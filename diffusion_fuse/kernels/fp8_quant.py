@@ -1,4 +1,4 @@
-"""Static FP8 (e4m3fn) quantization in Triton: the shared epilogue and the standalone kernel.
+"""Static FP8 (e4m3fn) quantization in Triton: the quantizer every FP8 kernel shares, and the norm kernels' epilogue.
 
 Numerics contract (lossless tier). Eager quantizes a tensor ``x`` with a per-tensor static
 scale as four elementwise kernels; per element, in fp32::
@@ -22,9 +22,7 @@ bits, signed zeros included. They differ on NaN: c10 keeps the sign (``0x7F | si
 hardware returns ``0x7F``. Which one this torch build runs is read off the GPU once
 (``eager_nan_keeps_sign``) and passed as NAN_SIGN; the kernel writes NaN bits explicitly.
 
-The standalone kernel reads rows of ``x`` ([M, D] or [B, S, D], unit stride along D, any
-row strides) and writes a contiguous e4m3 tensor: one read of ``x`` and one byte written per
-element, where eager reads and writes fp32 copies three times.
+The standalone quantizer is kernels/static_quant.py, the concatenation's kernels/cat_quant.py.
 Verified shapes: tests/gpu/test_fp8_quant_gpu.py (written; not yet run on a GPU).
 """
 
@@ -36,10 +34,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import CachedLaunch
-from .layer_norm_stats import program_row
-
 BLOCK = 1024  # elements per program along D (standalone and cat kernels)
+Q_MODES = {"div": 0, "mul": 1}  # an op's q_mode -> the kernels' Q_MODE: x / scale, or x * scale (scale = 1 / s)
+MAX_QUANTS = 4  # quantizers one norm kernel feeds (S0..S3)
 NUM_WARPS = 4
 
 
@@ -62,20 +59,7 @@ def quantize_e4m3(v, s, lo, hi, Q_MODE: tl.constexpr, NAN_SIGN: tl.constexpr):
     return tl.where(is_nan, nan_bits.to(tl.uint8), bits)
 
 
-@triton.jit(do_not_specialize=["S", "x_sb", "x_ss", "q_lo", "q_hi"])
-def _static_quant_kernel(
-    X, SCALE, Q, N, S, x_sb, x_ss, q_lo, q_hi,
-    BLOCK: tl.constexpr, Q_MODE: tl.constexpr, NAN_SIGN: tl.constexpr,
-):
-    row, bi, si = program_row(S)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < N
-    s = tl.load(SCALE).to(tl.float32)
-    v = tl.load(X + bi * x_sb + si * x_ss + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(Q + row * N + offs, quantize_e4m3(v, s, q_lo, q_hi, Q_MODE, NAN_SIGN), mask=mask)
-
-
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def eager_nan_keeps_sign(device: torch.device) -> bool:
     """Whether eager's float → e4m3fn cast on ``device`` keeps a NaN's sign (c10's software path)."""
     q = torch.tensor([-float("nan")], device=device).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
@@ -91,30 +75,7 @@ def row_strides(x: torch.Tensor) -> tuple[int, int, int]:
     return 1, 0, 0
 
 
-def plan_static_quant(x, scale, mode, lo, hi, nan_sign: bool | None = None):
-    """A launch for inputs of this layout (they must satisfy ``can_use_static_quant``)."""
-    D = x.shape[-1]
-    rows = x.numel() // D
-    shape, device = x.shape, x.device
-    S, sb, ss = row_strides(x)
-    nan_sign = eager_nan_keeps_sign(device) if nan_sign is None else nan_sign
-    kernel = CachedLaunch(_static_quant_kernel, (rows, triton.cdiv(D, BLOCK)),
-                          dict(BLOCK=BLOCK, Q_MODE=mode, NAN_SIGN=nan_sign), num_warps=NUM_WARPS)
-
-    def launch(x, scale, mode, lo, hi):
-        q = torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)
-        kernel(x, scale, q.view(torch.uint8), D, S, sb, ss, lo, hi)
-        return q
-
-    return launch
-
-
-def static_quant_triton(x, scale, mode, lo, hi, nan_sign: bool | None = None) -> torch.Tensor:
-    """Plan and launch once (tests, benchmarks); the op caches plans per layout instead."""
-    return plan_static_quant(x, scale, mode, lo, hi, nan_sign)(x, scale, mode, lo, hi)
-
-
-# --- the quant epilogue of the norm kernels (kernels/ln_modulate.py, kernels/gated_residual_ln.py) ---
+# --- the quant epilogue of the norm kernels (kernels/norm_modulate.py, kernels/gated_residual_norm_modulate.py)
 @triton.jit
 def load_scales(S0, S1, S2, S3, N_Q: tl.constexpr):
     """The epilogue's scales as fp32 (1.0 for the unused ones)."""
@@ -153,27 +114,26 @@ class QuantEpilogue:
     outputs are planes of one [n, *shape] buffer (contiguous views, one allocation).
     """
 
-    def __init__(self, quant: tuple[int, int, bool] | None, shape, out_dt_code: int, device,
+    def __init__(self, quant: tuple[int, str, bool] | None, shape, out_dt_code: int, device,
                  nan_sign: bool | None = None) -> None:
-        self.n, q_mode, self.keep_out = quant if quant else (0, 0, True)
+        self.n, q_mode, self.keep_out = quant if quant else (0, "div", True)
         self.shape, self.device = tuple(shape), device
         self.plane = 1
         for d in self.shape:
             self.plane *= d
         if self.n and nan_sign is None:
             nan_sign = eager_nan_keeps_sign(device)
-        self.constexprs = dict(N_Q=self.n, STORE_OUT=self.keep_out, OUT_DT=out_dt_code, Q_MODE=q_mode,
+        self.constexprs = dict(N_Q=self.n, STORE_OUT=self.keep_out, OUT_DT=out_dt_code, Q_MODE=Q_MODES[q_mode],
                                NAN_SIGN=bool(nan_sign))
 
-    def args(self, dummy: torch.Tensor, q_scales=(), q_mode=0, lo: float = 0.0, hi: float = 0.0,
-             keep_out=True) -> tuple[tuple, torch.Tensor | None]:
-        """(runtime arguments Q, q_plane, S0..S3, q_lo, q_hi; the e4m3 buffer or None), from the op's
-        trailing arguments (``q_scales, q_mode, lo, hi, keep_out``; none without an epilogue)."""
+    def args(self, dummy: torch.Tensor, a=None) -> tuple[tuple, torch.Tensor | None]:
+        """(runtime arguments Q, q_plane, S0..S3, q_lo, q_hi; the e4m3 buffer or None), from a ``_quant`` op's
+        arguments ``a`` (``q_scales``, ``lo``, ``hi``; none without an epilogue)."""
         if not self.n:
             return (dummy, 0, dummy, dummy, dummy, dummy, 0.0, 0.0), None
         q = torch.empty((self.n, *self.shape), dtype=torch.float8_e4m3fn, device=self.device)
-        s = list(q_scales) + [q_scales[0]] * (4 - len(q_scales))
-        return (q.view(torch.uint8), self.plane, *s, lo, hi), q
+        s = list(a.q_scales) + [a.q_scales[0]] * (MAX_QUANTS - len(a.q_scales))
+        return (q.view(torch.uint8), self.plane, *s, a.lo, a.hi), q
 
     def outputs(self, leading: list, out, q) -> list:
         """The op's Tensor[] result: ``leading`` outputs, ``out`` if kept, then the quantized planes."""

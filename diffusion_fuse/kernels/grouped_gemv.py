@@ -69,7 +69,7 @@ CUBLAS_MEMBERS: list[str] = []  # members no form matched (tests, reports)
 # members planned again reuses its tables. They are small (a few KB), but weights that are not parameters
 # would make a new set every call: past MAX_TABLE_SETS, planning refuses (the reference path, logged).
 MAX_TABLE_SETS = 256
-_live_tables: dict[tuple, "_Tables"] = {}
+_live_tables: dict[tuple, _Tables] = {}
 
 
 @triton.jit

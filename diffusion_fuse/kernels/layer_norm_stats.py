@@ -103,7 +103,7 @@ unrolled (``tl.static_range``) and ``1.f/count`` is the compile-time constant ``
 Python's double ``1/n`` rounded to fp32 equals the correctly rounded fp32 reciprocal
 ``rcp.rn`` gives for every n < 100,000 (checked exhaustively; rows here need n <= 4*32).
 
-Launch shapes of the same arithmetic (``welford_tile_stats``; kernels/ln_modulate.py ``LaunchVariant``):
+Launch shapes of the same arithmetic (``welford_tile_stats``; kernels/norm_modulate.py ``LaunchVariant``):
 ``ROWS > 1`` holds a row group, row r in lanes ``r*LANES ..`` (its own 4 warps), each row pushed and
 combined exactly as alone; ``ONE_EXCHANGE`` moves the warps' (mean, m2) through shared memory once,
 packed in one int64, instead of once per quantity. Neither changes an operation or its order.
@@ -485,7 +485,7 @@ def load_row_tile(row_ptr, stride_d, N_ITERS: tl.constexpr, LANES: tl.constexpr,
     tl.static_assert(N_ITERS <= 32, "row tiles hold at most 32 trips (N <= 16384)")
     it = tl.arange(0, NI)[None, :, None]
     offs = (it * LANES + tl.arange(0, LANES)[:, None, None]) * VEC + tl.arange(0, VEC)[None, None, :]
-    # read once: EVICT_FIRST asks L2 to drop these lines first (ln_modulate.LaunchVariant.cache_hints)
+    # read once: EVICT_FIRST asks L2 to drop these lines first (norm_modulate.LaunchVariant.cache_hints)
     POLICY: tl.constexpr = "evict_first" if EVICT_FIRST else ""
     if NI == N_ITERS:
         return tl.load(row_ptr + offs * stride_d, eviction_policy=POLICY)

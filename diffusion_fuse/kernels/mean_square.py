@@ -39,7 +39,7 @@ reference path runs them.
 Three kernels. ``mean_square_kernel`` takes every form: a program's 16 rows as a [16, 32] lane tensor, the warp
 tree as reshapes (Triton lays them out through shared memory). Eager's forms run on lane kernels, with each thread
 holding a lane of ``LANE_GROUPS`` rows so that their loads are in flight together (as the QK RMSNorm does) and the
-tree as warp shuffles on a state whose lane f is thread f % 128 (tests/kernels/test_mean_square.py checks that in
+tree as warp shuffles on a state whose lane f is thread f % 128 (tests/kernels/test_mean_square_kernel.py checks that in
 the sm_90 build):
 
 - ``mean_square_lanes_kernel``, D = 128: ``kernels/rms_norm.rms_row_sum_squares`` without its FMA push is the

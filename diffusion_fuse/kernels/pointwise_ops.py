@@ -1,6 +1,6 @@
 """What eager computes for each ATen pointwise op the pointwise pass fuses: the numerics contract.
 
-Every fused group becomes one Triton kernel (kernels/pointwise_codegen.py) that evaluates the
+Every fused group becomes one Triton kernel (kernels/pointwise.py) that evaluates the
 group's ops element by element, in fp32 registers, rounding where eager rounds. For each op
 eager launches one CUDA kernel (TensorIterator, ``gpu_kernel``) that, per element:
 
@@ -251,6 +251,10 @@ def _copy_check(n: fx.Node) -> str:
     return f"unexpected kwargs {sorted(kwargs)}" if kwargs else ""
 
 
+def _copy_into_check(n: fx.Node) -> str:
+    return "copy with non_blocking" if (n.args[2] if len(n.args) > 2 else n.kwargs.get("non_blocking", False)) else ""
+
+
 def _gelu(em: Emit, n: fx.Node, a: list[str], var: Variants) -> str:
     x = a[0]
     if n.kwargs.get("approximate", "none") == "tanh":
@@ -386,6 +390,8 @@ RECIPES: dict[object, Recipe] = {
     aten.where.self: Recipe("where", (0, 1, 2), _where, selects=True),
     aten._to_copy.default: Recipe("_to_copy", (0,), _unary("{x}"), _copy_check, selects=True),
     aten.clone.default: Recipe("clone", (0,), _unary("{x}"), _copy_check, selects=True),
+    # the functional form of ``dst.copy_(src)`` (a write into a slice): src broadcast to dst and converted to its dtype
+    aten.copy.default: Recipe("copy", (1,), _unary("{x}"), _copy_into_check, selects=True),
 }
 
 

@@ -78,17 +78,18 @@ f % 128, a layout Triton chooses: each plan reads its build's shuffle layouts on
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 import triton
 import triton.language as tl
 
-from ..lowering.rms_norm import Tail
 from ..log import get_logger
 from . import triton_interpret
 from .launch import CachedLaunch
 from .layer_norm_stats import LANES, USE_SHUFFLES, VEC, WARP, _as_f32, _shfl_down, is_uniform
-from .ln_modulate import _DT_CODE, round_to
+from .norm_modulate import _DT_CODE, result_dtypes, round_to
 
 if triton_interpret():  # the interpreter runs no inline PTX: the sign flip (equal to neg.f32 but on NaN payloads)
     @triton.jit
@@ -103,6 +104,47 @@ else:
 
 
 _log = get_logger("kernels")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tail:
+    """The ops after ``h = x * rstd`` (fp32), by the dtype each rounds to (None: the op is absent).
+
+    ``c1``/``c2``: casts before/after the weight and bias; ``w``/``b``/``t``/``u``/``v``: result
+    dtypes of ``* weight``, ``+ bias``, ``scale + 1``, ``* (scale + 1)``, ``+ shift``.
+    """
+
+    c1: torch.dtype | None = None
+    w: torch.dtype | None = None
+    b: torch.dtype | None = None
+    c2: torch.dtype | None = None
+    t: torch.dtype | None = None
+    u: torch.dtype | None = None
+    v: torch.dtype | None = None
+
+
+def _modulate_tail(y_dtype, scale, shift, out_dtype, **tail):
+    if scale is None:
+        return Tail(**tail), y_dtype
+    _, t_dt, u_dt, v_dt, final = result_dtypes(y_dtype, scale.dtype, None if shift is None else shift.dtype, None,
+                                               out_dtype)
+    return Tail(**tail, t=t_dt, u=u_dt, v=v_dt if shift is not None else None), final
+
+
+def rms_norm_tail(x_dtype, weight, scale, shift, out_dtype):
+    """(Tail, output dtype) of ``rms_norm``: round_T(w * (x * rstd)), then the modulate."""
+    return _modulate_tail(x_dtype, scale, shift, out_dtype, w=torch.float32 if weight is not None else None,
+                          c2=x_dtype)
+
+
+def rms_norm_chain_tail(cast1, weight, bias, cast2, scale, shift, out_dtype):
+    """(Tail, output dtype) of ``rms_norm_chain`` under eager's type promotion."""
+    h = cast1 or torch.float32
+    w_dt = None if weight is None else torch.promote_types(h, weight.dtype)
+    h = w_dt or h
+    b_dt = None if bias is None else torch.promote_types(h, bias.dtype)
+    h = cast2 or b_dt or h
+    return _modulate_tail(h, scale, shift, out_dtype, c1=cast1, w=w_dt, b=b_dt, c2=cast2)
 
 MAX_ROWS_PER_PROGRAM = 16  # LPR >= 8 lanes: small rows of D <= 32 share a program 16 at a time
 # Row groups per program for rows of one trip (D <= 512): each thread holds a lane of every group, so its loads
@@ -212,7 +254,7 @@ def rms_row_sum_squares(
     NWR: tl.constexpr = LPR // W_LANES  # warps per row
     L: tl.constexpr = ROWS * LPR
     # 4 warps: lane f is thread f % 128, in register f // 128 (row groups: each thread holds a lane of every group,
-    # all loaded before the first shuffle; tests/kernels/test_rms_norm.py checks that layout in the sm_90 build)
+    # all loaded before the first shuffle; tests/kernels/test_rms_norm_kernel.py checks that layout in the sm_90 build)
     tl.static_assert(L % (4 * 32) == 0, "one program is 4 warps, lane f in thread f % 128")
     tl.static_assert(VEC == 4, "the column split below is written for vec_size 4")
     lane = tl.arange(0, L) % LPR if ROWS > 1 else tl.arange(0, L)  # (no % when it is the identity: vector loads)
@@ -445,7 +487,7 @@ def _rms_norm_kernel(
 
 
 def tail_constexprs(tail: Tail) -> dict:
-    """The kernel's constexprs for the ops after ``x * rstd`` (lowering/rms_norm.py ``Tail``)."""
+    """The kernel's constexprs for the ops after ``x * rstd`` (``Tail``)."""
 
     def code(dt):
         return _DT_CODE[dt] if dt is not None else 0  # fp32: no rounding

@@ -1,8 +1,8 @@
 """What a match becomes: ``torch.library`` ops in namespace ``diffusion_fuse``.
 
-Each op module holds the op, its fake impl, its reference impl (the original ATen chain),
-its ``can_use_*`` guard and its dispatch to a Triton kernel. Importing this package
-registers every op.
+One module per family declares its op(s) with an ``OpSpec`` (spec.py): the reference (the ATen composition
+the op replaces, whose signature is the schema), the ``can_use_*`` guard, the plan that launches the family's
+kernel, and the registration generated from them. ``dispatch.GuardedKernel`` runs the kernel for the layouts
+the guard accepts and the reference for the rest. The family modules are imported from the family list
+(diffusion_fuse/families.py).
 """
-
-from . import fp8_quant, gated_residual, grouped_gemv, linear_cat, linear_gelu, mean_square, norm_modulate, pointwise, rms_norm  # noqa: F401,E501  (register the ops)

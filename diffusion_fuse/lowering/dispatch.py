@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from ..log import error_message, get_logger
-from . import counters, faults
+from . import counters, faults, profiling
 
 _log = get_logger("lowering")
 
@@ -92,24 +92,26 @@ DIRECT: dict[Any, Callable[..., Any]] = {}
 
 
 class GuardedKernel:
-    """``op(*args)``: the kernel for layouts ``guard`` accepts, the reference for the rest.
+    """``op(*args)``: the kernel for layouts ``guard`` accepts, the reference for the rest (lowering/spec.py).
 
-    layout_key(*args) -> hashable   everything the guard and the launch plan depend on
-    guard(*args) -> (ok, reason)
-    plan(*args) -> launch           launch(*args) -> output, with per-layout constants baked in
-    reference(*args) -> output      the ATen composition the op replaced
+    layout_key(args) -> hashable   everything the guard and the launch plan depend on
+    guard(a) -> (ok, reason)       ``a``: the arguments bound by name (``bind(args)``)
+    plan(a) -> launch              launch(a) -> output, with per-layout constants baked in
+    reference(*args) -> output     the ATen composition the op replaced
     """
 
-    def __init__(self, op: str, layout_key: Callable[..., tuple], guard: Callable[..., tuple[bool, str]],
-                 plan: Callable[..., Callable[..., Any]], reference: Callable[..., Any]) -> None:
+    def __init__(self, op: str, layout_key: Callable[[tuple], Any], guard: Callable[[Any], tuple[bool, str]],
+                 plan: Callable[[Any], Callable[[Any], Any]], reference: Callable[..., Any],
+                 bind: Callable[[tuple], Any]) -> None:
         self.op, self.layout_key, self.guard, self.plan, self.reference = op, layout_key, guard, plan, reference
+        self.bind = bind
         # FX emits a call_function target under these names (fxpasses/direct_calls.py puts this object in graphs)
         self.__name__, self.__module__ = f"{op}_guarded", "diffusion_fuse.lowering"
         self._plans: dict[tuple, tuple[str, Callable[..., Any] | None]] = {}
         self._lock = threading.Lock()
 
     def _key(self, args: tuple) -> tuple:
-        key = self.layout_key(*args)
+        key = self.layout_key(args)
         return (key, torch.cuda.current_device()) if multi_gpu() else key
 
     def _entry(self, args: tuple) -> tuple[str, Callable[..., Any] | None]:
@@ -134,17 +136,20 @@ class GuardedKernel:
         if reason:
             _log.warning("%s: %s; using the reference path", self.op, reason)
             return reason, None
-        ok, reason = self.guard(*args)
+        a = self.bind(args)
+        ok, reason = self.guard(a)
         if not ok:
             return reason, None
         try:
-            return "", self.plan(*args)
+            return "", self.plan(a)
         except Exception as e:  # noqa: BLE001 - planning may compile and launch (a probe): never the forward's error
             msg = error_message(e)
             _log.warning("%s: planning the kernel failed, using the reference path: %s", self.op, msg)
             return f"{DISABLED}: {msg}", None
 
     def __call__(self, *args: Any) -> Any:
+        if profiling.autograd_profiler._is_profiler_enabled and profiling.unnamed():  # name the call in the trace
+            return profiling.named_call(self, args)
         fault = faults.active(self.op)  # None unless a fault is injected (lowering/faults.py)
         if fault is not None:
             return self._call_with_fault(fault, args)
@@ -156,7 +161,7 @@ class GuardedKernel:
             counters.fallback(self.op, reason)
             return self.reference(*args)
         try:
-            out = launch(*args)
+            out = launch(self.bind(args))
         except Exception as e:  # noqa: BLE001 - any kernel failure must fall back, not break the forward
             return self._kernel_failed(e, args)
         counters.kernel_hit(self.op)
@@ -195,7 +200,7 @@ class GuardedKernel:
             counters.fallback(self.op, reason)
             return fault.apply(self.reference(*args))
         try:
-            out = launch(*args)
+            out = launch(self.bind(args))
         except Exception as e:  # noqa: BLE001 - as in __call__
             return fault.apply(self._kernel_failed(e, args))
         counters.kernel_hit(self.op)

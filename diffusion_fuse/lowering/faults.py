@@ -2,10 +2,10 @@
 
 Two ways to turn a fault on, for ops dispatched through ``GuardedKernel`` (lowering/dispatch.py):
 
-    with diffusion_fuse.lowering.faults.inject("ln_modulate", kind="perturb", index=3):
+    with diffusion_fuse.lowering.faults.inject("norm_modulate", kind="perturb", index=3):
         ...
 
-    DIFFUSION_FUSE_FAULT=ln_modulate:perturb:3 python ...      # op:kind[:index], comma-separated list
+    DIFFUSION_FUSE_FAULT=norm_modulate:perturb:3 python ...      # op:kind[:index], comma-separated list
 
 (the variable is read when the package is imported; ``faults.refresh()`` re-reads it).
 
@@ -18,7 +18,7 @@ Kinds:
   it exactly like a real kernel error (the reference result is returned, the call is counted as
   ``kernel error: ...`` and logged; a real kernel is disabled for that input layout).
 
-The op name is the ``GuardedKernel``'s (``ln_modulate``); ``diffusion_fuse::ln_modulate`` is
+The op name is the ``GuardedKernel``'s (``norm_modulate``); ``diffusion_fuse::norm_modulate`` is
 accepted too. The context manager wins over the environment variable for the same op.
 """
 
@@ -81,7 +81,7 @@ def parse(spec: str) -> dict[str, Fault]:
         index = parts[2] if len(parts) > 2 else "0"
         if kind not in KINDS or not op or not index.isdigit():
             raise ValueError(f"{ENV_VAR}: bad entry {entry!r}; expected op:kind[:index] with kind in {list(KINDS)} "
-                             "and index >= 0, e.g. ln_modulate:perturb:3")
+                             "and index >= 0, e.g. norm_modulate:perturb:3")
         out[_norm_op(op)] = Fault(_norm_op(op), kind, int(index))
     return out
 

@@ -25,11 +25,10 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import Tensor
 
-from .dispatch import GuardedKernel, impl
-from .norm_modulate import tensor_key
+from .spec import OpSpec, register_op
 
-OP = "linear_cat"
 ALIGN = 16  # bytes: cuBLASLt's alignment attribute for C is the pointer's, at most 16
 
 
@@ -44,13 +43,15 @@ def out_shape(xs, weights, dim, inner) -> list:
     return [1] * dim + [total // math.prod(inner)] + list(inner)
 
 
-def linear_cat_reference(xs, weights, biases, dim, inner):
+def linear_cat(xs: list[Tensor], weights: list[Tensor], biases: list[Tensor | None], dim: int,
+               inner: list[int]) -> Tensor:
     flat = torch.cat([_linear(x, w, b).reshape(-1) for x, w, b in zip(xs, weights, biases)])
     return flat.view(out_shape(xs, weights, dim, inner))
 
 
-def can_use_linear_cat(xs, weights, biases, dim, inner) -> tuple[bool, str]:
+def can_use_linear_cat(a) -> tuple[bool, str]:
     """Whether writing each GEMM into its chunk runs the call eager runs; else the reason."""
+    xs, weights, biases, inner = a.xs, a.weights, a.biases, a.inner
     why = ""
     if not (len(xs) == len(weights) == len(biases)) or len(xs) < 1:
         why = f"{len(xs)} inputs, {len(weights)} weights, {len(biases)} biases"
@@ -79,16 +80,12 @@ def can_use_linear_cat(xs, weights, biases, dim, inner) -> tuple[bool, str]:
     return not why, why
 
 
-def layout_key(xs, weights, biases, dim, inner) -> tuple:
-    return (xs[0].device, tuple(tensor_key(t) for t in xs), tuple(tensor_key(t) for t in weights),
-            tuple(tensor_key(t) for t in biases), dim, tuple(inner))
-
-
-def _plan(xs, weights, biases, dim, inner):
-    def launch(xs, weights, biases, dim, inner):
-        out = torch.empty(out_shape(xs, weights, dim, inner), dtype=xs[0].dtype, device=xs[0].device)
+def _plan(_a):
+    def launch(a):
+        xs, weights = a.xs, a.weights
+        out = torch.empty(out_shape(xs, weights, a.dim, a.inner), dtype=xs[0].dtype, device=xs[0].device)
         flat, off = out.view(-1), 0
-        for x, w, b in zip(xs, weights, biases):
+        for x, w, b in zip(xs, weights, a.biases):
             m, n = x.shape[0], w.shape[0]
             _linear(x, w, b, out=flat[off:off + m * n].view(m, n))
             off += m * n
@@ -97,13 +94,4 @@ def _plan(xs, weights, biases, dim, inner):
     return launch
 
 
-_dispatch = GuardedKernel(OP, layout_key, can_use_linear_cat, _plan, linear_cat_reference)
-
-_lib = torch.library.Library("diffusion_fuse", "FRAGMENT")
-_lib.define("linear_cat(Tensor[] xs, Tensor[] weights, Tensor?[] biases, int dim, int[] inner) -> Tensor")
-impl(_lib, OP, _dispatch)
-
-
-@torch.library.register_fake("diffusion_fuse::linear_cat", lib=_lib)
-def _(xs, weights, biases, dim, inner):
-    return xs[0].new_empty(out_shape(xs, weights, dim, inner))
+SPEC = register_op(OpSpec("linear_cat", linear_cat, guard=can_use_linear_cat, plan=_plan))

@@ -1,36 +1,34 @@
-"""``diffusion_fuse::mean_square(Tensor x) -> Tensor``: ``x.to(float32).pow(2).mean(-1, keepdim=True)``.
+"""``diffusion_fuse::mean_square``: ``x.to(float32).pow(2).mean(-1, keepdim=True)`` in one pass.
 
-The variance of diffusers' ``RMSNorm`` (patterns/mean_square.py). The reference impl is that chain; CUDA
-inputs ``can_use_mean_square`` accepts run kernels/mean_square.py, which reads x once and sums its squares
-in the order of ATen's reduce kernel (the numerics contract is that module's docstring).
+The variance of diffusers' ``RMSNorm`` (patterns/mean_square.py). CUDA inputs ``can_use_mean_square`` accepts run
+kernels/mean_square.py, which reads x once and sums its squares in the order of ATen's reduce kernel (the numerics
+contract is that module's docstring).
 """
 
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
-from ..kernels.mean_square import can_use_mean_square, plan_mean_square
-from .dispatch import GuardedKernel, impl
-from .norm_modulate import tensor_key
-
-OP = "mean_square"
+from ..kernels.mean_square import HEAD_DIMS, can_use_mean_square, plan_mean_square
+from .spec import OpSpec, register_op
 
 
-def mean_square_reference(x: torch.Tensor) -> torch.Tensor:
+def mean_square(x: Tensor) -> Tensor:
     return x.to(torch.float32).pow(2).mean(-1, keepdim=True)
 
 
-def layout_key(x: torch.Tensor) -> tuple:
-    return (x.device, tensor_key(x))
+def _static_guard(a) -> str:
+    # elsewhere the op would only ever run its reference, and the pointwise pass does better with the chain
+    if a.x.dim() < 1 or a.x.shape[-1] not in HEAD_DIMS or a.x.stride(-1) != 1:
+        return f"last dim {tuple(a.x.shape)[-1:]} (the kernel takes contiguous rows of {list(HEAD_DIMS)})"
+    return ""
 
 
-_dispatch = GuardedKernel(OP, layout_key, can_use_mean_square, plan_mean_square, mean_square_reference)
-
-_lib = torch.library.Library("diffusion_fuse", "FRAGMENT")
-_lib.define("mean_square(Tensor x) -> Tensor")
-impl(_lib, "mean_square", _dispatch)
+def _plan(a):
+    run = plan_mean_square(a.x)
+    return lambda a: run(a.x)
 
 
-@torch.library.register_fake("diffusion_fuse::mean_square", lib=_lib)
-def _(x):
-    return mean_square_reference(x)
+SPEC = register_op(OpSpec("mean_square", mean_square, guard=lambda a: can_use_mean_square(a.x), plan=_plan,
+                          static_guard=_static_guard))

@@ -8,7 +8,7 @@ outputs are the values the rest of the graph reads. Semantics are that subgraph'
 * the reference impl runs it (CPU, and every input a guard rejects): exact by construction;
 * the fake impl runs it on fake tensors (shapes, dtypes and strides are eager's);
 * on CUDA, the first call with a new input layout generates a Triton kernel for the group
-  (kernels/pointwise_codegen.py; numerics contract in kernels/pointwise_ops.py), with outputs
+  (kernels/pointwise.py; numerics contract in kernels/pointwise_ops.py), with outputs
   allocated at the strides eager gives them; later calls with that layout launch it directly
   (``GuardedKernel`` caches the plan per layout).
 """
@@ -18,29 +18,28 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-import operator
 import threading
 
 import torch
 import torch.fx as fx
 
 from ..kernels import triton_interpret
-from ..kernels.pointwise_codegen import (
+from ..kernels.launch import CachedLaunch
+from ..kernels.pointwise import (
     BLOCK,
     COMPLEX_DTYPES,
     LUT_BLOCK,
-    VIEW_OPS,
     Generator,
     KernelSource,
     TensorSpec,
     Unsupported,
     choose_layout,
+    load_kernel,
 )
 from ..kernels.pointwise_ops import DEFAULT_VARIANTS, FLOAT_DTYPES, Variants
 from ..log import error_message
-from .dispatch import GuardedKernel, impl
+from .spec import OpSpec, register_op
 
-OP = "pointwise"
 _INT32_LIMIT = 2**31 - 2 * max(BLOCK, LUT_BLOCK)
 
 
@@ -66,7 +65,7 @@ def register_program(gm: fx.GraphModule, ops: list[str]) -> str:
     return key
 
 
-def pointwise_reference(inputs, key):
+def pointwise(inputs: list[torch.Tensor], key: str) -> list[torch.Tensor]:
     return PROGRAMS[key].reference(inputs)
 
 
@@ -119,16 +118,16 @@ def generate_source(inputs, key, variants: Variants = DEFAULT_VARIANTS) -> Kerne
                          title=f"diffusion_fuse::pointwise {key}: {' '.join(prog.ops)}")
 
 
-def layout_key(inputs, key) -> tuple:
-    """Everything the guard and the plan depend on; pointer alignment too (Triton specializes on it)."""
-    return (key, tuple((t.device, t.dtype, t.shape, t.stride(), t.data_ptr() & 15) for t in inputs))
-
-
 _prepared: dict[tuple, KernelSource] = {}
 
 
-def can_use_pointwise(inputs, key) -> tuple[bool, str]:
+def _source_key(inputs, key) -> tuple:
+    return (key, tuple((t.device, t.dtype, t.shape, t.stride(), t.data_ptr() & 15) for t in inputs))
+
+
+def can_use_pointwise(a) -> tuple[bool, str]:
     """Whether a generated kernel reproduces the group for these inputs; else the reason."""
+    inputs, key = a.inputs, a.key
     if not inputs:
         return False, "no tensor inputs"
     dev = inputs[0].device
@@ -147,7 +146,7 @@ def can_use_pointwise(inputs, key) -> tuple[bool, str]:
         return False, f"not generated: {e}"
     except Exception as e:  # noqa: BLE001 - a codegen bug must fall back, not break the forward
         return False, f"not generated: {error_message(e)}"
-    _prepared[layout_key(inputs, key)] = src
+    _prepared[_source_key(inputs, key)] = src
     return True, ""
 
 
@@ -157,19 +156,17 @@ def kernel_args(inputs) -> list[torch.Tensor]:
     return [torch.view_as_real(t) if t.is_complex() else t for t in inputs]
 
 
-def _plan(inputs, key):
-    from ..kernels.launch import CachedLaunch
-    from ..kernels.pointwise_codegen import load_kernel
-
-    src = _prepared.pop(layout_key(inputs, key), None) or generate_source(inputs, key)
+def _plan(a):
+    inputs, key = a.inputs, a.key
+    src = _prepared.pop(_source_key(inputs, key), None) or generate_source(inputs, key)
     kernel = CachedLaunch(load_kernel(src), src.grid, src.constexprs, num_warps=src.num_warps)
     outs, numel, tables = src.outputs, src.numel, src.tables
     device = inputs[0].device
     complex_inputs = any(t.is_complex() for t in inputs)
 
-    def launch(inputs, key):
+    def launch(a):
         res = [torch.empty_strided(o.shape, o.stride, dtype=o.dtype, device=device) for o in outs]
-        kernel(*(kernel_args(inputs) if complex_inputs else inputs), *res, numel, *tables)
+        kernel(*(kernel_args(a.inputs) if complex_inputs else a.inputs), *res, numel, *tables)
         return res
 
     return launch
@@ -177,8 +174,6 @@ def _plan(inputs, key):
 
 def launch_once(key: str, inputs, variants: Variants = DEFAULT_VARIANTS) -> list[torch.Tensor]:
     """Generate ``key``'s kernel for ``inputs`` and launch it through Triton's JIT (no guard, no plan cache)."""
-    from ..kernels.pointwise_codegen import load_kernel
-
     src = generate_source(inputs, key, variants)
     outs = [torch.empty_strided(o.shape, o.stride, dtype=o.dtype, device=inputs[0].device) for o in src.outputs]
     load_kernel(src)[src.grid](*kernel_args(inputs), *outs, src.numel, *src.tables, **src.constexprs,
@@ -187,53 +182,9 @@ def launch_once(key: str, inputs, variants: Variants = DEFAULT_VARIANTS) -> list
     return outs
 
 
-def _prefix_program(gm: fx.GraphModule, node: fx.Node) -> fx.GraphModule:
-    """``gm`` cut down to what ``node`` reads, with ``node`` as its one output (same placeholders)."""
-    g = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    needed, stack = set(), [node]
-    while stack:
-        n = stack.pop()
-        if n not in needed:
-            needed.add(n)
-            stack.extend(n.all_input_nodes)
-    for n in gm.graph.nodes:
-        if n.op == "placeholder":
-            env[n] = g.placeholder(n.name)
-        elif n in needed:
-            env[n] = g.node_copy(n, env.__getitem__)
-    g.output((env[node],))
-    return fx.GraphModule(torch.nn.Module(), g)
+def prepared_discard(inputs, key) -> None:
+    """Forget a source ``can_use_pointwise`` generated for a call that will not be planned (a diagnosis)."""
+    _prepared.pop(_source_key(list(inputs), key), None)
 
 
-def diagnose(key: str, inputs) -> str:
-    """For a rejected group: the first of its ops whose generated kernel differs from eager on ``inputs``."""
-    from ..patterns.match_utils import describe
-    from ..verify.compare import compare_bitwise
-
-    ok, why = can_use_pointwise(list(inputs), key)
-    _prepared.pop(layout_key(list(inputs), key), None)
-    if not ok:
-        return f"the reference path ran ({why}): the difference is not the kernel's"
-    gm = PROGRAMS[key].gm
-    for n, value in node_values(gm, inputs):
-        if (n.op != "call_function" or not isinstance(value, torch.Tensor) or value.dtype not in FLOAT_DTYPES
-                or n.target in VIEW_OPS or n.target is operator.getitem):
-            continue  # an input or a view: judged through the ops that read it
-        (got,) = launch_once(register_program(_prefix_program(gm, n), describe([n])), list(inputs))
-        v = compare_bitwise(value, got)
-        if not v:
-            return f"first op to differ from eager: {describe([n])[0]} ({v.detail})"
-    return "each op alone equals eager"
-
-
-_dispatch = GuardedKernel(OP, layout_key, can_use_pointwise, _plan, pointwise_reference)
-
-_lib = torch.library.Library("diffusion_fuse", "FRAGMENT")
-_lib.define("pointwise(Tensor[] inputs, str key) -> Tensor[]")
-impl(_lib, "pointwise", _dispatch)
-
-
-@torch.library.register_fake("diffusion_fuse::pointwise", lib=_lib)
-def _(inputs, key):
-    return PROGRAMS[key].reference(inputs)
+SPEC = register_op(OpSpec("pointwise", pointwise, guard=can_use_pointwise, plan=_plan))

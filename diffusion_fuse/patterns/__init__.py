@@ -1,4 +1,8 @@
-"""What to look for: the pattern registry and one module per family."""
+"""What the backend looks for: one module per pattern family, and the registry (registry.py).
 
-from . import gated_residual, gated_residual_only, grouped_gemv, linear_cat, linear_gelu, mean_square, norm_modulate, pointwise, rms_norm, static_quant  # noqa: F401,E501
+A family module describes graph forms only: it names the op a match becomes through ``torch.ops.diffusion_fuse``
+and imports nothing from lowering/ or kernels/. The family modules are imported from the family list
+(diffusion_fuse/families.py).
+"""
+
 from .registry import REGISTRY, NearMiss, PatternFamily, Site, register_family  # noqa: F401

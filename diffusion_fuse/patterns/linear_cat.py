@@ -27,8 +27,7 @@ import torch
 import torch.fx as fx
 
 from .match_utils import aten, is_op, linear_of, single_user, val
-from .registry import NearMiss, PatternFamily, Site, register_family
-
+from .registry import Example, NearMiss, PatternFamily, Site, example_tensor, register_family
 
 VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
@@ -47,6 +46,7 @@ def _views_above_linear(piece: fx.Node) -> list[fx.Node] | None:
 class LinearCat(PatternFamily):
     name = "linear_cat"
     tier = "lossless"
+    kernel = None  # cuBLAS writes each GEMM into its rows of the cat buffer
     anchors = (aten.cat.default,)
     description = "cat of linears along the token dim (joint attention's value): each GEMM writes its rows"
     variants = (
@@ -54,6 +54,19 @@ class LinearCat(PatternFamily):
         "cat([view(mm(x2d, t(W)), [1, S_i, ...]), ...], 1)",
         "cat([addmm(b, x, t(W)), ...], 0)  (2-D)",
     )
+
+
+    def example(self) -> Example:
+        class JointValue(torch.nn.Module):  # text and image value projections joined along the tokens (batch 1)
+            def __init__(self) -> None:
+                super().__init__()
+                self.txt, self.img = torch.nn.Linear(32, 64), torch.nn.Linear(32, 64)
+
+            def forward(self, txt, img):
+                return torch.cat([self.txt(txt), self.img(img)], dim=1)
+
+        torch.manual_seed(0)
+        return JointValue().to(torch.bfloat16), (example_tensor(1, 4, 32), example_tensor(1, 8, 32, seed=1))
 
     def match(self, node: fx.Node) -> Site | NearMiss | None:
         pieces = node.args[0]

@@ -21,6 +21,11 @@ def is_op(node: object, *targets: object) -> bool:
     return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
 
 
+def arg(node: fx.Node, i: int, name: str, default=None):
+    """Argument ``i`` of ``node``, given positionally or by ``name``."""
+    return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
+
+
 def single_user(node: fx.Node) -> fx.Node | None:
     users = list(node.users)
     return users[0] if len(users) == 1 else None

@@ -10,9 +10,7 @@ Covered ATen forms (diffusers ``RMSNorm.forward``; Qwen-Image, SD3.5 and SANA QK
     mean.dim(pow.Tensor_Scalar(_to_copy(x, dtype=float32), 2), [-1], True)   # x bf16/fp16
     mean.dim(pow.Tensor_Scalar(x, 2), [-1], True)                              # x fp32
 
-Only where the kernel can run: a last dim of 32, 64 or 128 elements, contiguous (``kernels/mean_square.HEAD_DIMS``;
-elsewhere the op would only ever run its reference, and the pointwise pass does better with the cast and the
-squares). Searched in tier lossless only: tier high's ``rms_norm_chain`` takes the whole norm, this part included.
+The op's static guard (lowering/mean_square.py) keeps the rows its kernel can take. Searched in tier lossless only: tier high's ``rms_norm_chain`` takes the whole norm, this part included.
 """
 
 from __future__ import annotations
@@ -20,9 +18,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..kernels.mean_square import HEAD_DIMS
 from .match_utils import aten, cast_dtype, dtype_of, is_op, single_user, val
-from .registry import PatternFamily, Site, register_family
+from .registry import Example, PatternFamily, Site, example_tensor, register_family
 
 _SOURCE_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -48,6 +45,19 @@ class MeanSquare(PatternFamily):
         "mean(pow(x, 2), [-1], keepdim)  (x fp32)",
     )
 
+
+    def example(self) -> Example:
+        def variance(x):  # diffusers RMSNorm's variance over a head dim of 64
+            return x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+
+        return variance, (example_tensor(2, 8, 4, 64),)
+
+    def near_miss_example(self) -> Example:
+        def variance(x):  # a row of 16: no kernel reproduces ATen's order there
+            return x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+
+        return variance, (example_tensor(2, 8, 4, 16),)
+
     def match(self, node: fx.Node) -> Site | None:
         sq = node.args[0]
         if not (_last_dim_only(node) and is_op(sq, aten.pow.Tensor_Scalar) and sq.args[1] == 2
@@ -58,9 +68,6 @@ class MeanSquare(PatternFamily):
             x, nodes = x.args[0], [x, sq, node]
         elif dtype_of(x) != torch.float32:
             return None
-        v = val(x)
-        if not isinstance(v, torch.Tensor) or v.dim() < 1 or v.shape[-1] not in HEAD_DIMS or v.stride(-1) != 1:
-            return None  # a kernel that can never run: leave the chain to the pointwise pass
 
         def emit(graph: fx.Graph, ins):
             return [graph.call_function(torch.ops.diffusion_fuse.mean_square.default, (ins[0],))]

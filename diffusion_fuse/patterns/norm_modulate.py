@@ -1,6 +1,6 @@
 """Family ``norm_modulate``: LayerNorm followed by AdaLN modulate, ``LN(x) * (1 + scale) [+ shift]``.
 
-Becomes ``diffusion_fuse::ln_modulate`` (lowering/norm_modulate.py). Covered ATen forms
+Becomes ``diffusion_fuse::norm_modulate`` (lowering/norm_modulate.py). Covered ATen forms
 (no decomposition table; see ../shared/aten_pattern_excerpts.txt):
 
 - FLUX / SD3.5 / SANA / Qwen-Image (bf16 or fp32 model):
@@ -12,7 +12,7 @@ Becomes ``diffusion_fuse::ln_modulate`` (lowering/norm_modulate.py). Covered ATe
   add(·, shift_f32) → _to_copy(bf16)``, scale/shift [B,1,D] or per-token [B,S,D].
 - Inductor's post-grad form of the casts (``prims.convert_element_type``).
 - scale/shift a slice of a chunked timestep-embedding table (Wan ``(table + temb.float()).chunk(6)``, per
-  token or not; patterns/wan_temb.py): the op reads the table and temb and adds them itself, so the fp32
+  token or not; patterns/table_slice.py): the op reads the table and temb and adds them itself, so the fp32
   sum is never written.
 
 The site keeps eager's rounding points: the op's reference impl is this very ATen chain.
@@ -27,17 +27,17 @@ from .match_utils import (
     add_scalar_operand,
     aten,
     cast_dtype,
+    depends_on,
     getitem_users,
     is_op,
     other_operand,
-    depends_on,
     same_shape,
     single_user,
     val,
 )
-from .registry import NearMiss, PatternFamily, Site, register_family
 from .quant_chain import emit_quant_op, quant_chain, quant_consumers
-from .wan_temb import ModOperand, trim_defaults
+from .registry import Example, NearMiss, PatternFamily, Site, example_tensor, register_family
+from .table_slice import ModOperand, trim_defaults
 
 
 def _scale_of(t: object) -> tuple[fx.Node, int | None] | None:
@@ -71,8 +71,16 @@ class NormModulate(PatternFamily):
         "LN with weight/bias                        (elementwise affine)",
         "cast(LN(cast(x,f32))*(1+scale)+shift,bf16) (Wan FP32LayerNorm, [B,1,D] or per-token [B,S,D])",
         "scale/shift = (table + temb.float()).chunk(n)[j] [.squeeze]  (Wan, read as table + temb in the op)",
-        "any of these read by up to 4 static FP8 quantizers (patterns/static_quant.py) → ln_modulate_quant",
+        "any of these read by up to 4 static FP8 quantizers (patterns/static_quant.py) → norm_modulate_quant",
     )
+
+
+    def example(self) -> Example:
+        def adaln(x, scale, shift):  # LN(x) * (1 + scale) + shift, scale and shift per batch
+            ln = torch.nn.functional.layer_norm(x, (x.shape[-1],), eps=1e-6)
+            return ln * (1 + scale[:, None]) + shift[:, None]
+
+        return adaln, (example_tensor(2, 8, 64), example_tensor(2, 64, seed=1), example_tensor(2, 64, seed=2))
 
     def match(self, node: fx.Node) -> Site | NearMiss | None:
         x_in, _, weight, bias, eps = node.args[:5]
@@ -105,11 +113,11 @@ class NormModulate(PatternFamily):
             for c in chains:
                 scale_n, scale_t, shift_n, shift_t = c.emit_operands(graph, it)
                 if quants:
-                    return emit_quant_op(graph, torch.ops.diffusion_fuse.ln_modulate_quant.default,
-                                         (x_n, w_n, b_n, float(eps), scale_n, shift_n, ln_dtype, c.out_dtype, list(it)),
-                                         0, others > 0, quants, tail=(scale_t, shift_t))
+                    return emit_quant_op(graph, torch.ops.diffusion_fuse.norm_modulate_quant.default,
+                                         (x_n, w_n, b_n, float(eps), scale_n, shift_n, ln_dtype, c.out_dtype, scale_t,
+                                          shift_t, list(it)), 0, others > 0, quants)
                 results.append(graph.call_function(
-                    torch.ops.diffusion_fuse.ln_modulate.default,
+                    torch.ops.diffusion_fuse.norm_modulate.default,
                     trim_defaults(x_n, w_n, b_n, float(eps), scale_n, shift_n, ln_dtype, c.out_dtype, scale_t,
                                   shift_t, required=8),
                 ))
@@ -122,7 +130,7 @@ class NormModulate(PatternFamily):
             inputs=inputs,
             outputs=([c.last for c in chains] if not quants or others else []) + [q.out for q in quants],
             emit=emit,
-            op="diffusion_fuse::ln_modulate_quant" if quants else "diffusion_fuse::ln_modulate",
+            op="diffusion_fuse::norm_modulate_quant" if quants else "diffusion_fuse::norm_modulate",
             n_ops=1 if quants else None,
             where=chains[-1].last,
         )

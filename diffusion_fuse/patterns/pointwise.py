@@ -10,9 +10,10 @@ Lossless tier only: in tier "high" Inductor fuses pointwise ops itself.
 
 from __future__ import annotations
 
+import torch
 import torch.fx as fx
 
-from .registry import NearMiss, PatternFamily, Site, register_family
+from .registry import Example, NearMiss, PatternFamily, Site, example_tensor, register_family
 
 
 @register_family
@@ -28,6 +29,13 @@ class Pointwise(PatternFamily):
         "RoPE in fp32: x.float() * cos + rotate(x).float() * sin → bf16 (unbind/neg/stack/view)",
         "cat/stack fed by or feeding the group (written directly, no separate copy)",
     )
+
+
+    def example(self) -> Example:
+        def gated(x, gate, y):  # ops no family takes: x + sigmoid(gate) * gelu(y)
+            return x + torch.sigmoid(gate) * torch.nn.functional.gelu(y, approximate="tanh")
+
+        return gated, (example_tensor(2, 8, 64), example_tensor(2, 8, 64, seed=1), example_tensor(2, 8, 64, seed=2))
 
     def match(self, node: fx.Node) -> Site | NearMiss | None:  # pragma: no cover - found by the pass
         return None

@@ -1,5 +1,5 @@
-"""Matching static FP8 quantizers: shared by family ``static_quant``/``cat_quant`` (patterns/static_quant.py)
-and the norm families, which take the quantizers reading their output (``quant_consumers``).
+"""Matching static FP8 quantizers: shared by families ``static_quant`` and ``cat_quant`` and the norm families,
+which take the quantizers reading their output (``quant_consumers``) into their ``_quant`` op.
 
 ATen forms (no decomposition table; per-tensor scale, a one-element tensor)::
 
@@ -17,21 +17,24 @@ import operator
 import torch
 import torch.fx as fx
 
-from ..lowering.fp8_quant import FP8_MAX, MAX_QUANTS, Q_DIV, Q_MUL
 from .match_utils import aten, cast_dtype, is_op, single_user, val
-from .wan_temb import trim_defaults
 
 FP8 = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8).max)
+# Quantizers one ``_quant`` op takes (its kernel's scales S0..S3: kernels/fp8_quant.MAX_QUANTS, which
+# tests/test_layout.py checks this equals); more readers of one form stay outside the op.
+MAX_FUSED_QUANTIZERS = 4
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @dataclasses.dataclass
 class QuantChain:
-    """One quantizer reading ``source``: its nodes, scale operand, mode and clamp bounds."""
+    """One quantizer reading ``source``: its nodes, scale operand, mode ("div": x / s, "mul": x * r) and clamp
+    bounds."""
 
     nodes: list[fx.Node]
     scale: fx.Node
-    mode: int
+    mode: str
     lo: float
     hi: float
 
@@ -43,12 +46,12 @@ class QuantChain:
         return (self.mode, self.lo, self.hi) == (other.mode, other.lo, other.hi)
 
 
-def _scale_operand(node: fx.Node, a: fx.Node) -> tuple[fx.Node, int] | str:
+def _scale_operand(node: fx.Node, a: fx.Node) -> tuple[fx.Node, str] | str:
     """(scale, mode) if ``node`` is ``a / s`` or ``a * r`` by a one-element tensor, else why not."""
     if is_op(node, aten.div.Tensor) and node.args[0] is a and not node.kwargs:
-        s, mode = node.args[1], Q_DIV
+        s, mode = node.args[1], "div"
     elif is_op(node, aten.mul.Tensor) and list(node.args[:2]).count(a) == 1:
-        s, mode = (node.args[1] if node.args[0] is a else node.args[0]), Q_MUL
+        s, mode = (node.args[1] if node.args[0] is a else node.args[0]), "mul"
     else:
         return "not a division or multiplication by the scale"
     if not isinstance(s, fx.Node):
@@ -95,26 +98,23 @@ def quant_chain(source: fx.Node, first: fx.Node) -> QuantChain | str:
 
 
 def quant_consumers(source: fx.Node) -> tuple[list[QuantChain], int]:
-    """The quantizers reading ``source`` (up to MAX_QUANTS of one form) and how many other readers it has."""
+    """The quantizers reading ``source`` (up to MAX_FUSED_QUANTIZERS of one form) and how many other readers it
+    has."""
     chains: list[QuantChain] = []
     others = 0
     for user in source.users:
         chain = quant_chain(source, user)
-        if isinstance(chain, str) or len(chains) == MAX_QUANTS or (chains and not chains[0].same_form(chain)):
+        if isinstance(chain, str) or len(chains) == MAX_FUSED_QUANTIZERS or (chains and not chains[0].same_form(chain)):
             others += 1
         else:
             chains.append(chain)
     return chains, others
 
 
-def emit_quant_op(graph: fx.Graph, op, args: tuple, lead: int, keep_out: bool, chains: list[QuantChain],
-                  tail: tuple = ()):
-    """Emit an op returning Tensor[] ``[<lead outputs>, out?, q_1..q_n]`` and one getitem per output.
-
-    ``tail``: the op's trailing optional arguments (a timestep table's second addends, patterns/wan_temb.py).
-    """
+def emit_quant_op(graph: fx.Graph, op, args: tuple, lead: int, keep_out: bool, chains: list[QuantChain]):
+    """Emit ``op(*args, q_mode, lo, hi, keep_out)``, an op returning Tensor[] ``[<lead outputs>, out?, q_1..q_n]``,
+    and one getitem per output (``args`` end with the scale, or the list of scales of a ``_quant`` op)."""
     c0 = chains[0]
-    args = (*args, c0.mode, c0.lo, c0.hi, keep_out, *tail)
-    both = graph.call_function(op, trim_defaults(*args, required=len(args) - len(tail)))
+    both = graph.call_function(op, (*args, c0.mode, c0.lo, c0.hi, keep_out))
     n = lead + int(keep_out) + len(chains)
     return [graph.call_function(operator.getitem, (both, i)) for i in range(n)]

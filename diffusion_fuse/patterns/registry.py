@@ -14,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
+import torch
 import torch.fx as fx
 
 TIERS = ("lossless", "high")
@@ -23,6 +24,14 @@ TIERS = ("lossless", "high")
 # Emits the replacement into the graph at its current insertion point, given the nodes
 # that stand for the site's inputs; returns one node per site output.
 EmitFn = Callable[[fx.Graph, Sequence[fx.Node]], Sequence[fx.Node]]
+# A plain-PyTorch callable (a function or a module) and inputs that hold the family's form: what the conformance
+# test (tests/test_families.py) compiles for every registered family, and what docs show.
+Example = tuple[Callable[..., Any], tuple[Any, ...]]
+
+
+def example_tensor(*shape: int, dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> torch.Tensor:
+    """A seeded random tensor for a family's ``example``."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
 @dataclasses.dataclass
@@ -81,13 +90,26 @@ class PatternFamily:
     # A family whose sites a pass of its own finds (fxpasses/<name>.py) instead of ``match``
     # on anchors: it has no anchors, and is listed here for options, reports and docs.
     found_by_pass: ClassVar[bool] = False
-    # False: off unless ``Options(patterns={name: True})`` (a family still waiting for its end-to-end measurement)
-    default_on: ClassVar[bool] = True
     # True: searched in tier lossless only (a part of a chain that a tier-high family takes whole)
     lossless_only: ClassVar[bool] = False
+    # The kernels/ module whose kernel the family's op launches: its own (kernels/<name>.py) by default, another
+    # family's when it runs that kernel with another epilogue, None when its op calls ATen (cuBLAS) only.
+    kernel: ClassVar[str | None] = ""
+
+    @classmethod
+    def kernel_module(cls) -> str | None:
+        return cls.name if cls.kernel == "" else cls.kernel
 
     def match(self, node: fx.Node) -> Site | NearMiss | None:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def example(self) -> Example | None:
+        """One of the family's forms: compiled, it holds at least one of the family's sites."""
+        return None
+
+    def near_miss_example(self) -> Example | None:
+        """A form the family recognises but cannot take: compiled, it gives the family a near miss."""
+        return None
 
 
 class Registry:
@@ -120,7 +142,7 @@ class Registry:
         return list(self._families.values())
 
     def enabled(self, pattern_enabled: Callable[..., bool]) -> list[PatternFamily]:
-        return [f for f in self.families() if pattern_enabled(f.name, f.tier, f.default_on)]
+        return [f for f in self.families() if pattern_enabled(f.name, f.tier)]
 
     def searched(self, options) -> list[PatternFamily]:
         """The families the fuse pass looks for under ``options`` (an ``Options``): the enabled ones; in tier

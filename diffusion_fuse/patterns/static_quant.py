@@ -1,5 +1,6 @@
-"""Static FP8 quantizers: alone (family ``static_quant``), after a token cat (``cat_quant``), and as a
-consumer suffix the norm families take into their op (``quant_consumers``).
+"""Family ``static_quant``: a static FP8 quantizer alone, as one op ``diffusion_fuse::static_quant`` (one pass
+instead of four). The quantizers after a cat are family ``cat_quant``'s, those after a norm the norm families'
+(``quant_consumers``, patterns/quant_chain.py).
 
 An FP8-static linear quantizes its input before ``torch._scaled_mm``. ATen forms covered (no
 decomposition table; per-tensor scale, a one-element tensor; ``testing/fp8.py`` writes both)::
@@ -13,14 +14,7 @@ is absent for an fp32 input. torchao's static float8 activation quantization
 max=max) → .to(float8)``) is the first form. A ``clone`` in front (FLUX's Dropout(p=0) after the
 FF GELU) is folded in when the quantizer is its only reader.
 
-- ``static_quant`` (anchor: the clamp): the quantizer alone becomes ``diffusion_fuse::static_quant``,
-  one pass instead of four.
-- ``cat_quant`` (anchor: ``cat``): ``cat([a, b], -1)`` whose readers are quantizers (and
-  possibly other ops) becomes ``diffusion_fuse::cat_quant``: FLUX's single block
-  ``cat([attn, gelu(mlp)], 2)`` and FLUX.2's ``cat([attn, swiglu], -1)`` before the projection.
-- the norm families (patterns/norm_modulate.py, patterns/gated_residual.py) take the
-  quantizers reading their output (``quant_consumers``, patterns/quant_chain.py) into ``ln_modulate_quant`` /
-  ``gated_residual_ln_modulate_quant``; the bf16 output is written only if something else reads it.
+The anchor is the clamp.
 """
 
 from __future__ import annotations
@@ -29,8 +23,8 @@ import torch
 import torch.fx as fx
 
 from .match_utils import aten, cast_dtype, is_op, single_user, val
-from .quant_chain import FP8, clamp_bounds, emit_quant_op, quant_chain, quant_consumers
-from .registry import NearMiss, PatternFamily, Site, register_family
+from .quant_chain import FP8, clamp_bounds, quant_chain
+from .registry import Example, NearMiss, PatternFamily, Site, example_tensor, register_family
 
 
 @register_family
@@ -44,6 +38,19 @@ class StaticQuant(PatternFamily):
         "_to_copy(x,f32) → mul(·, 1/s) → clamp → _to_copy(e4m3)            (the * (1 / s) form)",
         "an fp32 x (no _to_copy); a clone in front folded in",
     )
+
+
+    def example(self) -> Example:
+        def quantize(x, s):  # (x.float() / s).clamp(-448, 448).to(e4m3)
+            return (x.float() / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
+        return quantize, (example_tensor(8, 64) * 30, torch.tensor([2.0]))
+
+    def near_miss_example(self) -> Example:
+        def quantize(x):  # a Python-number scale: eager multiplies by a host reciprocal
+            return (x.float() / 2.0).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
+        return quantize, (example_tensor(8, 64) * 30,)
 
     def match(self, node: fx.Node) -> Site | NearMiss | None:
         scaled = node.args[0]
@@ -75,41 +82,3 @@ class StaticQuant(PatternFamily):
 
         return Site(pattern=self.name, anchor=node, nodes=nodes, inputs=[source, chain.scale], outputs=[chain.out],
                     emit=emit, op="diffusion_fuse::static_quant")
-
-
-@register_family
-class CatQuant(PatternFamily):
-    name = "cat_quant"
-    tier = "lossless"
-    anchors = (aten.cat.default,)
-    description = "cat([a, b], -1) → static FP8 quantizer: the cat is not written unless read elsewhere"
-    variants = (
-        "cat([view(attn), gelu(mlp)], 2) → quantizer   (FLUX single block → proj_out)",
-        "cat([view(attn), silu(g) * u], -1) → quantizer (FLUX.2 single block → to_out)",
-    )
-
-    def match(self, node: fx.Node) -> Site | NearMiss | None:
-        tensors = node.args[0]
-        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-        vc = val(node)
-        if vc is None or len(tensors) != 2 or dim not in (-1, vc.dim() - 1):
-            return None
-        chains, others = quant_consumers(node)
-        if not chains:
-            return None
-        a, b = tensors
-        if len(chains) > 1:
-            return NearMiss(self.name, node, f"the cat feeds {len(chains)} quantizers (one is fused)")
-        if not all(isinstance(t, fx.Node) and val(t) is not None and val(t).dtype == vc.dtype for t in tensors):
-            return NearMiss(self.name, node, "cat inputs differ in dtype from the cat")
-        (chain,) = chains
-        keep_cat = others > 0
-        nodes = [node] + chain.nodes
-
-        def emit(graph: fx.Graph, ins):
-            return emit_quant_op(graph, torch.ops.diffusion_fuse.cat_quant.default, (ins[0], ins[1], ins[2]), 0,
-                                 keep_cat, chains)
-
-        return Site(pattern=self.name, anchor=node, nodes=nodes, inputs=[a, b, chain.scale],
-                    outputs=([node] if keep_cat else []) + [chain.out], emit=emit, op="diffusion_fuse::cat_quant",
-                    n_ops=1)

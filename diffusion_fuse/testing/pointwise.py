@@ -44,7 +44,7 @@ def site_ops(site) -> list[str]:
     """Short names of the computing ops a pointwise site replaced, in graph order (views left out)."""
     import operator
 
-    from ..kernels.pointwise_codegen import COMPLEX_VIEWS, MULTI_VIEW_OPS, VIEW_OPS
+    from ..kernels.pointwise import COMPLEX_VIEWS, MULTI_VIEW_OPS, VIEW_OPS
     from ..patterns.match_utils import describe
 
     views = VIEW_OPS | MULTI_VIEW_OPS | COMPLEX_VIEWS | {operator.getitem}
@@ -166,6 +166,13 @@ def rope_freqs(tokens: int, pairs: int, device="cuda", generator=None) -> torch.
     return torch.polar(torch.ones_like(theta), theta).to(torch.complex64)
 
 
+def rope_into_slice(q, cos, sin):  # ``q[:, :, text:] = rope(q[:, :, text:])``: the image tokens only
+    text = q.shape[1] - cos.shape[0]
+    q = q.transpose(1, 2).clone()  # [B, S, H, D] from the projection, attended as [B, H, S, D]
+    q[:, :, text:] = rope(q[:, :, text:].transpose(1, 2), cos, sin).transpose(1, 2)
+    return q
+
+
 def tokens_as_image(x, height: int):  # SANA's GLUMBConv input: [B, N, C] tokens as an NCHW view (NHWC memory)
     return x.unflatten(1, (height, x.shape[1] // height)).permute(0, 3, 1, 2)
 
@@ -182,7 +189,7 @@ def conv_glu(h, w, b):  # GLUMBConv: the depthwise 3x3 conv (bias), chunked in t
 CHAINS = ("flux_rope_single", "flux_rope_double", "flux_gated_residual", "flux_gelu_cat", "flux_residual_split_cat",
           "flux_gelu_clone", "swiglu", "wan_fp32_residual", "sana_query_relu", "sana_key_relu", "sana_value_float",
           "sana_attn_out", "sana_bias_add", "sana_conv_silu", "sana_conv_glu", "wan_rope", "sana_value_pad",
-          "qwen_rope_cat")
+          "qwen_rope_cat", "rope_into_slice")
 
 
 # Unary ops a bf16 table of eager's outputs can stand for (kernels/lut16.py): the lookup tests and the probe
@@ -226,6 +233,8 @@ def chain(name: str, device="cuda", seed: int = 0):
         # Qwen-Image at 1024²: 4096 image tokens, 24 heads of 128, a 256-token prompt; complex64 RoPE tables
         "qwen_rope_cat": (qwen_rope_cat, (rn(1, 256, 24, 128), rn(1, 4096, 24, 128),
                                           rope_freqs(256, 64, device, g), rope_freqs(4096, 64, device, g))),
+        # a write into a slice, functionalized as slice + copy + slice_scatter: 256 text and 4096 image tokens
+        "rope_into_slice": (rope_into_slice, (rn(1, 4352, 24, 64), cos[:4096, :, :64], sin[:4096, :, :64])),
         "sana_attn_out": (sana_attn_out, (rn(2, 70, 33, 1024, dtype=f32),)),
         "sana_bias_add": (bias_add, (rn(2, 1024, 2240), rn(2240))),
         # GLUMBConv (mlp ratio 2.5: 2 x 5600 channels), its convs' biases added in the kernel

@@ -17,6 +17,7 @@ graph: the reference ATen graph and the graph with every matched site rewritten.
 
 from __future__ import annotations
 
+import collections
 import difflib
 import operator
 from collections.abc import Iterable, Mapping
@@ -31,7 +32,7 @@ MAX_LINE = 240  # code lines longer than this are cut in the per-site diffs
 
 # --- graph → plain data -------------------------------------------------------------------
 def target_name(node: fx.Node) -> str:
-    """``aten.mul.Tensor``, ``diffusion_fuse.ln_modulate.default``, ``getitem``, ``output``..."""
+    """``aten.mul.Tensor``, ``diffusion_fuse.norm_modulate.default``, ``getitem``, ``output``..."""
     t = node.target
     if node.op in ("placeholder", "output"):
         return node.op
@@ -42,6 +43,11 @@ def target_name(node: fx.Node) -> str:
     if isinstance(t, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return str(t)
     return getattr(t, "__qualname__", None) or getattr(t, "__name__", None) or str(t)
+
+
+def op_counts(gm: fx.GraphModule) -> dict[str, int]:
+    """Calls per op (``target_name``) in ``gm``: the census reads them from ``GraphReport.final_ops``."""
+    return dict(collections.Counter(target_name(n) for n in gm.graph.nodes if n.op == "call_function"))
 
 
 def value_str(v: Any) -> str:
@@ -227,7 +233,8 @@ def format_text(report: Any, code: bool = True) -> str:
             if grp["code_diff"]:
                 out.extend("    " + ln for ln in grp["code_diff"].splitlines())
         if d["unattributed"]:
-            out.append(f"--- {UNATTRIBUTED}: removed {d['unattributed']['removed']}, added {d['unattributed']['added']}")
+            u = d["unattributed"]
+            out.append(f"--- {UNATTRIBUTED}: removed {u['removed']}, added {u['added']}")
         if code:
             text = code_diff(g)
             if text:

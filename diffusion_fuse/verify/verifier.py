@@ -8,12 +8,13 @@ is being captured), ``VerifiedGraph``:
    runs the site's replacement on the reference inputs and compares it with the reference
    outputs (bitwise for exact sites; ``rtol/atol`` for tier-"high" ones). Every site is
    judged alone, on reference values. Values are freed as soon as nothing needs them.
-2. rebuilds the fused graph without the rejected sites (site ids are stable across
-   rebuilds) and runs it on the real inputs;
+2. has the fused graph rebuilt without the rejected sites (site ids are stable across
+   rebuilds; the rebuilding is the pipeline's, ``Pipeline.build``) and runs it on the real inputs;
 3. compares its outputs with the reference outputs; a mismatch there puts every site back
    (the mutated inputs are restored first) and says so.
 
-Verdicts are kept per site; the graph chosen is kept per input signature.
+Verdicts are kept per site; the graph chosen is kept per input signature. The verifier judges and
+reports; the graphs it chooses between come from the ``Pipeline`` the backend gives it.
 """
 
 from __future__ import annotations
@@ -21,22 +22,17 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.fx as fx
 
 from ..config import Options
-from ..fxpasses import PassManager
-from ..lowering.dispatch import capturing
-from ..fxpasses.base import written_args
-from ..fxpasses.fuse_patterns import ref_name
 from ..log import error_message, get_logger
-from ..patterns.match_utils import describe, source_location
-from ..patterns.registry import REGISTRY, Site
+from ..lowering.dispatch import capturing
 from .compare import Verdict, compare_bitwise, compare_close
-from .graph_diff import graph_data, target_name, value_str
-from .report import GraphReport, NearMissRecord, Report, SiteRecord
+from .graph_diff import op_counts
+from .report import GraphReport, Report
 
 _log = get_logger("verify")
 
@@ -51,58 +47,12 @@ class SiteCheck:
     diagnose: Callable[[Sequence[Any]], str] | None = None
 
 
-def build_site_check(site: Site) -> SiteCheck:
-    g = fx.Graph()
-    phs = [g.placeholder(f"in_{i}") for i in range(len(site.inputs))]
-    outs = site.emit(g, phs)
-    g.output(tuple(outs))
-    return SiteCheck(
-        id=site.id,
-        inputs=[ref_name(n) for n in site.inputs],
-        outputs=[ref_name(n) for n in site.outputs],
-        replacement=fx.GraphModule(torch.nn.Module(), g),
-        exact=site.exact,
-        diagnose=site.diagnose,
-    )
+class Pipeline(Protocol):
+    """What the verifier chooses between: the graph rewritten without some sites, and what runs in its place."""
 
+    def build(self, exclude: frozenset[str]) -> fx.GraphModule: ...
 
-def site_record(site: Site, tier: str) -> SiteRecord:
-    def shape(n: fx.Node) -> str:
-        return value_str(n.meta.get("val")) or "?"
-
-    return SiteRecord(
-        id=site.id,
-        pattern=site.pattern,
-        tier=tier,
-        exact=site.exact,
-        location=source_location(site.located_at),
-        before=describe(site.nodes),
-        after=site.op,
-        shapes=" ".join(shape(n) for n in site.inputs[:1] + site.outputs),
-        ops=site.n_ops if site.n_ops is not None else len(site.outputs),
-        nodes=[n.name for n in site.nodes],
-        input_nodes=[ref_name(n) for n in site.inputs],
-        output_nodes=[ref_name(n) for n in site.outputs],
-        input_shapes=[shape(n) for n in site.inputs],
-        output_shapes=[shape(n) for n in site.outputs],
-    )
-
-
-def searched_families(options: Options) -> list[str]:
-    """The families the fuse pass looks for under ``options`` (registry order)."""
-    return [f.name for f in REGISTRY.searched(options)]
-
-
-def op_counts(gm: fx.GraphModule) -> dict[str, int]:
-    """Calls per op (``target_name``) in ``gm``."""
-    return dict(collections.Counter(target_name(n) for n in gm.graph.nodes if n.op == "call_function"))
-
-
-def mutated_placeholders(gm: fx.GraphModule) -> list[int]:
-    """Indices of the graph inputs some node writes in place."""
-    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    index = {n: i for i, n in enumerate(phs)}
-    return sorted({index[t] for n in gm.graph.nodes for t in written_args(n) if t in index})
+    def runtime(self, gm: fx.GraphModule, rewrite: bool = True) -> tuple[Callable[..., Any], dict[str, int]]: ...
 
 
 def run_with_site_checks(
@@ -194,56 +144,29 @@ def _signature_fn(gm: fx.GraphModule) -> Callable[[Sequence[Any]], tuple]:
 
 
 class VerifiedGraph:
-    """The callable the lossless tier returns for one ATen inference graph."""
+    """The callable the lossless tier returns for one ATen inference graph.
 
-    def __init__(self, ref: fx.GraphModule, options: Options, graph_report: GraphReport, report: Report) -> None:
-        self.ref = ref
-        self.options = options
-        self.pm = PassManager(options)
-        self.greport = graph_report
-        self.report = report
-        self._builds: dict[frozenset[str], fx.GraphModule] = {}
+    ``ref``: the graph as traced; ``fused``: it with every site rewritten (``pipeline.build(frozenset())``);
+    ``checks``: one per site; ``mutated``: the indices of the inputs the graph writes in place.
+    """
+
+    def __init__(self, ref: fx.GraphModule, fused: fx.GraphModule, checks: Sequence[SiteCheck], mutated: list[int],
+                 pipeline: Pipeline, options: Options, graph_report: GraphReport, report: Report) -> None:
+        self.ref, self.pipeline, self.options = ref, pipeline, options
+        self.greport, self.report = graph_report, report
+        self._builds: dict[frozenset[str], fx.GraphModule] = {frozenset(): fused}
+        self.checks = {c.id: c for c in checks}
         self.rejected: set[str] = set()
         self._chosen: dict[tuple, Callable[..., Any]] = {}
-        self._unverified: fx.GraphModule | None = None
-        self._mutated = mutated_placeholders(ref)
-        self.mutated_inputs = bool(self._mutated)
+        self._unverified: Callable[..., Any] | None = None
+        self._mutated = mutated
+        self.mutated_inputs = bool(mutated)
         self._signature = _signature_fn(ref)
-
-        fused, ctx = self.pm.rewrite(ref)
-        self._builds[frozenset()] = fused
-        self.checks = {s.id: build_site_check(s) for s in ctx.sites}
-        status = "matched" if options.verify else "unverified"
-        created: dict[str, list[str]] = collections.defaultdict(list)
-        for n in fused.graph.nodes:
-            if "diffusion_fuse_site" in n.meta:
-                created[n.meta["diffusion_fuse_site"]].append(n.name)
-        for s in ctx.sites:
-            rec = site_record(s, "lossless" if s.exact else "high")
-            rec.status = status
-            rec.created = created.get(s.id, [])
-            graph_report.sites[s.id] = rec
-        graph_report.notes.extend(ctx.notes)
-        for m in ctx.near_misses:
-            graph_report.near_misses.append(
-                NearMissRecord(m.pattern, m.anchor.name, source_location(m.anchor), m.reason,
-                               target=describe([m.anchor])[0], shape=value_str(m.anchor.meta.get("val")))
-            )
-        # What the before/after diff needs, as plain data (verify/graph_diff.py, verify/html.py).
-        graph_report.families = searched_families(options)
-        graph_report.ref_graph, graph_report.fused_graph = graph_data(ref), graph_data(fused)
-        graph_report.ref_code, graph_report.fused_code = ref.code, fused.code
-        if not self.checks:
-            graph_report.final_code, graph_report.final_ops = ref.code, op_counts(ref)
-        elif not options.verify:
-            graph_report.final_code, graph_report.final_ops = fused.code, op_counts(fused)
-        _log.info("graph %d: %d site(s) rewritten, %d near miss(es)", graph_report.graph_id, len(ctx.sites),
-                  len(ctx.near_misses))
 
     # --- building ------------------------------------------------------------------------
     def build(self, exclude: frozenset[str]) -> fx.GraphModule:
         if exclude not in self._builds:
-            self._builds[exclude] = self.pm.rewrite(self.ref, exclude)[0]
+            self._builds[exclude] = self.pipeline.build(exclude)
         return self._builds[exclude]
 
     @property
@@ -260,7 +183,7 @@ class VerifiedGraph:
             return self.ref(*args)
         if not self.options.verify:
             if self._unverified is None:
-                self._unverified = self.pm.runtime(self.fused, side=self.options.side_stream)[0]
+                self._unverified = self.pipeline.runtime(self.fused)[0]
             return self._unverified(*args)
         sig = self._signature(args)
         fn = self._chosen.get(sig)
@@ -317,7 +240,7 @@ class VerifiedGraph:
                 _log.warning("site %s (%s) rejected by the verifier: %s", cid, rec.location, v.detail)
         gm = self.build(frozenset(self.rejected))
         # what runs from now on, checked end to end below: fewer Python calls, the same kernels
-        run, rewrites = self.pm.runtime(gm, side=self.options.side_stream)
+        run, rewrites = self.pipeline.runtime(gm)
         out, e2e = self._run_checked(run, args, ref_out)
         if not e2e and any(rewrites.values()):
             # a binding or at::linear took another path than the one traced: run the ops as traced
@@ -326,7 +249,7 @@ class VerifiedGraph:
             self.greport.notes.append(note)
             for i, t in snapshot.items():
                 args[i].copy_(t)
-            run, rewrites = self.pm.runtime(gm, rewrite=False)
+            run, rewrites = self.pipeline.runtime(gm, rewrite=False)
             out, e2e = self._run_checked(run, args, ref_out)
         entry = {"signature": repr(sig)[:200], "sites_checked": len(verdicts), **rewrites,
                  "rejected": sorted(c for c, v in verdicts.items() if not v), "end_to_end_equal": bool(e2e)}

@@ -6,8 +6,8 @@ Decides (printed, and written to $OUT/fp8_quant_gpu.json when $OUT is set):
 - every bf16 and fp16 bit pattern (NaN, Inf, subnormals, ties) through ``static_quant`` for
   scales 1e-3..1e1, both the ``/ s`` and ``* (1 / s)`` forms;
 - the norm-issue matrix (D in {64, 1000, 1536, 2240, 3072, 5120, 6144}, rows 1/7/4096, amplitudes
-  1e-4/1/100) for ``static_quant``, ``ln_modulate_quant`` (FLUX bf16 and Wan fp32-LN forms, 1/3/4
-  quantizers, bf16 output kept or not), ``gated_residual_ln_modulate_quant`` and ``cat_quant``
+  1e-4/1/100) for ``static_quant``, ``norm_modulate_quant`` (FLUX bf16 and Wan fp32-LN forms, 1/3/4
+  quantizers, bf16 output kept or not), ``gated_residual_norm_modulate_quant`` and ``cat_quant``
   (FLUX 3072 + 12288, FLUX.2 6144 + 18432 widths, attention read through its permuted layout);
 - tiny FLUX / FLUX.2 with FP8StaticLinear compiled lossless: output equal, kernels hit, all kept.
 """
@@ -115,15 +115,15 @@ def test_ln_modulate_quant_matrix(D):
                     scales = [scale_tensor(v, L.Q_DIV) for v in SCALES[1:1 + n_q]]
                     args = (x, None, None, 1e-6, sc, sh, *casts, scales, L.Q_DIV, -448.0, 448.0, keep_out)
                     assert L.can_use_ln_modulate_quant(*args)[0]
-                    n = ndiff(L.ln_modulate_quant_reference(*args), torch.ops.diffusion_fuse.ln_modulate_quant(*args))
+                    n = ndiff(L.ln_modulate_quant_reference(*args), torch.ops.diffusion_fuse.norm_modulate_quant(*args))
                     if n:
                         bad.append((form, S, amp, n_q, keep_out, n))
-    SUMMARY.setdefault("ln_modulate_quant", {})[D] = len(bad)
+    SUMMARY.setdefault("norm_modulate_quant", {})[D] = len(bad)
     assert not bad, f"D={D}: (form, S, amp, n_q, keep_out, ndiff) {bad[:6]}"
 
 
 @pytest.mark.parametrize("D", DIMS)
-def test_gated_residual_ln_modulate_quant_matrix(D):
+def test_gated_residual_norm_modulate_quant_matrix(D):
     bad = []
     for B, S in ROWS:
         for amp in AMPS:
@@ -133,12 +133,12 @@ def test_gated_residual_ln_modulate_quant_matrix(D):
                 gate, sc, sh = (torch.randn(B, 1, D, device="cuda", generator=g).bfloat16() for _ in range(3))
                 scales = [scale_tensor(v * amp, L.Q_MUL) for v in SCALES[-n_q:]]
                 args = (res, x, gate, None, None, 1e-6, sc, sh, None, scales, L.Q_MUL, -448.0, 448.0, keep_out)
-                assert L.can_use_gated_residual_ln_modulate_quant(*args)[0]
-                n = ndiff(L.gated_residual_ln_modulate_quant_reference(*args),
-                          torch.ops.diffusion_fuse.gated_residual_ln_modulate_quant(*args))
+                assert L.can_use_gated_residual_norm_modulate_quant(*args)[0]
+                n = ndiff(L.gated_residual_norm_modulate_quant_reference(*args),
+                          torch.ops.diffusion_fuse.gated_residual_norm_modulate_quant(*args))
                 if n:
                     bad.append((S, amp, n_q, keep_out, n))
-    SUMMARY.setdefault("gated_residual_ln_modulate_quant", {})[D] = len(bad)
+    SUMMARY.setdefault("gated_residual_norm_modulate_quant", {})[D] = len(bad)
     assert not bad, f"D={D}: (S, amp, n_q, keep_out, ndiff) {bad[:6]}"
 
 
@@ -181,7 +181,7 @@ def test_tiny_fp8_models(name):
                                                    "equal": torch.equal(ref.view(torch.int16), out.view(torch.int16))}
     assert torch.equal(ref.view(torch.int16), out.view(torch.int16)) and torch.equal(out, out2)
     assert report.count(status="kept") == len(report.sites()), report.table()
-    assert {"static_quant", "ln_modulate_quant", "gated_residual_ln_modulate_quant", "cat_quant"} <= set(hits), hits
+    assert {"static_quant", "norm_modulate_quant", "gated_residual_norm_modulate_quant", "cat_quant"} <= set(hits), hits
 
 
 def teardown_module(module):

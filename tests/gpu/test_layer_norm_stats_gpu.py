@@ -276,7 +276,7 @@ def test_default_variant_is_exact(stats_sweep):
 @pytest.mark.parametrize("which", [
     "wb", "w",
     # Neither fma(rstd, x - mean, b) nor the unfused form matches eager's bias-only output on
-    # the H200 (a few elements differ); the ln_modulate guard sends that case to the reference.
+    # the H200 (a few elements differ); the norm_modulate guard sends that case to the reference.
     pytest.param("b", marks=pytest.mark.xfail(strict=True, reason="bias-only output expression not reproduced")),
 ])
 def test_affine_output_is_bit_exact(affine_sweep, which):

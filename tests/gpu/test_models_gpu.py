@@ -24,10 +24,10 @@ def test_tiny_model_on_cuda(name, dtype):
         out = compiled(**kwargs)[0]
         out2 = compiled(**kwargs)[0]
     ctr = report.counters()
-    hits = ctr["kernel"].get("ln_modulate", 0)
+    hits = ctr["kernel"].get("norm_modulate", 0)
     kept = report.count(status="kept")
     SUMMARY.append((name, str(dtype).split(".")[-1], len(report.sites()), kept, hits,
-                    sum(ctr["fallback"].get("ln_modulate", {}).values()), torch.equal(ref, out)))
+                    sum(ctr["fallback"].get("norm_modulate", {}).values()), torch.equal(ref, out)))
     assert torch.equal(ref.view(torch.int16) if ref.dtype == torch.bfloat16 else ref,
                        out.view(torch.int16) if out.dtype == torch.bfloat16 else out)
     assert torch.equal(out, out2)

@@ -50,7 +50,8 @@ except ImportError:  # running from a checkout without an install
     import diffusion_fuse
 from diffusion_fuse.kernels.rms_norm import rms_norm_exact  # noqa: E402
 from diffusion_fuse.lowering import counters  # noqa: E402
-from diffusion_fuse.lowering.rms_norm import rms_norm_chain_reference, rms_norm_reference  # noqa: E402
+from diffusion_fuse.lowering.rms_norm import rms_norm as rms_norm_reference  # noqa: E402
+from diffusion_fuse.lowering.rms_norm_chain import rms_norm_chain as rms_norm_chain_reference  # noqa: E402
 from diffusion_fuse.verify.compare import compare_close  # noqa: E402
 
 DIMS = (24, 64, 128, 1000, 3072, 5120)

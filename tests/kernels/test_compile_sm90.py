@@ -15,7 +15,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from diffusion_fuse.kernels import layer_norm_stats as lns  # noqa: E402
-from diffusion_fuse.kernels import ln_modulate as lm  # noqa: E402
+from diffusion_fuse.kernels import norm_modulate as lm  # noqa: E402
 from diffusion_fuse.kernels.launch import EAGER_NUMERICS  # noqa: E402
 
 PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
@@ -146,7 +146,7 @@ def shuffle_layouts_any(ttgir: str) -> set[str]:
     return {defs[u] for u in used}
 
 
-# kernels/ln_modulate.py LaunchVariant: (row_group, one_exchange) at the three benchmark forms. Registers and
+# kernels/norm_modulate.py LaunchVariant: (row_group, one_exchange) at the three benchmark forms. Registers and
 # shared memory per variant print with -s (the NOTES.md numbers); the default's PTX is unchanged.
 LAUNCH_FORMS = {"flux_3072": (3072, {}), "wan21_5120": (5120, dict(mod="fp32", ln="fp32")),
                 "wan22_3072": (3072, dict(mod="fp32", ln="fp32"))}
@@ -355,7 +355,7 @@ def test_cat_quant_compiles_for_sm90(keep_cat):
     lambda: compile_ln_modulate(3072, n_q=2, rows=4), lambda: compile_gated_residual_ln_modulate(3072, n_q=1),
     compile_static_quant, lambda: compile_cat_quant(True), lambda: compile_ln_modulate(3072, temb="bf16", rows=4),
     lambda: compile_gated_residual_ln_modulate(3072, "wan_norm_out"), lambda: compile_gated_residual("bf16")],
-    ids=["ln_modulate", "ln_modulate_general", "ln_modulate_rows_quant", "gated_residual_quant", "static_quant",
+    ids=["norm_modulate", "ln_modulate_general", "ln_modulate_rows_quant", "gated_residual_quant", "static_quant",
          "cat_quant", "ln_modulate_rows_temb", "gated_residual_ln_wan", "gated_residual"])
 def test_kernels_are_cuda_graph_capture_safe(compile_kernel):
     """No scratch memory: Triton's launcher would take it from its own allocator, outside the
@@ -369,12 +369,12 @@ def test_kernels_are_cuda_graph_capture_safe(compile_kernel):
     assert not re.search(r"\b(div|rem)\.[su]64\b", ck.asm["ptx"])
 
 
-# --- kernels the pointwise pass generates (kernels/pointwise_codegen.py) ------------------------
+# --- kernels the pointwise pass generates (kernels/pointwise.py) ------------------------
 def compile_pointwise(fn, *args):
     """Generate the kernel for ``fn`` (as one program) at these inputs' layout and compile it for sm_90."""
     import torch
 
-    from diffusion_fuse.kernels.pointwise_codegen import load_kernel
+    from diffusion_fuse.kernels.pointwise import load_kernel
     from diffusion_fuse.lowering.pointwise import generate_source
     from diffusion_fuse.testing.pointwise import program_of
 
@@ -504,103 +504,3 @@ def test_lut16_gelu_takes_fewer_instructions_than_its_recipe():
     assert any(i.startswith("LDS") for i in lk) and any(i.startswith("STS") for i in lk)
     assert not any(i.startswith("MUFU") for i in lk)  # no ex2/rcp: nothing of tanhf is computed
     assert len(lk) < 0.7 * len(r)
-
-
-@pytest.mark.parametrize("split, expect_spill", [(1, True), (2, False), (4, False)])
-def test_gemm_probe_gelu_epilogue_spills_only_as_a_whole_tile(split, expect_spill):
-    """benchmarks/probe_gemm_exact.py's persistent TMA GEMM (128x256x64 tiles, 8 warps) with eager's gelu-tanh
-    in its epilogue: the whole tile's epilogue spills registers to the stack in the sm_90 build, the epilogue in
-    2 or 4 column parts does not (what BENCHMARKS.md says of runs 2 and 3). ``-s`` prints registers and stack."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    import probe_gemm_exact as probe
-
-    k = probe._mm_tma_persistent_kernel
-    const = dict(M=4096, N=12288, K=3072, ldc=12288, BM=128, BN=256, BK=64, GROUP_M=8, EPI=2, NUM_SMS=132,
-                 TMA_STORE=True, SPLIT=split)
-    sig = {n: ("constexpr" if n in const else "*bf16") for n in k.arg_names}
-    src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(n),): v for n, v in const.items()})
-    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                        options={"num_warps": 8, "num_stages": 3 if split < 4 else 4, **EAGER_NUMERICS})
-    stack = cubin_stack_bytes(ck)
-    print(f"gelu epilogue in {split} part(s): {cubin_registers(ck)} registers, {stack} stack bytes")
-    assert (stack > 0) == expect_spill
-
-
-@pytest.mark.parametrize("epi, has_bias", [(3, True), (3, False), (2, True), (0, True)])
-def test_linear_gelu_kernel_builds_for_sm90(epi, has_bias):
-    """kernels/linear_gelu.py (EPI 3: the op's gelu looked up; 2: the recipe and 0: the linear alone, for
-    benchmarks/probe_gemm_ws.py): three partitions (12 warps, ``setmaxnreg``), 8 wgmma per consumer K step,
-    barriers within a consumer's 128 threads, no spills within the 168-register launch (run 8's epilogue, from
-    the accumulator's registers, spilled 552 bytes; it now goes through shared memory), within an SM's shared
-    memory. The looked-up gelu gathers and calls no tanh. ``-s`` prints registers and shared memory."""
-    import torch
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    from triton.runtime.jit import mangle_type
-
-    from diffusion_fuse.kernels import linear_gelu as lg
-
-    k = lg._linear_gelu_kernel
-    desc = mangle_type(TensorDescriptor.from_tensor(torch.empty(256, 128, dtype=torch.bfloat16), [128, 64],
-                                                    gl.NVMMASharedLayout.get_default_for([128, 64], gl.bfloat16)))
-    # a table laid out as kernels/lut16.py lays out bf16 gelu-tanh's (window and size)
-    const = dict(NUM_PROGS=132, HAS_BIAS=has_bias, EPI=epi, TBM=lg.BM, TBN=lg.BN, TBK=lg.BK, GROUP=lg.GROUP_M,
-                 STG=lg.STAGES, LO=0x3C00, SPAN=1500, SPECIAL=0x7F80, TABLE=4096)
-    sig = {"a_desc": desc, "w_desc": desc, "LUT": "*i32", "BIAS": "*bf16", "C": "*bf16", "M": "i32", "N": "i32",
-           "K": "i32", "LDC": "i32", **{n: "constexpr" for n in const}}
-    src = GluonASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(n),): v for n, v in const.items()})
-    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": lg.MAX_REGISTERS,
-                                                                       **EAGER_NUMERICS})
-    ptx = ck.asm["ptx"]
-    print(f"linear_gelu EPI {epi}: {cubin_registers(ck)} registers, {cubin_stack_bytes(ck)} stack bytes, "
-          f"{ck.metadata.shared} bytes of shared memory")
-    assert ck.metadata.num_warps == 12 and "setmaxnreg" in ptx and ptx.count("wgmma.mma_async") == 16
-    assert {b for b in re.findall(r"bar\.sync\s+\d+, (\d+)", ptx)} == {"128"}
-    assert cubin_stack_bytes(ck) == 0 and ck.metadata.shared <= 232448  # an H200 SM's 227 KB
-    assert ("tanh" in ptx) == (epi == 2)
-    if epi == 3:
-        assert "ld.shared" in ptx
-
-
-@pytest.mark.parametrize("epi", [3, 0])
-def test_probe_cooperative_gemm_builds_for_sm90(epi):
-    """benchmarks/probe_gemm_ws.py's cooperative kernel (both MMA warpgroups on one 128x256 tile, m64n256k16, the
-    epilogue in its own warpgroup): 12 warps, within an SM's shared memory. It spills ~112 bytes per thread in
-    the MMA partition's per-tile epilogue (outside the K loop); ``-s`` prints it. Measured exact and slower than
-    the ping-pong kernel (results/h200-2026-12-01a/run3)."""
-    import sys
-    from pathlib import Path
-
-    import torch
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    from triton.runtime.jit import mangle_type
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    import probe_gemm_ws as probe
-
-    from diffusion_fuse.kernels import linear_gelu as lg
-
-    k = probe._linear_gelu_coop_kernel
-
-    def desc(rows):
-        return mangle_type(TensorDescriptor.from_tensor(torch.empty(2 * rows, 128, dtype=torch.bfloat16), [rows, 64],
-                                                        gl.NVMMASharedLayout.get_default_for([rows, 64], gl.bfloat16)))
-
-    const = dict(NUM_PROGS=132, HAS_BIAS=True, EPI=epi, TBM=lg.BM, TBN=probe.COOP["bn"], TBK=lg.BK, GROUP=lg.GROUP_M,
-                 STG=probe.COOP["stages"], LO=0x3C00, SPAN=1500, SPECIAL=0x7F80, TABLE=4096)
-    sig = {"a_desc": desc(128), "w_desc": desc(256), "LUT": "*i32", "BIAS": "*bf16", "C": "*bf16", "M": "i32",
-           "N": "i32", "K": "i32", "LDC": "i32", **{n: "constexpr" for n in const}}
-    src = GluonASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(n),): v for n, v in const.items()})
-    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={
-        "num_warps": probe.COOP["num_warps"], "maxnreg": probe.COOP["maxnreg"], **EAGER_NUMERICS})
-    ptx = ck.asm["ptx"]
-    print(f"cooperative EPI {epi}: {cubin_registers(ck)} registers, {cubin_stack_bytes(ck)} stack bytes, "
-          f"{ck.metadata.shared} bytes of shared memory")
-    assert ck.metadata.num_warps == 12 and "wgmma.mma_async.sync.aligned.m64n256k16" in ptx
-    assert ck.metadata.shared <= 232448

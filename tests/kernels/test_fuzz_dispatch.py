@@ -67,19 +67,19 @@ def random_case(rng: random.Random):
     out_dtype = rng.choice([None, dt])
     eps = rng.choice([1e-6, 1e-5])
     if rng.random() < 0.5:
-        return "ln_modulate", (x, w, b, eps, sc, shift, ln_dtype, out_dtype)
+        return "norm_modulate", (x, w, b, eps, sc, shift, ln_dtype, out_dtype)
     residual = rn(B, S, D)
     gate = rn(B, 1, D, dtype=mod_dt)
-    return "gated_residual_ln_modulate", (residual, x, gate, w, b, eps, sc, shift, out_dtype)
+    return "gated_residual_norm_modulate", (residual, x, gate, w, b, eps, sc, shift, out_dtype)
 
 
 def worker() -> dict:
     import diffusion_fuse  # noqa: F401  (registers the ops)
     from diffusion_fuse.lowering import counters
-    from diffusion_fuse.lowering.gated_residual import gated_residual_ln_modulate_reference
-    from diffusion_fuse.lowering.norm_modulate import ln_modulate_reference
+    from diffusion_fuse.lowering.gated_residual_norm_modulate import gated_residual_norm_modulate
+    from diffusion_fuse.lowering.norm_modulate import norm_modulate
 
-    refs = {"ln_modulate": ln_modulate_reference, "gated_residual_ln_modulate": gated_residual_ln_modulate_reference}
+    refs = {"norm_modulate": norm_modulate, "gated_residual_norm_modulate": gated_residual_norm_modulate}
     rng = random.Random(1234)
     rows = []
     for i in range(N_CASES):

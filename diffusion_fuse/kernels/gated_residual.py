@@ -1,0 +1,79 @@
+"""Triton kernel for ``diffusion_fuse::gated_residual``: ``r = residual + (gate [+ gate_temb]) * x [→ r_dtype]``.
+
+Numerics contract (lossless tier): per element, in fp32 and rounded as eager rounds each op::
+
+    g = gate [+ gate_temb]          # second addend: one fp32 add (a timestep table's table + temb.float())
+    m = round_m(g * x)              # promote(gate, x)
+    r = round_r(residual + m)       # promote(residual, m), or r_dtype (``.type_as``)
+
+``r`` rounded to its dtype once from the fp32 sum is what eager's add and then ``_to_copy`` give. One program per
+row; ``r`` is stored and nothing else. ``gated_residual_row`` is also the first part of
+kernels/gated_residual_norm_modulate.py.
+
+Inputs: residual and x [M, D] or [B, S, D] of one shape with unit stride along D (any row strides), D % 4 == 0;
+gate and its second addend broadcast to x with unit stride along D.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .launch import CachedLaunch
+from .layer_norm_stats import LANES, VEC, n_iters_for, program_row
+from .norm_modulate import _DT_CODE, _row_strides, round_to, sum_dtype
+
+
+def residual_dtypes(residual_dtype, x_dtype, gate_dtype, r_dtype=None) -> tuple[torch.dtype, torch.dtype]:
+    """dtypes of (gate * x, residual + gate * x [→ r_dtype]) under eager's type promotion."""
+    m_dt = torch.promote_types(gate_dtype, x_dtype)
+    return m_dt, r_dtype or torch.promote_types(residual_dtype, m_dt)
+
+
+@triton.jit
+def gated_residual_row(res_row, x_row, g_row, gt_row, r_row, N, N_ITERS: tl.constexpr, LANES: tl.constexpr,
+                       VEC: tl.constexpr, M_DT: tl.constexpr, HAS_GATE_TEMB: tl.constexpr):
+    """One row of ``r = residual + (gate [+ gate_temb]) * x``, stored in r_row's dtype (the contract above)."""
+    lane = tl.arange(0, LANES)
+    col = tl.arange(0, VEC)
+    for it in tl.static_range(N_ITERS):
+        offs = (it * LANES + lane)[:, None] * VEC + col[None, :]
+        mask = offs < N
+        g = tl.load(g_row + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_GATE_TEMB:
+            g = g + tl.load(gt_row + offs, mask=mask, other=0.0).to(tl.float32)
+        xv = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+        m = round_to(g * xv, M_DT)
+        r = tl.load(res_row + offs, mask=mask, other=0.0).to(tl.float32) + m
+        tl.store(r_row + offs, r.to(r_row.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["S"])
+def _gated_residual_kernel(RES, X, GATE, GATE_T, R_OUT, N, S, res_sb, res_ss, x_sb, x_ss, g_sb, g_ss, gt_sb, gt_ss,
+                           M_DT: tl.constexpr, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
+                           HAS_GATE_TEMB: tl.constexpr):
+    row, bi, si = program_row(S)
+    gated_residual_row(RES + bi * res_sb + si * res_ss, X + bi * x_sb + si * x_ss, GATE + bi * g_sb + si * g_ss,
+                       GATE_T + bi * gt_sb + si * gt_ss, R_OUT + row * N, N, N_ITERS, LANES, VEC, M_DT, HAS_GATE_TEMB)
+
+
+def plan_gated_residual(a):
+    """A launch for inputs of this layout: ``a`` holds the op's arguments by name (lowering/gated_residual.py; its
+    guard accepted them), and so does the launch's argument."""
+    x = a.x
+    D = x.shape[-1]
+    S = x.shape[1] if x.dim() == 3 else 1
+    m_dt, r_dt = residual_dtypes(a.residual.dtype, x.dtype, sum_dtype(a.gate, a.gate_temb), a.r_dtype)
+    shape, device = x.shape, x.device
+    strides = [s for t in (a.residual, x, a.gate, a.gate_temb) for s in _row_strides(t, x)]
+    const = dict(M_DT=_DT_CODE[m_dt], N_ITERS=n_iters_for(D), LANES=LANES, VEC=VEC,
+                 HAS_GATE_TEMB=a.gate_temb is not None)
+    kernel = CachedLaunch(_gated_residual_kernel, (x.numel() // D,), const, num_warps=LANES // 32)
+
+    def launch(a):
+        r = torch.empty(shape, dtype=r_dt, device=device)
+        kernel(a.residual, a.x, a.gate, a.gate_temb if a.gate_temb is not None else a.gate, r, D, S, *strides)
+        return r
+
+    return launch

@@ -1,0 +1,117 @@
+"""CPU checks of kernels/gated_residual_norm_modulate.py and its dispatch, in Triton's interpreter.
+
+Tolerance only here (the interpreter's fp32 -> bf16 cast truncates); bit-exactness is
+tests/gpu/test_gated_residual_norm_modulate_gpu.py's job.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":
+    os.environ["TRITON_INTERPRET"] = "1"
+    sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parent)]
+
+import pytest
+import torch
+from _interp import run_worker, worker_main
+
+CASES = {
+    # name: (shape, dtype, gate layout, affine, shift)
+    "flux_bf16": ((1, 24, 64), torch.bfloat16, "b1d", False, True),
+    "fp32_affine": ((2, 7, 1000), torch.float32, "b1d", True, True),
+    "fp16_no_shift": ((1, 9, 3072), torch.float16, "b1d", False, False),
+    "per_token_gate_2d": ((33, 512), torch.bfloat16, "full", False, True),
+}
+
+
+def make(shape, dtype, gate_layout, affine, shift, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    D = shape[-1]
+    rn = lambda *s: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
+    res, x = rn(*shape) * 4, rn(*shape)
+    mod_shape = (shape[0], 1, D) if len(shape) == 3 else (1, D)
+    gate = rn(*shape) if gate_layout == "full" else rn(*mod_shape)
+    sc, sh = rn(*mod_shape), rn(*mod_shape) if shift else None
+    w, b = (rn(D), rn(D)) if affine else (None, None)
+    return res, x, gate, w, b, 1e-6, sc, sh, None
+
+
+def worker() -> dict:
+    import diffusion_fuse
+    from diffusion_fuse.kernels.gated_residual_norm_modulate import gated_residual_norm_modulate_triton, plan_gated_residual_norm_modulate
+    from diffusion_fuse.lowering import counters
+    from diffusion_fuse.lowering.gated_residual_norm_modulate import gated_residual_norm_modulate
+
+    res: dict = {"kernel": {}, "dispatch": {}}
+    for name, spec in CASES.items():
+        args = make(*spec)
+        ref_r, ref_out = gated_residual_norm_modulate(*args)
+        got_r, got_out = gated_residual_norm_modulate_triton(*args)
+
+        def rel(a, b):
+            return float((a.double() - b.double()).norm() / a.double().norm())
+
+        res["kernel"][name] = {"dtypes": [str(t.dtype) for t in (ref_r, got_r, ref_out, got_out)],
+                               "r_err": rel(ref_r, got_r), "out_err": rel(ref_out, got_out)}
+        hinted = plan_gated_residual_norm_modulate(*args, cache_hints=3)(*args)  # same arithmetic, hints only
+        res["kernel"][name]["hints_equal"] = all(torch.equal(a, b) for a, b in zip(hinted, (got_r, got_out)))
+    op = torch.ops.diffusion_fuse.gated_residual_norm_modulate
+    base = make(*CASES["flux_bf16"])
+    res_t, x, gate, *rest = base
+    calls = {
+        "ok": base,
+        "x_strided_d": (res_t, torch.cat([x, x], -1)[..., ::2], gate, *rest),
+        "shape_mismatch": (res_t[:, :1], x, gate, *rest),
+        "float64": tuple(t.double() if isinstance(t, torch.Tensor) else t for t in base),
+    }
+    for key, args in calls.items():
+        counters.reset()
+        r, out = op(*args)
+        ref_r, ref_out = gated_residual_norm_modulate(*args)
+        res["dispatch"][key] = {"counters": counters.snapshot(),
+                                "equal": bool(torch.equal(r, ref_r) and torch.equal(out, ref_out))}
+    del diffusion_fuse
+    return res
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_worker(__file__)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_kernel_matches_reference_to_tolerance(results, case):
+    r = results["kernel"][case]
+    assert r["dtypes"][0] == r["dtypes"][1] and r["dtypes"][2] == r["dtypes"][3]
+    assert r["r_err"] < 1e-2 and r["out_err"] < 2e-2, r
+    assert r["hints_equal"]
+
+
+def test_cache_hints_are_checked():
+    from diffusion_fuse.kernels.gated_residual_norm_modulate import plan_gated_residual_norm_modulate
+
+    with pytest.raises(ValueError, match="cache_hints=4"):
+        plan_gated_residual_norm_modulate(*make(*CASES["flux_bf16"]), cache_hints=4)
+
+
+def test_guard_accepts_matching_rows(results):
+    assert results["dispatch"]["ok"]["counters"]["kernel"] == {"gated_residual_norm_modulate": 1}
+
+
+@pytest.mark.parametrize("key, reason", [
+    ("x_strided_d", "x is not contiguous along D"),
+    ("shape_mismatch", "residual (1, 1, 64) and x (1, 24, 64) differ in shape"),
+    ("float64", "unsupported dtype (x torch.float64"),
+])
+def test_guard_rejections_take_the_reference_path_and_are_counted(results, key, reason):
+    r = results["dispatch"][key]
+    assert r["equal"] and r["counters"]["kernel"] == {}
+    ((got, n),) = r["counters"]["fallback"]["gated_residual_norm_modulate"].items()
+    assert got.startswith(reason) and n == 1, got
+
+
+if __name__ == "__main__":
+    worker_main(worker)

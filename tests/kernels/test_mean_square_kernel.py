@@ -1,0 +1,210 @@
+"""CPU checks of kernels/mean_square.py: its summation order in Triton's interpreter, its guard.
+
+The interpreter runs fp32 arithmetic one IEEE op at a time, so the kernel must equal ``emulate`` (ATen's
+reduce order as the module's contract states it, in numpy) bit for bit, in both warp orders; inputs span six
+decades so that every other order gives other bits (checked too). Whether the contract is eager's is the GPU
+test's job (tests/gpu/test_mean_square_gpu.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":
+    os.environ["TRITON_INTERPRET"] = "1"
+    sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parent)]
+
+import numpy as np
+import pytest
+import torch
+from _interp import run_worker, worker_main
+
+CASES = [(16, 128), (37, 128), (16, 64), (21, 32)]  # (rows, D)
+ORDERS = {f"{form}_{'desc' if desc else 'asc'}": (k, desc) for k, form in
+          {0: "sequential", 1: "tree", 2: "halves", 3: "vector"}.items() for desc in (True, False)}
+D128_ONLY = {1, 2, 3}  # forms that only the 128-element rows try (CANDIDATES)
+
+
+def emulate(x: torch.Tensor, order: tuple[int, bool]) -> np.ndarray:
+    """The contract's order: lane t sums its squares a_i (t + 32 i; or PER t + i for vector lanes) in order, as
+    a tree or by halves; the warp tree halves (descending) or pairs neighbours (ascending); then the factor."""
+    from diffusion_fuse.kernels.mean_square import mean_factor
+
+    form, descending = order
+    sq = x.reshape(-1, x.shape[-1]).float().numpy()
+    sq = sq * sq
+    rows, d = sq.shape
+    per = d // 32
+    a = sq.reshape(rows, 32, per) if form == 3 else sq.reshape(rows, per, 32).transpose(0, 2, 1)  # [rows, lane, i]
+    if form == 1:
+        s = (a[:, :, 0] + a[:, :, 1]) + (a[:, :, 2] + a[:, :, 3])
+    elif form == 2:
+        s = (a[:, :, 0] + a[:, :, 2]) + (a[:, :, 1] + a[:, :, 3])
+    else:
+        s = a[:, :, 0].copy()
+        for i in range(1, per):
+            s = s + a[:, :, i]
+    while s.shape[1] > 1:
+        w = s.shape[1] // 2
+        s = s[:, :w] + s[:, w:] if descending else s[:, 0::2] + s[:, 1::2]
+    return (s[:, 0] * np.float32(mean_factor(rows, d))).astype(np.float32)
+
+
+def _wide(rows, d, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    amp = torch.logspace(-3, 3, d)[torch.randperm(d, generator=g)]
+    return (torch.randn(rows, d, generator=g) * amp).to(dtype)
+
+
+def worker() -> dict:
+    from diffusion_fuse.kernels.mean_square import can_use_mean_square, plan_mean_square
+
+    res = {}
+    for rows, d in CASES:
+        for dtype in (torch.float32, torch.bfloat16):
+            x = _wide(rows, d, rows * d, dtype)
+            for oname, order in ORDERS.items():
+                if order[0] in D128_ONLY and d != 128:
+                    continue
+                got = plan_mean_square(x, order)(x)
+                want = emulate(x, order)
+                others = [emulate(x, o) for o in ORDERS.values() if o != order and (o[0] not in D128_ONLY or d == 128)]
+                key = f"{rows}x{d}:{str(dtype)[6:]}:{oname}"
+                res[key] = {"shape": list(got.shape), "equal": bool(np.array_equal(got.numpy().view(np.int32).ravel(),
+                                                                              want.view(np.int32))),
+                            "other_differs": all(not np.array_equal(want.view(np.int32), o.view(np.int32))
+                                                 for o in others),
+                            "close_to_eager": bool(torch.allclose(got, x.float().pow(2).mean(-1, keepdim=True),
+                                                                  rtol=1e-5, atol=0))}
+    # rows of a [1, S, H, D] view of a [S, H * D] projection (evenly strided rows), and a padded row stride
+    base = _wide(40, 4 * 32, 7)
+    for name, x in {"heads_view": base.view(1, 40, 4, 32), "padded_rows": _wide(24, 80, 8)[:, :64]}.items():
+        got = plan_mean_square(x)(x)
+        res[name] = {"shape": list(got.shape), "equal": bool(np.array_equal(
+            got.reshape(-1).numpy().view(np.int32), emulate(x.contiguous(), (0, True)).view(np.int32)))}
+    res["guard"] = {name: can_use_mean_square(x)[1] for name, x in {
+        "ok": torch.zeros(16, 128), "d96": torch.zeros(16, 96), "few_rows": torch.zeros(15, 128),
+        "strided_d": torch.zeros(16, 256)[:, ::2], "int": torch.zeros(16, 128, dtype=torch.int32),
+        "uneven_rows": torch.zeros(4, 8, 128)[:, :5]}.items()}
+    return res
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_worker(__file__)
+
+
+@pytest.mark.parametrize("case", [f"{r}x{d}:{t}:{o}" for r, d in CASES for t in ("float32", "bfloat16")
+                                  for o, (form, _) in ORDERS.items() if form not in D128_ONLY or d == 128])
+def test_kernel_sums_in_the_contracts_order(results, case):
+    r = results[case]
+    rows = int(case.split("x")[0])
+    assert r["shape"] == [rows, 1]
+    assert r["equal"] and r["close_to_eager"], r
+    if case.split(":")[1] == "float32":
+        assert r["other_differs"], "inputs too tame: another order gives the same bits"
+
+
+@pytest.mark.parametrize("case", ["heads_view", "padded_rows"])
+def test_evenly_strided_rows_are_read_in_place(results, case):
+    assert results[case]["equal"], results[case]
+    assert results[case]["shape"] == ([1, 40, 4, 1] if case == "heads_view" else [24, 1])
+
+
+def test_the_interpreter_takes_each_dims_first_candidate():
+    from diffusion_fuse.kernels.mean_square import CANDIDATES, SEQUENTIAL, VECTOR, eager_order
+
+    # the forms measured on the H200 (module docstring) come first
+    assert eager_order(torch.device("cpu"), 64) == (SEQUENTIAL, True) == CANDIDATES[64][0]
+    assert eager_order(torch.device("cpu"), 128) == (VECTOR, True) == CANDIDATES[128][0]
+
+
+def test_eagers_forms_run_the_lane_kernels():
+    from diffusion_fuse.kernels import mean_square as ms
+
+    def kernel(x, order):
+        cells = [c.cell_contents for c in ms.plan_mean_square(x, order).__closure__]
+        return next(c.kernel for c in cells if isinstance(c, ms.CachedLaunch))
+
+    x = torch.zeros(40, 128)
+    assert kernel(x, (ms.VECTOR, True)) is ms.mean_square_lanes_kernel
+    assert {kernel(x, o) for o in ms.CANDIDATES[128][1:]} == {ms.mean_square_kernel, ms.mean_square_strided_lanes_kernel}
+    for d in (32, 64):  # eager's form there (strided lanes, descending) on the lane kernel; the other on the generic one
+        assert kernel(torch.zeros(40, d), (ms.SEQUENTIAL, True)) is ms.mean_square_strided_lanes_kernel
+        assert kernel(torch.zeros(40, d), (ms.SEQUENTIAL, False)) is ms.mean_square_kernel
+
+
+def test_lanes_kernel_compiles_for_sm90_with_vector_loads_and_lane_shuffles():
+    """The sm_90 build of the D = 128 kernel: one 8-byte load per row a thread holds, all before the first
+    shuffle; no FMA (eager adds rounded squares); the shuffles' state has lane f in thread f % 128."""
+    import re
+
+    triton = pytest.importorskip("triton")
+    from test_compile_sm90 import shuffle_layouts_any
+    from test_rms_norm_kernel import lane_layouts
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from diffusion_fuse.kernels import mean_square as ms
+    from diffusion_fuse.kernels.launch import EAGER_NUMERICS
+
+    k = ms.mean_square_lanes_kernel
+    rows = ms.LANE_GROUPS * 128 // ms.LANES
+    for dt in ("*bf16", "*fp32"):
+        sig = {"X": dt, "OUT": "*fp32", "n_rows": "i32", "row_stride": "i32", "factor": "fp32", "ROWS": "constexpr"}
+        src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index("ROWS"),): rows},
+                        attrs={(k.arg_names.index(n),): [["tt.divisibility", 16]] for n in ("X", "OUT", "row_stride")})
+        ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, **EAGER_NUMERICS})
+        ptx = ck.asm["ptx"]
+        load = "ld.global.v2.b32" if dt == "*bf16" else "ld.global.v4.b32"
+        first_shfl = ptx.index("shfl.sync.down")
+        assert ptx[:first_shfl].count(load) == ms.LANE_GROUPS, (dt, ptx.count(load))
+        assert "fma.rn.f32" not in ptx
+        assert len(re.findall(r"shfl\.sync\.down", ptx)) == 5 * ms.LANE_GROUPS
+        layouts = shuffle_layouts_any(ck.asm["ttgir"])
+        assert layouts and layouts <= lane_layouts(ms.LANE_GROUPS), layouts
+
+
+def test_guard_names_what_it_rejects(results):
+    g = results["guard"]
+    assert g["ok"] == ""
+    assert "last dim" in g["d96"] and "rows" in g["few_rows"] and "contiguous" in g["strided_d"]
+    assert "dtype" in g["int"] and "evenly strided" in g["uneven_rows"]
+
+
+if __name__ == "__main__":
+    worker_main(worker)
+
+
+@pytest.mark.parametrize("per", [1, 2])
+def test_strided_lanes_kernel_compiles_for_sm90_with_one_element_per_lane(per):
+    """D = 32, 64: every lane's load is one element (a vector would hold several lanes in one thread), one per row
+    group and element a lane owns; no FMA; the shuffles' state has lane f in thread f % 128, aligned x or not."""
+    import re
+
+    triton = pytest.importorskip("triton")
+    from test_compile_sm90 import shuffle_layouts_any
+    from test_rms_norm_kernel import lane_layouts
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from diffusion_fuse.kernels import mean_square as ms
+    from diffusion_fuse.kernels.launch import EAGER_NUMERICS
+
+    k = ms.mean_square_strided_lanes_kernel
+    const = {"ROWS": ms.LANE_GROUPS * 128 // ms.LANES, "PER": per, "SHUFFLE": True}
+    for dt, load in (("*bf16", "ld.global.b16"), ("*fp32", "ld.global.b32")):
+        for aligned in (("X", "OUT", "row_stride"), ("OUT",)):
+            sig = {"X": dt, "OUT": "*fp32", "n_rows": "i32", "row_stride": "i32", "factor": "fp32",
+                   **{c: "constexpr" for c in const}}
+            src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(c),): v for c, v in const.items()},
+                            attrs={(k.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned})
+            ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, **EAGER_NUMERICS})
+            ptx = ck.asm["ptx"]
+            assert set(re.findall(r"ld\.global[.\w]*", ptx)) == {load}
+            assert ptx.count(load) == per * ms.LANE_GROUPS and "fma.rn.f32" not in ptx
+            assert ptx.count("shfl.sync.down") == 5 * ms.LANE_GROUPS
+            layouts = shuffle_layouts_any(ck.asm["ttgir"])
+            assert layouts and layouts <= lane_layouts(ms.LANE_GROUPS), layouts
