@@ -3,9 +3,9 @@ against ``diffusion_fuse::grouped_gemv`` (one launch), at FLUX.1-dev's and Qwen-
 
 Per model: the µs of all its modulation linears (FLUX.1-dev: 38 x [18432, 3072] for the double blocks' image
 and text norms, 38 x [9216, 3072] for the single blocks, [6144, 3072] for norm_out; Qwen-Image: 120 x [18432,
-3072] and norm_out), each launch config of the kernel (``kernels/grouped_gemv.Config``), whether each gives
-cuBLAS's bits for every member, and the HBM floor (the weights' bytes over the device copy bandwidth measured in
-the same run). The weights (6.5 and 13.6 GB) evict the L2 on their own: one input set.
+3072] and norm_out), whether the op gives cuBLAS's bits for every member, and the HBM floor (the weights' bytes
+over the device copy bandwidth measured in the same run). The weights (6.5 and 13.6 GB) evict the L2 on their
+own: one input set.
 
     python benchmarks/bench_grouped_gemv.py [--json PATH] [--models flux1,qwen_image]
 """
@@ -34,9 +34,6 @@ MODELS = {  # name: (K, member row counts in graph order)
     "flux1": (3072, [18432, 18432] * 19 + [9216] * 38 + [6144]),
     "qwen_image": (3072, [18432, 18432] * 60 + [6144]),
 }
-CONFIGS = [gg.Config(64, 64, 8, 4), gg.Config(64, 128, 4, 4), gg.Config(64, 128, 6, 4), gg.Config(32, 256, 4, 4),
-           gg.Config(128, 128, 3, 8), gg.Config(64, 256, 3, 4), gg.Config(32, 128, 6, 4), gg.Config(128, 64, 6, 8),
-           gg.Config(64, 32, 8, 4), gg.Config(64, 64, 6, 4), gg.Config(128, 64, 8, 8)]
 
 
 def operands(k, sizes, rows=1):
@@ -47,6 +44,19 @@ def operands(k, sizes, rows=1):
     return x, ws, bs
 
 
+def time_model(name: str, bw: float) -> dict:
+    k, sizes = MODELS[name]
+    x, ws, bs = operands(k, sizes)
+    nbytes = sum(w.numel() * 2 for w in ws)
+    ref = grouped_gemv(x, ws, bs)
+    op = torch.ops.diffusion_fuse.grouped_gemv
+    return {"model": name, "members": len(ws), "weight_bytes": nbytes, "floor_us": nbytes / bw * 1e6,
+            "forms": {str(n): gg.member_form(x.device, 1, n, k, x.dtype, True) for n in sorted(set(sizes))},
+            "cublas_us": steady_us([lambda: [torch.addmm(b, x, w.t()) for w, b in zip(ws, bs)]], rounds=3),
+            "op_us": steady_us([lambda: op(x, ws, bs)], rounds=3),
+            "op_bit_exact": bool(torch.equal(op(x, ws, bs).view(torch.int16), ref.view(torch.int16)))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_grouped_gemv.json"))
@@ -55,39 +65,16 @@ def main() -> None:
     bw = copy_bandwidth()
     results, table = [], []
     for name in args.models.split(","):
-        k, sizes = MODELS[name]
-        x, ws, bs = operands(k, sizes)
-        nbytes = sum(w.numel() * 2 for w in ws)
-        ref = grouped_gemv(x, ws, bs)
-        forms = [gg.member_form(x.device, 1, w.shape[0], k, x.dtype, True) for w in ws]
-        row = {"model": name, "members": len(ws), "weight_bytes": nbytes, "floor_us": nbytes / bw * 1e6,
-               "forms": {str(n): gg.member_form(x.device, 1, n, k, x.dtype, True) for n in sorted(set(sizes))},
-               "cublas_us": steady_us([lambda: [torch.addmm(b, x, w.t()) for w, b in zip(ws, bs)]], rounds=3),
-               "op_us": steady_us([lambda: torch.ops.diffusion_fuse.grouped_gemv(x, ws, bs)], rounds=3),
-               "op_bit_exact": bool(torch.equal(torch.ops.diffusion_fuse.grouped_gemv(x, ws, bs).view(torch.int16),
-                                                ref.view(torch.int16))),
-               "configs": []}
-        for cfg in CONFIGS:
-            try:
-                launch = gg.plan_grouped_gemv(x, ws, bs, forms, cfg)
-                exact = bool(torch.equal(launch(x, ws, bs).view(torch.int16), ref.view(torch.int16)))
-                us = steady_us([lambda: launch(x, ws, bs)], rounds=3)
-                row["configs"].append({**cfg.__dict__, "us": us, "bit_exact": exact})
-            except Exception as e:  # noqa: BLE001 - a config that does not build is reported, not fatal
-                row["configs"].append({**cfg.__dict__, "error": f"{type(e).__name__}: {str(e)[:200]}"})
-            print(json.dumps(row["configs"][-1]), flush=True)
-        results.append(row)
-        best = min((c for c in row["configs"] if c.get("bit_exact")), key=lambda c: c["us"], default=None)
-        table.append([name, len(ws), f"{nbytes / 1e9:.2f}", f"{row['cublas_us']:.0f}", f"{row['op_us']:.0f}",
-                      f"{best['us']:.0f} ({best['block_n']}x{best['block_k_max']}, {best['stages']}s {best['warps']}w)"
-                      if best else "-", f"{row['floor_us']:.0f}", f"{row['op_us'] / row['floor_us']:.2f}",
-                      "yes" if row["op_bit_exact"] else "NO"])
-        del x, ws, bs, ref
+        row = time_model(name, bw)  # the weights are freed when it returns
         torch.cuda.empty_cache()
+        results.append(row)
+        table.append([name, row["members"], f"{row['weight_bytes'] / 1e9:.2f}", f"{row['cublas_us']:.0f}",
+                      f"{row['op_us']:.0f}", f"{row['floor_us']:.0f}", f"{row['op_us'] / row['floor_us']:.2f}",
+                      "yes" if row["op_bit_exact"] else "NO"])
     with open(args.json, "w") as f:
         json.dump({"copy_bandwidth": bw, "rows": results}, f, indent=1)
-    print(tabulate(table, headers=["modulation linears", "members", "GB", "cuBLAS µs", "grouped µs (default)",
-                                   "best config µs", "floor µs", "default / floor", "bit-exact"]))
+    print(tabulate(table, headers=["modulation linears", "members", "GB", "cuBLAS µs", "grouped µs", "floor µs",
+                                   "grouped / floor", "bit-exact"]))
 
 
 if __name__ == "__main__":

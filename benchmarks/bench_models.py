@@ -190,7 +190,8 @@ MODELS = {s.name: s for s in [
               "480p/81f, 32,760 tokens", "wan21", 3306, ("num_layers",)),
     ModelSpec("sd35_large", "SD3.5-large", "SD3Transformer2DModel", SD35_LARGE,
               "stabilityai/stable-diffusion-3.5-large transformer/config.json", _sd35_inputs,
-              "1024², batch 2, 4096 image + 333 text tokens", "sd35", 187, ("num_layers",)),
+              "1024², batch 2, 4096 image + 333 text tokens", "sd35", 187, ("num_layers",),
+              repeated_blocks=("JointTransformerBlock",)),
 ]}
 DEFAULT_MODELS = list(MODELS)  # FLUX.1-dev, SANA and Wan2.2-5B first: the cheapest to run, the most telling
 

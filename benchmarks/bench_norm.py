@@ -1,8 +1,8 @@
 """LN + modulate at real shapes: eager vs Inductor vs diffusion_fuse vs the HBM floor, in one run.
 
-Workloads (issue #3): FLUX [1,4608,3072] bf16 (LN + modulate, and gated residual + LN + modulate); Wan2.1-14B [1,32760,5120] (FP32LayerNorm form,
-fp32 [1,1,D] modulation, bf16 out); Wan2.2-5B [1,27280,3072] (per-token modulation: strided
-slices of a [1,S,6,D] fp32 table). Two timings of each, in the same run:
+Workloads: FLUX [1,4608,3072] bf16 (LN + modulate, and gated residual + LN + modulate); Wan2.1-14B
+[1,32760,5120] (FP32LayerNorm form, fp32 [1,1,D] modulation, bf16 out); Wan2.2-5B [1,27280,3072] (per-token
+modulation: strided slices of a [1,S,6,D] fp32 table). Two timings of each, in the same run:
 
 - ``do_bench``: medians of ``triton.testing.do_bench`` (CUDA events, warm-up, L2 flushed before every call by a
   256 MB memset, whose dirty lines the timed kernel then writes back);
@@ -11,15 +11,10 @@ slices of a [1,S,6,D] fp32 table). Two timings of each, in the same run:
 
 The floor is the bytes that must move (inputs read once, output written once) over the device-to-device copy
 bandwidth of a 1 GiB copy measured in the same run; "copy" is a copy of the kernel's bytes at its size, timed
-both ways.
+both ways. "ours" is the kernel alone, planned once for the layout (``SPEC.plan``) as the op caches it;
+"ours (op)" the ``torch.ops.diffusion_fuse`` call (guard, plan cache, kernel).
 
-Each LN+modulate workload also times the kernel's launch variants (kernels/norm_modulate.py
-``LAUNCH_CANDIDATES``: row groups, the one-exchange tree, register caps, cache hints) in the same run: rows
-labelled ``  variant <name>``, bit-exactness checked against eager like the default row (their
-eager/inductor ratios use that workload's eager and Inductor times). The gated workload times the
-cache-hint candidates only (``plan_gated_residual_norm_modulate(cache_hints=...)``).
-
-    python benchmarks/bench_norm.py [--json PATH] [--variants all|none|NAME,NAME]
+    python benchmarks/bench_norm.py [--json PATH]
 """
 
 from __future__ import annotations
@@ -32,10 +27,8 @@ import torch
 from tabulate import tabulate
 from triton.testing import do_bench
 
-from diffusion_fuse.kernels.gated_residual_norm_modulate import plan_gated_residual_norm_modulate
-from diffusion_fuse.kernels.norm_modulate import LAUNCH_CANDIDATES, LaunchVariant, plan_norm_modulate
-from diffusion_fuse.lowering.gated_residual_norm_modulate import gated_residual_norm_modulate
-from diffusion_fuse.lowering.norm_modulate import norm_modulate
+from diffusion_fuse.lowering import gated_residual_norm_modulate as gated_op
+from diffusion_fuse.lowering import norm_modulate as norm_op
 
 try:
     from steady import input_sets, steady_copy_us, steady_sm_copy_us, steady_us
@@ -109,48 +102,47 @@ def _equal(a, b) -> bool:
     return torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
+def time_workload(spec) -> tuple[dict, int, list, bool, bool]:
+    """(µs per timing, floor bytes, input sets, bit-exact, Inductor bit-exact) of one workload."""
+    if spec[0] == "gated":
+        args, reference, op_spec = spec[1], gated_op.gated_residual_norm_modulate, gated_op.SPEC
+    else:
+        args, reference, op_spec = spec, norm_op.norm_modulate, norm_op.SPEC
+    op_fn = getattr(torch.ops.diffusion_fuse, op_spec.name)
+    ind = torch.compile(reference)
+    bound = op_spec.bind(args)
+    launch = op_spec.plan(bound)  # the kernel alone: planned once, as the op caches it per layout
+
+    def ours(*a):
+        return launch(op_spec.bind(a) if a else bound)
+
+    ref = reference(*args)  # the ATen chain eager runs
+    exact, ind_exact = _equal(ref, ours()), _equal(ref, ind(*args))
+    calls = {"eager": lambda: reference(*args), "inductor": lambda: ind(*args), "ours": lambda: launch(bound),
+             "ours_op": lambda: op_fn(*args)}
+    t = {k: do_bench(f, warmup=25, rep=200, return_mode="median") * 1e3 for k, f in calls.items()}
+    fb = floor_bytes(spec, ref)
+    t["copy"] = copy_us(fb)
+    sets = input_sets(args, fb)
+    for k, f in (("eager", reference), ("inductor", ind), ("ours", ours)):
+        t[f"{k}_steady"] = steady_us([lambda f=f, a=a: f(*a) for a in sets])
+    t["copy_steady"] = steady_copy_us(fb)
+    sm_copy = steady_sm_copy_us(fb)  # an SM copy kernel of the same bytes (the graph's copy_ is a memcpy node)
+    t["sm_copy_steady"], t["sm_copy_configs"] = sm_copy["best"], sm_copy
+    return t, fb, sets, exact, ind_exact
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_norm.json"))
-    ap.add_argument("--variants", default="all", help="launch variants timed per LN+modulate workload: all, none, "
-                    f"or names from {sorted(k for k in LAUNCH_CANDIDATES if k != 'default')}")
     args_ = ap.parse_args()
-    if args_.variants == "all":
-        variants = [k for k in LAUNCH_CANDIDATES if k != "default"]
-    else:
-        variants = [] if args_.variants == "none" else args_.variants.split(",")
-    unknown = [v for v in variants if v not in LAUNCH_CANDIDATES]
-    if unknown:
-        ap.error(f"unknown variants {unknown}")
     bw = copy_bandwidth()
     rows, steady_rows, records = [], [], []
     for name, spec in workloads():
-        if spec[0] == "gated":
-            args, reference, plan = spec[1], gated_residual_norm_modulate, plan_gated_residual_norm_modulate
-            op_fn = torch.ops.diffusion_fuse.gated_residual_norm_modulate
-        else:
-            args, reference, plan, op_fn = spec, norm_modulate, plan_norm_modulate, \
-                torch.ops.diffusion_fuse.norm_modulate
-        eager = lambda: reference(*args)  # noqa: E731 - the ATen chain eager runs
-        ind = torch.compile(reference)
-        launch = plan(*args)  # the kernel alone: planned once, as the op caches it per layout
-        ours = lambda: launch(*args)  # noqa: E731
-        op = lambda: op_fn(*args)  # noqa: E731
-        ref = eager()
-        exact = _equal(ref, ours())
-        ind_exact = _equal(ref, ind(*args))
-        t = {k: do_bench(f, warmup=25, rep=200, return_mode="median") * 1e3
-             for k, f in (("eager", eager), ("inductor", lambda: ind(*args)), ("ours", ours), ("ours_op", op))}
-        fb = floor_bytes(spec, ref)
+        t, fb, sets, exact, ind_exact = time_workload(spec)
+        sm_copy = t.pop("sm_copy_configs")
         floor_us = fb / bw * 1e6
-        t["copy"] = copy_us(fb)
-        sets = input_sets(args, fb)
-        for k, f in (("eager", reference), ("inductor", ind), ("ours", launch)):
-            t[f"{k}_steady"] = steady_us([lambda f=f, a=a: f(*a) for a in sets])
-        t["copy_steady"] = steady_copy_us(fb)
-        sm_copy = steady_sm_copy_us(fb)  # an SM copy kernel of the same bytes (the graph's copy_ is a memcpy node)
-        t["sm_copy_steady"] = sm_copy["best"]
-        rec = dict(workload=name, variant="default", **{f"{k}_us": v for k, v in t.items()}, floor_us=floor_us,
+        rec = dict(workload=name, **{f"{k}_us": v for k, v in t.items()}, floor_us=floor_us,
                    floor_bytes=fb, ours_over_floor=t["ours"] / floor_us, eager_over_ours=t["eager"] / t["ours"],
                    inductor_over_ours=t["inductor"] / t["ours"], bit_exact=exact, inductor_bit_exact=ind_exact,
                    ours_over_copy=t["ours"] / t["copy"], ours_steady_over_floor=t["ours_steady"] / floor_us,
@@ -167,34 +159,11 @@ def main() -> None:
                             f"{t['sm_copy_steady']:.1f}", f"{rec['ours_steady_over_sm_copy']:.2f}",
                             f"{t['eager_steady'] / t['ours_steady']:.2f}",
                             f"{t['inductor_steady'] / t['ours_steady']:.2f}", len(sets)])
-        for vname in variants:
-            lv = LAUNCH_CANDIDATES[vname]
-            if spec[0] == "gated":  # the gated kernel's variants are the cache hints alone
-                if lv != LaunchVariant(cache_hints=lv.cache_hints):
-                    continue
-                launch_v = plan(*args, cache_hints=lv.cache_hints)
-            else:
-                launch_v = plan(*args, launch_variant=lv)
-            v_exact = _equal(ref, launch_v(*args))
-            us = do_bench(lambda: launch_v(*args), warmup=25, rep=200, return_mode="median") * 1e3  # noqa: B023
-            us_steady = steady_us([lambda a=a: launch_v(*a) for a in sets])  # noqa: B023
-            records.append(dict(workload=name, variant=vname, variant_label=lv.label, ours_us=us, eager_us=t["eager"],
-                                inductor_us=t["inductor"], floor_us=floor_us, floor_bytes=fb,
-                                ours_over_floor=us / floor_us, eager_over_ours=t["eager"] / us,
-                                inductor_over_ours=t["inductor"] / us, ours_over_default=us / t["ours"],
-                                ours_steady_us=us_steady, ours_steady_over_floor=us_steady / floor_us,
-                                bit_exact=v_exact))
-            steady_rows.append([f"  variant {vname}", "", "", f"{us_steady:.1f}", f"{floor_us:.1f}",
-                                f"{us_steady / floor_us:.2f}", "", f"{us_steady / t['copy_steady']:.2f}", "",
-                                f"{us_steady / t['sm_copy_steady']:.2f}", "", "", ""])
-            rows.append([f"  variant {vname} ({lv.label})", "", "", f"{us:.1f}", "", f"{floor_us:.1f}",
-                         f"{us / floor_us:.2f}", "", f"{us / t['copy']:.2f}", f"{t['eager'] / us:.2f}",
-                         f"{t['inductor'] / us:.2f}", v_exact, ""])
     big = steady_sm_copy_us(1 << 30)  # the SM copy's bandwidth where size no longer matters
     sm_bw = (1 << 30) / (big["best"] * 1e-6)
     with open(args_.json, "w") as f:
-        json.dump({"copy_GBps": bw / 1e9, "sm_copy_1GiB_steady_GBps": sm_bw / 1e9, "sm_copy_1GiB_us": big, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                   "records": records}, f, indent=2)
+        json.dump({"copy_GBps": bw / 1e9, "sm_copy_1GiB_steady_GBps": sm_bw / 1e9, "sm_copy_1GiB_us": big,
+                   "device": torch.cuda.get_device_name(), "torch": torch.__version__, "records": records}, f, indent=2)
     print(f"\ncopy bandwidth {bw / 1e9:.0f} GB/s ({torch.cuda.get_device_name()}, torch {torch.__version__})")
     print(tabulate(rows, headers=["workload", "eager us", "inductor us", "ours us", "ours (op) us", "floor us",
                                   "ours/floor", "copy of those bytes us", "ours/copy", "eager/ours", "inductor/ours",

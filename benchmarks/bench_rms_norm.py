@@ -13,8 +13,9 @@ events, L2 flushed); "eager" is the op's reference impl (the ATen ops eager runs
 bytes that must move over the measured copy bandwidth.
 The host column is the wall time of 200 back-to-back calls without synchronizing, per call (what a
 CPU-bound step pays). A second table times the kernel's row groups per program (``kernels/rms_norm.py``
-``SMALL_D_ROW_GROUPS``, rows of D <= 512; for RoPE also one cos/sin row per program, ``shared_trig_groups``) at
-FLUX's shapes, steady state, each checked bitwise against the reference.
+``SMALL_D_ROW_GROUPS``, rows of D <= 512; with RoPE, the programs whose rows are heads of one token read one cos/sin
+row, ``shared_trig_groups``) and its two epilogues (lanes, rows) at FLUX's shapes, steady state, each checked
+bitwise against the reference.
 
     python benchmarks/bench_rms_norm.py [--json PATH]
 """
@@ -22,6 +23,7 @@ FLUX's shapes, steady state, each checked bitwise against the reference.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import time
@@ -80,12 +82,13 @@ def workloads():
                                                           sc, sh, None)
 
 
-def row_group_sweep(bw: float, variants=((1, False), (2, False), (4, False), (8, False), (1, True), (2, True))):
-    """Steady µs of the FLUX QK-norm kernels per (row groups, one cos/sin row per program) launch, each output
-    checked bitwise against the reference (the shared row only for RoPE, where a program's rows divide the heads)."""
+def row_group_sweep(bw: float, groups=(1, 2, 4, 8)):
+    """Steady µs of the FLUX QK-norm kernels per (row groups, epilogue) launch, each output checked bitwise
+    against the reference; for RoPE, whether a program's rows read one shared cos/sin row."""
     from diffusion_fuse.kernels import rms_norm as rk
     from diffusion_fuse.kernels.rms_norm import rms_norm_tail
-    from diffusion_fuse.lowering.rms_norm import contiguous_strides as _contiguous, row_dims as _rows
+    from diffusion_fuse.lowering.rms_norm import contiguous_strides as _contiguous
+    from diffusion_fuse.lowering.rms_norm import row_dims as _rows
 
     rows, out = [], []
     for name, op_name, op_args in workloads():
@@ -99,30 +102,27 @@ def row_group_sweep(bw: float, variants=((1, False), (2, False), (4, False), (8,
         floor = moved / bw * 1e6
         tail, final = rms_norm_tail(x.dtype, w, None, None, None)
         strides = _contiguous(x.shape)
-        for (g, share), lane in itertools.product(variants, (False, True)):
-            if share and cos is None:
+        rows_ = _rows(x, strides, cos, sin)
+        picked = rk.shared_trig_groups(x.shape[-1], rows_) if cos is not None else None
+        for g, lane in itertools.product(groups, (False, True)):
+            const = rk.stats_constexprs(x.shape[-1], groups=g)
+            if lane and not rk.lane_epilogue_ok(const, 1, 1):
                 continue
-            if lane and not rk.lane_epilogue_ok(rk.stats_constexprs(x.shape[-1], groups=g), 1, 1):
-                continue
-            launch = rk.plan_rms_norm(x, x.shape, strides, final, w, None, eps, cos, sin, tail,
-                                      _rows(x, strides, cos, sin), rope=cos is not None, groups=g, share_trig=share,
-                                      lane_epilogue=lane)
-            shared = bool(share and rk.shared_trig_groups(x.shape[-1], _rows(x, strides, cos, sin)))
-            if share and not shared:
-                continue
+            launch = rk.plan_rms_norm(x, x.shape, strides, final, w, None, eps, cos, sin, tail, rows_,
+                                      rope=cos is not None, groups=g, lane_epilogue=lane)
+            # as plan_rms_norm decides it: a program's rows lie in one run of heads
+            shared = picked is not None and const["N_ITERS"] == 1 and rows_[0][2] % const["ROWS"] == 0
 
             def fn(x, w, eps, *trig, launch=launch):  # trig: (cos, sin) for RoPE, (None, None, None) for the norm
                 return launch(x, w, None, *trig[:2])[0]
 
             exact = bool(torch.equal(fn(*op_args).view(torch.int16), ref.view(torch.int16)))
             us = steady_us([lambda a=a: fn(*a) for a in sets])  # noqa: B023
-            # what the ops launch: the shared cos/sin row where the heads allow it (plan_rms_norm's default)
-            picked = rk.shared_trig_groups(x.shape[-1], _rows(x, strides, cos, sin)) if cos is not None else None
-            default = (share == bool(picked) and g == (picked or rk.row_groups(x.shape[-1]))
-                       and lane == rk.LANE_EPILOGUE_DEFAULT)
-            rows.append([name, g, "yes" if share else "no", "lanes" if lane else "rows", f"{us:.1f}", f"{floor:.1f}",
+            # what the ops launch (plan_rms_norm's defaults): the most groups that share a cos/sin row, else by D
+            default = g == (picked or rk.row_groups(x.shape[-1])) and lane
+            rows.append([name, g, "yes" if shared else "no", "lanes" if lane else "rows", f"{us:.1f}", f"{floor:.1f}",
                          f"{us / floor:.2f}", exact, "*" if default else ""])
-            out.append(dict(workload=name, op=op_name, groups=g, shared_trig=share, lane_epilogue=lane,
+            out.append(dict(workload=name, op=op_name, groups=g, shared_trig=shared, lane_epilogue=lane,
                             steady_us=us, floor_us=floor, bit_exact=exact, default=default))
     return rows, out
 
@@ -152,13 +152,15 @@ def main() -> None:
         exact = y.dtype == ref.dtype and torch.equal(y.contiguous().view(torch.uint8),
                                                      ref.contiguous().view(torch.uint8))
         moved = sum(t.numel() * t.element_size() for t in (*op_args, y) if isinstance(t, torch.Tensor))
-        t_eager = do_bench(lambda: reference(*op_args), return_mode="median")
-        t_op = do_bench(lambda: op(*op_args), return_mode="median")
+        call_eager = functools.partial(reference, *op_args)
+        call_op = functools.partial(op, *op_args)
+        t_eager = do_bench(call_eager, return_mode="median")
+        t_op = do_bench(call_op, return_mode="median")
         sets = input_sets(op_args, moved)
-        s_eager = steady_us([lambda a=a: reference(*a) for a in sets])
-        s_op = steady_us([lambda a=a: op(*a) for a in sets])
+        s_eager = steady_us([functools.partial(reference, *a) for a in sets])
+        s_op = steady_us([functools.partial(op, *a) for a in sets])
         floor = moved / bw * 1e3
-        h_eager, h_op = host_us(lambda: reference(*op_args)), host_us(lambda: op(*op_args))
+        h_eager, h_op = host_us(call_eager), host_us(call_op)
         rows.append([name, op_name, f"{t_eager * 1e3:.1f}", f"{t_op * 1e3:.1f}", f"{s_eager:.1f}", f"{s_op:.1f}",
                      f"{floor * 1e3:.1f}", f"{s_op / (floor * 1e3):.2f}", f"{t_eager / t_op:.2f}x", f"{h_eager:.0f}",
                      f"{h_op:.0f}", "yes" if exact else "no"])

@@ -12,8 +12,9 @@ from typing import Any
 
 import torch
 
-from .log import configure_from_env
+from .log import configure_from_env, register_with_torch
 
+register_with_torch()
 configure_from_env()
 
 from .backend import DiffusionFuseBackend, diffusion_fuse, parse_options  # noqa: E402  (loads the families)

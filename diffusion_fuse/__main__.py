@@ -1,16 +1,21 @@
 """Command line: see what diffusion_fuse does to a model.
 
     python -m diffusion_fuse inspect --model flux [--dtype bf16|fp32] [--html report.html] [--json report.json]
+    python -m diffusion_fuse inspect my_models:build_model      (or path/to/my_models.py:build_model)
     python -m diffusion_fuse inspect --script my_pipeline.py [script args...]
     python -m diffusion_fuse profile --model flux [--dtype bf16|fp32] [--forwards N] [--html p.html] [--json p.json]
     python -m diffusion_fuse profile --script my_model.py [script args...]
     python -m diffusion_fuse census [--models a,b] [--dtype bf16|fp32] [--json F]
     diffusion-fuse inspect ...                      (the same, as an installed console script)
 
-``--model NAME`` builds a tiny random-weight model (diffusion_fuse.testing.tiny_models), runs it
-eagerly and compiled with the backend, and prints the report: the summary per pattern family,
-every site (source, ATen ops before, op after, shapes, verdict), near misses, kernel calls,
-and whether the output is bit-identical to eager. ``--script PATH`` runs a script (as
+``--model NAME`` builds a tiny random-weight model (diffusion_fuse.testing.tiny_models; the
+``[diffusers]`` extra), runs it eagerly and compiled with the backend, and prints the report: the
+summary per pattern family, every site (source, ATen ops before, op after, shapes, verdict), near
+misses, kernel calls, and whether the output is bit-identical to eager. ``MODULE:CALLABLE`` does the
+same for your own model: it imports MODULE (a dotted name importable from the current directory, or
+a ``.py`` path) and calls CALLABLE with no arguments, which returns ``(model, kwargs)`` or ``(model,
+args, kwargs)``: the model as it should run (eval mode, on its device and dtype) and the inputs of one
+forward call, ``model(*args, **kwargs)``. ``--script PATH`` runs a script (as
 ``__main__``, with the arguments that follow it) and prints ``diffusion_fuse.last_report()``:
 every graph the script compiled with ``backend="diffusion_fuse"``. ``--diff`` adds the per-site
 before/after diff and the graph code diff; ``--html`` writes all of it as one self-contained
@@ -48,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     ins = sub.add_parser("inspect", help="compile and run a model once; print what the backend changed",
                          description=__doc__.split("\n\n")[2].replace("\n", " ").replace("``", ""))
     what = ins.add_mutually_exclusive_group(required=True)
+    what.add_argument("target", nargs="?", metavar="MODULE:CALLABLE",
+                      help="your model: CALLABLE() returns (model, kwargs) or (model, args, kwargs); MODULE is a "
+                           "dotted module name or a .py path")
     what.add_argument("--model", choices=MODEL_NAMES, help="a tiny random-weight model")
     what.add_argument("--script", nargs=argparse.REMAINDER, metavar="PATH [ARGS]",
                       help="run a Python script (and its arguments; put every other option before --script)")
@@ -88,6 +96,80 @@ def _bitwise(ref: Any, out: Any):
     return compare_bitwise(list(ref) if isinstance(ref, tuple) else ref, list(out) if isinstance(out, tuple) else out)
 
 
+# What the tiny models import, and the extra of pyproject.toml that installs it
+EXTRAS = {"diffusers": "diffusers", "transformers": "diffusers"}
+
+
+def _missing_extra(e: ImportError) -> str | None:
+    """The message for an ImportError of a module the tiny models' extra installs, or None for any other."""
+    top = (e.name or "").split(".")[0]
+    if top not in EXTRAS:
+        return None
+    return (f"diffusion-fuse: {top} is not installed ({e}); the tiny models need the [{EXTRAS[top]}] extra: "
+            f"pip install 'diffusion-fuse[{EXTRAS[top]}]'")
+
+
+def _build_tiny(name: str, dtype_name: str, seed: int):
+    import torch
+
+    from .testing.tiny_models import build
+
+    dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
+    try:
+        return build(name, dtype, seed=seed)
+    except ImportError as e:
+        message = _missing_extra(e)
+        if message is None:
+            raise
+        raise SystemExit(message) from e
+
+
+def load_callable(target: str) -> Any:
+    """``MODULE:CALLABLE``'s callable: MODULE a dotted name (importable from the current directory) or a .py path."""
+    import importlib
+    import importlib.util
+
+    module_name, sep, attr = target.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise SystemExit(f"diffusion-fuse inspect: {target!r} is not MODULE:CALLABLE")
+    if module_name.endswith(".py") or os.path.sep in module_name:
+        path = os.path.abspath(module_name)
+        if not os.path.isfile(path):
+            raise SystemExit(f"diffusion-fuse inspect: no file {module_name}")
+        sys.path.insert(0, os.path.dirname(path))  # the file's own imports resolve as when it runs as a script
+        spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        if "" not in sys.path and os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())  # as `python -m` would: modules of the current directory
+        module = importlib.import_module(module_name)
+    fn = module
+    for part in attr.split("."):
+        if not hasattr(fn, part):
+            raise SystemExit(f"diffusion-fuse inspect: {module_name} has no {attr}")
+        fn = getattr(fn, part)
+    if not callable(fn):
+        raise SystemExit(f"diffusion-fuse inspect: {target} is not callable")
+    return fn
+
+
+def model_and_inputs(built: Any, target: str) -> tuple[Any, tuple, dict]:
+    """``(model, args, kwargs)`` from what a user's callable returned: ``(model, kwargs)`` or ``(model, args,
+    kwargs)``."""
+    shape = "(model, kwargs) or (model, args, kwargs)"
+    if not isinstance(built, (tuple, list)) or len(built) not in (2, 3):
+        raise SystemExit(f"diffusion-fuse inspect: {target} returned {type(built).__name__}, not {shape}")
+    model, *inputs = built
+    args, kwargs = ((), inputs[0]) if len(inputs) == 1 else inputs
+    if not callable(model):
+        raise SystemExit(f"diffusion-fuse inspect: {target} returned a {type(model).__name__} as its model")
+    if not isinstance(args, (tuple, list)) or not isinstance(kwargs, dict):
+        raise SystemExit(f"diffusion-fuse inspect: {target} returned args {type(args).__name__} and kwargs "
+                         f"{type(kwargs).__name__}; {shape} takes a tuple and a dict")
+    return model, tuple(args), kwargs
+
+
 def _run_model(args: argparse.Namespace) -> tuple[Any, list[str], int, list[str]]:
     import logging
     import warnings
@@ -95,20 +177,23 @@ def _run_model(args: argparse.Namespace) -> tuple[Any, list[str], int, list[str]
     import torch
 
     from . import DiffusionFuseBackend, Report
-    from .testing.tiny_models import build
 
-    warnings.filterwarnings("ignore")
-    logging.getLogger("diffusers").setLevel(logging.ERROR)
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    model, kwargs = build(args.model, dtype, seed=args.seed)
+    if args.model:
+        warnings.filterwarnings("ignore")
+        logging.getLogger("diffusers").setLevel(logging.ERROR)
+        model, kwargs = _build_tiny(args.model, args.dtype, args.seed)
+        inputs: tuple = ()
+        what = f"tiny {args.model} ({args.dtype}, random weights, seed {args.seed})"
+    else:
+        model, inputs, kwargs = model_and_inputs(load_callable(args.target)(), args.target)
+        what = args.target
     options = {"quality": args.quality, "verify": not args.no_verify}
     report = Report()
     compiled = torch.compile(model, backend=DiffusionFuseBackend(options, report))
     with torch.no_grad():
-        ref = model(**kwargs)
-        out = compiled(**kwargs)
-    head = [f"diffusion_fuse inspect: tiny {args.model} ({args.dtype}, random weights, seed {args.seed}), "
-            f"quality {args.quality}"]
+        ref = model(*inputs, **kwargs)
+        out = compiled(*inputs, **kwargs)
+    head = [f"diffusion_fuse inspect: {what}, quality {args.quality}"]
     v = _bitwise(ref, out)
     tail = ["output: bit-identical to eager" if v else f"output: differs from eager ({v.detail})"
             + ("; tier high allows that within rtol/atol" if args.quality == "high" else "")]
@@ -143,7 +228,7 @@ def inspect(args: argparse.Namespace) -> int:
         (fault,) = faults.parse(args.fault).values()
         ctx = faults.inject(fault.op, fault.kind, fault.index)
     with ctx:
-        if args.model:
+        if args.model or args.target:
             report, head, code, tail = _run_model(args)
         else:
             report, head, code, tail = _run_script(args.script)
@@ -181,18 +266,13 @@ def profile(args: argparse.Namespace) -> int:
     import logging
     import warnings
 
-    import torch
-
     from . import profile as run_profile
     from .profile import _RECENT
 
     if args.model:
-        from .testing.tiny_models import build
-
         warnings.filterwarnings("ignore")
         logging.getLogger("diffusers").setLevel(logging.ERROR)
-        dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-        model, kwargs = build(args.model, dtype, seed=args.seed)
+        model, kwargs = _build_tiny(args.model, args.dtype, args.seed)
         reports = [run_profile(model, forwards=args.forwards, warmup=args.warmup, **kwargs)]
         head = [f"diffusion_fuse profile: tiny {args.model} ({args.dtype}, random weights, seed {args.seed})", ""]
         code = 0

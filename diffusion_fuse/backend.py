@@ -32,7 +32,7 @@ from .log import error_message, get_logger
 from .patterns.registry import REGISTRY
 from .pipeline import prepare
 from .subclass_params import flatten_subclass_params
-from .verify.compare import compare_close
+from .verify.compare import Verdict, compare_close
 from .verify.report import Report, default_report
 from .verify.verifier import VerifiedGraph
 
@@ -115,7 +115,8 @@ class DiffusionFuseBackend:
 
         # The verifier's view: the same families on the undecomposed ATen graph, judged per
         # site on the first call (bitwise for exact sites, rtol/atol for the others).
-        checker = aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g.forward), inference_compiler=inference_compiler,
+        checker = aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g.forward),
+                               inference_compiler=inference_compiler,
                                keep_inference_input_mutations=True)(gm, example_inputs)
         compiled = self._inductor_or_none(gm, example_inputs, frozenset(), greport)
         return _HighTierGraph(self, gm, checker, verified, compiled, greport)
@@ -228,7 +229,11 @@ class _HighTierGraph:
         flat_out = out if isinstance(out, (list, tuple)) else [out]
         bad = [v for r, o in zip(flat_ref, flat_out) if isinstance(r, torch.Tensor)
                for v in [compare_close(r, o, opts.rtol, opts.atol)] if not v]
-        self.greport.verifications.append({"inductor_within_tolerance": not bad, "detail": bad[0].detail if bad else ""})
+        failed = vg.agreement.ranks_where(bool(bad)) if vg.agreement is not None else []
+        if failed and not bad:  # every rank of a graph with collectives runs the same graph
+            bad = [Verdict(False, f"outside tolerance on rank(s) {failed}")]
+        self.greport.verifications.append({"inductor_within_tolerance": not bad,
+                                           "detail": bad[0].detail if bad else ""})
         if bad:
             note = f"tier high: Inductor output outside tolerance ({bad[0].detail}); running the verified ATen graph"
             _log.warning(note)

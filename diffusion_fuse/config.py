@@ -8,6 +8,8 @@ allowed values.
 from __future__ import annotations
 
 import dataclasses
+import os
+import tempfile
 from collections.abc import Collection, Mapping
 from typing import Any, Literal
 
@@ -36,6 +38,11 @@ class Options:
               default: on for ``mode="reduce-overhead"`` and ``"max-autotune"``, as in Inductor.
               An option too because torch.compile takes ``mode`` or ``options``, not both
               (``options={"quality": "high", "cudagraphs": True}``). See diffusion_fuse/cudagraphs.py.
+    warm_start: reuse the verifier's verdicts stored by an earlier process for the same graph, input
+              metadata, device, options, package source and torch/Triton versions (``cache_root()``/verdicts):
+              a call whose key is stored skips the verifier; any other is verified and stored. Off by
+              default: a stored verdict was judged on that process's values, not this one's
+              (verify/warm_start.py).
     """
 
     quality: Quality = "lossless"
@@ -45,12 +52,20 @@ class Options:
     rtol: float = 2e-2
     atol: float = 1e-3
     cudagraphs: bool = False
+    warm_start: bool = False
     mode: str | None = None
 
     def pattern_enabled(self, name: str, tier: str) -> bool:
         if name in self.patterns:
             return bool(self.patterns[name])
         return tier == "lossless" or self.quality == "high"
+
+
+def cache_root() -> str:
+    """Where the package keeps what outlives a process (generated kernels, stored verdicts):
+    ``DIFFUSION_FUSE_CACHE_DIR``, else a folder per user in the system's temporary directory."""
+    return os.environ.get("DIFFUSION_FUSE_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), f"diffusion_fuse_{os.getuid() if hasattr(os, 'getuid') else 'user'}")
 
 
 def _fail(key: str, value: Any, allowed: Any) -> None:
@@ -73,7 +88,7 @@ def parse(options: Mapping[str, Any] | None = None, mode: str | None = None,
         )
     if "quality" in raw and raw["quality"] not in QUALITIES:
         _fail("quality", raw["quality"], list(QUALITIES))
-    for key in ("verify", "cudagraphs"):
+    for key in ("verify", "cudagraphs", "warm_start"):
         if key in raw and not isinstance(raw[key], bool):
             _fail(key, raw[key], [True, False])
     raw.setdefault("cudagraphs", mode in CUDAGRAPH_MODES)

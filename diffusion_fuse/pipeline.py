@@ -8,6 +8,7 @@ judges it on the first real call (verify/verifier.py); the verifier asks ``Lossl
 from __future__ import annotations
 
 import collections
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -17,14 +18,16 @@ from .config import Options
 from .fxpasses import PassManager
 from .fxpasses.base import written_args
 from .fxpasses.fuse_patterns import ref_name, site_check
-from .log import get_logger
+from .log import artifact_logger, get_logger, trace_artifact
 from .patterns.match_utils import describe, source_location
 from .patterns.registry import REGISTRY, Site
+from .verify.agree import Agreement, collectives
 from .verify.graph_diff import graph_data, op_counts, value_str
 from .verify.report import GraphReport, NearMissRecord, Report, SiteRecord
 from .verify.verifier import VerifiedGraph
 
 _log = get_logger("backend")
+_graphs = artifact_logger("backend", "diffusion_fuse_graphs")
 
 
 class LosslessPipeline:
@@ -93,11 +96,32 @@ def prepare(ref: fx.GraphModule, options: Options, graph_report: GraphReport, re
     graph_report.families = [f.name for f in REGISTRY.searched(options)]
     graph_report.ref_graph, graph_report.fused_graph = graph_data(ref), graph_data(fused)
     graph_report.ref_code, graph_report.fused_code = ref.code, fused.code
-    if not ctx.sites:
+    sites = ctx.sites
+    if sites and collectives(fused) != collectives(ref):
+        # Every rank must issue the collectives the others do, in the same order: a rewrite may not change them.
+        note = "the rewritten graph's collectives differ from the traced graph's: every site put back"
+        _log.warning("graph %d: %s", graph_report.graph_id, note)
+        graph_report.notes.append(note)
+        for s in sites:
+            graph_report.sites[s.id].status = "rejected"
+            graph_report.sites[s.id].reason = "the rewrite changed the graph's collectives"
+        fused, sites = ref, []
+    if not sites:
         graph_report.final_code, graph_report.final_ops = ref.code, op_counts(ref)
     elif not options.verify:
         graph_report.final_code, graph_report.final_ops = fused.code, op_counts(fused)
     _log.info("graph %d: %d site(s) rewritten, %d near miss(es)", graph_report.graph_id, len(ctx.sites),
               len(ctx.near_misses))
-    return VerifiedGraph(ref, fused, [site_check(s) for s in ctx.sites], mutated_placeholders(ref), pipeline, options,
-                         graph_report, report)
+    if _graphs.isEnabledFor(logging.DEBUG):
+        _graphs.debug("graph %d: the ATen graph as traced:\n%s", graph_report.graph_id, ref.code)
+        _graphs.debug("graph %d: rewritten (%d site(s)):\n%s", graph_report.graph_id, len(sites), fused.code)
+    trace_artifact("diffusion_fuse_graph_before", lambda: ref.code)
+    trace_artifact("diffusion_fuse_graph_after", lambda: fused.code)
+    agreement = Agreement.of(ref) if options.verify else None
+    if agreement is not None:
+        graph_report.notes.append(f"collectives in the graph: the verifier's decisions are shared by the ranks of "
+                                  f"{agreement.describe()}")
+        _log.info("graph %d: collectives over %s; verdicts shared across ranks", graph_report.graph_id,
+                  agreement.describe())
+    return VerifiedGraph(ref, fused, [site_check(s) for s in sites], mutated_placeholders(ref), pipeline, options,
+                         graph_report, report, agreement)

@@ -3,9 +3,9 @@ fp32-upcast LayerNorm are folded in; forms the kernel cannot take are near misse
 
 import pytest
 import torch
+from helpers import bitwise_equal, compile_and_run
 
 from diffusion_fuse.patterns.registry import example_tensor
-from helpers import bitwise_equal, compile_and_run
 
 L = "layer_norm"
 
@@ -54,9 +54,28 @@ def test_a_modulated_layer_norm_stays_norm_modulates():
     assert not [m for g in report.graphs for m in g.near_misses if m.pattern == L]
 
 
-@pytest.mark.parametrize("shape, reason", [((2, 8, 62), "D=62"), ((2, 3, 8, 64), "rank 4")])
-def test_what_the_kernel_cannot_take_is_a_near_miss(shape, reason):
-    model = Norms(D=shape[-1]).to(torch.bfloat16)
+class TransposedNorm(Norms):
+    def forward(self, x):  # [B, S, H, D] → [B, H, S, D], as attention QK norms read their heads
+        return self.norm(x.transpose(1, 2))
+
+
+@pytest.mark.parametrize("model, shape", [(Norms(), (2, 3, 8, 64)), (Norms(), (2, 8, 3, 64)),
+                                          (TransposedNorm(), (2, 3, 8, 64))])
+def test_rows_of_a_rank_4_input_are_one_site(model, shape):
+    model = model.to(torch.bfloat16)
+    ref, out, report = compile_and_run(model, dict(x=example_tensor(*shape)))
+    assert bitwise_equal(ref, out) and report.count(L) == 1, report.table()
+
+
+class PermutedNorm(Norms):
+    def forward(self, x):  # rows of four strided dims
+        return self.norm(x.permute(3, 2, 1, 0, 4))
+
+
+@pytest.mark.parametrize("model, shape, reason", [(Norms(D=62), (2, 8, 62), "D=62"),
+                                                  (PermutedNorm(), (2, 3, 4, 5, 64), "more than three strided dims")])
+def test_what_the_kernel_cannot_take_is_a_near_miss(model, shape, reason):
+    model = model.to(torch.bfloat16)
     ref, out, report = compile_and_run(model, dict(x=example_tensor(*shape)))
     assert bitwise_equal(ref, out) and report.count(L) == 0
     assert any(m.pattern == L and reason in m.reason for g in report.graphs for m in g.near_misses), report.table()

@@ -70,7 +70,7 @@ def test_disabling_the_family_leaves_the_graph_alone():
     model, kwargs = build("flux", torch.bfloat16)
     ref, out, report = compile_and_run(
         model, kwargs, {"patterns": {"norm_modulate": False, "gated_residual_norm_modulate": False, "pointwise": False,
-                                     "linear_cat": False, "grouped_gemv": False}})
+                                     "linear_cat": False, "grouped_gemv": False, "layer_norm": False}})
     assert bitwise_equal(ref, out)
     assert report.sites() == []
 

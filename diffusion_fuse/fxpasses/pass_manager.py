@@ -19,17 +19,28 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import logging
+import time
 from collections.abc import Callable
 
 import torch.fx as fx
 
 from ..config import Options
-from ..log import error_message, get_logger
-from . import cat_of_slices, cleanup, drop_clones, fuse_patterns, interleave_scatter  # noqa: F401  (register)
-from . import direct_calls, python_bindings, recompose_linear
+from ..log import artifact_logger, error_message, get_logger
+from . import (  # noqa: F401  (register)
+    cat_of_slices,
+    cleanup,
+    direct_calls,
+    drop_clones,
+    fuse_patterns,
+    interleave_scatter,
+    python_bindings,
+    recompose_linear,
+)
 from .base import PASSES, GraphPass, PassContext
 
 _log = get_logger("fxpasses")
+_timings = artifact_logger("fxpasses", "diffusion_fuse_timings")
 
 
 class PassFailed(Exception):
@@ -82,11 +93,16 @@ class PassManager:
 
     def run(self, graph: fx.Graph, exclude: frozenset[str] = frozenset()) -> PassContext:
         ctx = PassContext(options=self.options, exclude=exclude)
+        timed = _timings.isEnabledFor(logging.DEBUG)
         for p in self.passes:
+            start = time.perf_counter()
             try:
                 p(graph, ctx)
             except Exception as e:
                 raise PassFailed(p.name, e) from e
+            if timed:
+                _timings.debug("pass %s: %.4f s%s", p.name, time.perf_counter() - start,
+                               f" (excluding {len(exclude)} site(s))" if exclude else "")
         return ctx
 
     def rewrite(self, ref: fx.GraphModule, exclude: frozenset[str] = frozenset()) -> tuple[fx.GraphModule, PassContext]:

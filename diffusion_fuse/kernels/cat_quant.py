@@ -10,18 +10,17 @@ Numerics contract (lossless tier): the concatenation copies values (no rounding)
 element is quantized exactly as kernels/fp8_quant.py states.
 Inputs: ``a`` [.., Da] and ``b`` [.., Db] of one dtype with the same rows ([M, D] or
 [B, S, D]), unit stride along D, any row strides. Outputs are contiguous.
-Verified shapes: tests/gpu/test_fp8_quant_gpu.py (written; not yet run on a GPU).
+Verified shapes: tests/gpu/test_fp8_quant_gpu.py.
 """
 
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from .fp8_quant import BLOCK, NUM_WARPS, Q_MODES, eager_nan_keeps_sign, quantize_e4m3, row_strides
 from .launch import CachedLaunch
 from .layer_norm_stats import program_row
+from .optional_triton import tl, triton
 
 
 @triton.jit(do_not_specialize=["S", "a_sb", "a_ss", "b_sb", "b_ss", "q_lo", "q_hi"])
@@ -42,7 +41,7 @@ def _cat_quant_kernel(
     tl.store(Q + row * W + offs, quantize_e4m3(v.to(tl.float32), s, q_lo, q_hi, Q_MODE, NAN_SIGN), mask=mask)
 
 
-def plan_cat_quant(a, nan_sign: bool | None = None):
+def plan_cat_quant(a):
     """A launch for inputs of this layout: ``a`` holds the op's arguments by name (lowering/cat_quant.py; its
     guard accepted them), and so does the launch's argument."""
     NA, W = a.a.shape[-1], a.a.shape[-1] + a.b.shape[-1]
@@ -50,10 +49,10 @@ def plan_cat_quant(a, nan_sign: bool | None = None):
     shape, device, dtype = (*a.a.shape[:-1], W), a.a.device, a.a.dtype
     S, a_sb, a_ss = row_strides(a.a)
     _, b_sb, b_ss = row_strides(a.b)
-    nan_sign = eager_nan_keeps_sign(device) if nan_sign is None else nan_sign
     keep_cat = a.keep_cat
     kernel = CachedLaunch(_cat_quant_kernel, (rows, triton.cdiv(W, BLOCK)),
-                          dict(BLOCK=BLOCK, KEEP_CAT=keep_cat, Q_MODE=Q_MODES[a.q_mode], NAN_SIGN=nan_sign),
+                          dict(BLOCK=BLOCK, KEEP_CAT=keep_cat, Q_MODE=Q_MODES[a.q_mode],
+                               NAN_SIGN=eager_nan_keeps_sign(device)),
                           num_warps=NUM_WARPS)
 
     def launch(a):

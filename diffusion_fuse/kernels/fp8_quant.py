@@ -9,10 +9,8 @@ scale as four elementwise kernels; per element, in fp32::
     c = y if isnan(y) else min(max(y, lo), hi)   # clamp.default(y, lo, hi), -448 <= lo <= hi <= 448
     q = e4m3fn(c)                      # _to_copy(c, float8_e4m3fn)
 
-``s``/``r`` is a one-element tensor on the GPU, loaded once and converted to fp32 (RNE).
-Q_MODE 2 (``a * div_rn(1, s)``) is the candidate a GPU test checks in case eager's division
-by a one-element tensor were a multiply by its reciprocal (it is for a *CPU* scalar, which
-the guards send to the reference path).
+``s``/``r`` is a one-element tensor on the GPU, loaded once and converted to fp32 (RNE). (Eager
+multiplies by the reciprocal of a *CPU* scalar instead, which the guards send to the reference path.)
 
 The cast: after the clamp every finite value lies in [-448, 448], where c10's software
 conversion (``c10/util/Float8_e4m3fn.h``: round to nearest even, subnormals by an fp32 add)
@@ -23,7 +21,7 @@ hardware returns ``0x7F``. Which one this torch build runs is read off the GPU o
 (``eager_nan_keeps_sign``) and passed as NAN_SIGN; the kernel writes NaN bits explicitly.
 
 The standalone quantizer is kernels/static_quant.py, the concatenation's kernels/cat_quant.py.
-Verified shapes: tests/gpu/test_fp8_quant_gpu.py (written; not yet run on a GPU).
+Verified shapes: tests/gpu/test_fp8_quant_gpu.py.
 """
 
 from __future__ import annotations
@@ -31,8 +29,8 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
-import triton.language as tl
+
+from .optional_triton import tl, triton
 
 BLOCK = 1024  # elements per program along D (standalone and cat kernels)
 Q_MODES = {"div": 0, "mul": 1}  # an op's q_mode -> the kernels' Q_MODE: x / scale, or x * scale (scale = 1 / s)
@@ -42,13 +40,11 @@ NUM_WARPS = 4
 
 @triton.jit
 def quantize_e4m3(v, s, lo, hi, Q_MODE: tl.constexpr, NAN_SIGN: tl.constexpr):
-    """fp32 ``v`` → e4m3fn bits (uint8) as eager's ``(v / s).clamp(lo, hi).to(e4m3fn)`` (contract above)."""
+    """fp32 ``v`` → e4m3fn bits (uint8) as eager's ``(v / s | v * s).clamp(lo, hi).to(e4m3fn)`` (contract above)."""
     if Q_MODE == 0:
         y = tl.math.div_rn(v, s + tl.zeros_like(v))
-    elif Q_MODE == 1:
-        y = v * s
     else:
-        y = v * tl.math.div_rn(tl.full([], 1.0, tl.float32), s)
+        y = v * s
     is_nan = y != y
     c = tl.minimum(tl.maximum(y, lo), hi)
     bits = c.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
@@ -114,17 +110,15 @@ class QuantEpilogue:
     outputs are planes of one [n, *shape] buffer (contiguous views, one allocation).
     """
 
-    def __init__(self, quant: tuple[int, str, bool] | None, shape, out_dt_code: int, device,
-                 nan_sign: bool | None = None) -> None:
+    def __init__(self, quant: tuple[int, str, bool] | None, shape, out_dt_code: int, device) -> None:
         self.n, q_mode, self.keep_out = quant if quant else (0, "div", True)
         self.shape, self.device = tuple(shape), device
         self.plane = 1
         for d in self.shape:
             self.plane *= d
-        if self.n and nan_sign is None:
-            nan_sign = eager_nan_keeps_sign(device)
+        nan_sign = eager_nan_keeps_sign(device) if self.n else False
         self.constexprs = dict(N_Q=self.n, STORE_OUT=self.keep_out, OUT_DT=out_dt_code, Q_MODE=Q_MODES[q_mode],
-                               NAN_SIGN=bool(nan_sign))
+                               NAN_SIGN=nan_sign)
 
     def args(self, dummy: torch.Tensor, a=None) -> tuple[tuple, torch.Tensor | None]:
         """(runtime arguments Q, q_plane, S0..S3, q_lo, q_hi; the e4m3 buffer or None), from a ``_quant`` op's

@@ -17,12 +17,11 @@ gate and its second addend broadcast to x with unit stride along D.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from .launch import CachedLaunch
 from .layer_norm_stats import LANES, VEC, n_iters_for, program_row
-from .norm_modulate import _DT_CODE, _row_strides, round_to, sum_dtype
+from .norm_modulate import DT_CODE, batch_token_strides, round_to, sum_dtype
+from .optional_triton import tl, triton
 
 
 def residual_dtypes(residual_dtype, x_dtype, gate_dtype, r_dtype=None) -> tuple[torch.dtype, torch.dtype]:
@@ -54,8 +53,10 @@ def _gated_residual_kernel(RES, X, GATE, GATE_T, R_OUT, N, S, res_sb, res_ss, x_
                            M_DT: tl.constexpr, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
                            HAS_GATE_TEMB: tl.constexpr):
     row, bi, si = program_row(S)
-    gated_residual_row(RES + bi * res_sb + si * res_ss, X + bi * x_sb + si * x_ss, GATE + bi * g_sb + si * g_ss,
-                       GATE_T + bi * gt_sb + si * gt_ss, R_OUT + row * N, N, N_ITERS, LANES, VEC, M_DT, HAS_GATE_TEMB)
+    gated_residual_row(res_row=RES + bi * res_sb + si * res_ss, x_row=X + bi * x_sb + si * x_ss,
+                       g_row=GATE + bi * g_sb + si * g_ss, gt_row=GATE_T + bi * gt_sb + si * gt_ss,
+                       r_row=R_OUT + row * N, N=N, N_ITERS=N_ITERS, LANES=LANES, VEC=VEC, M_DT=M_DT,
+                       HAS_GATE_TEMB=HAS_GATE_TEMB)
 
 
 def plan_gated_residual(a):
@@ -66,8 +67,8 @@ def plan_gated_residual(a):
     S = x.shape[1] if x.dim() == 3 else 1
     m_dt, r_dt = residual_dtypes(a.residual.dtype, x.dtype, sum_dtype(a.gate, a.gate_temb), a.r_dtype)
     shape, device = x.shape, x.device
-    strides = [s for t in (a.residual, x, a.gate, a.gate_temb) for s in _row_strides(t, x)]
-    const = dict(M_DT=_DT_CODE[m_dt], N_ITERS=n_iters_for(D), LANES=LANES, VEC=VEC,
+    strides = [s for t in (a.residual, x, a.gate, a.gate_temb) for s in batch_token_strides(t, x)]
+    const = dict(M_DT=DT_CODE[m_dt], N_ITERS=n_iters_for(D), LANES=LANES, VEC=VEC,
                  HAS_GATE_TEMB=a.gate_temb is not None)
     kernel = CachedLaunch(_gated_residual_kernel, (x.numel() // D,), const, num_warps=LANES // 32)
 

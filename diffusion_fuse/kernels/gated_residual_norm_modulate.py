@@ -8,10 +8,11 @@ Numerics contract (lossless tier): per element, in fp32 and rounded as eager rou
 
 then, on the rounded ``r`` (widened to fp32 when ln_dtype is fp32: Wan's FP32LayerNorm), exactly
 ``kernels/norm_modulate.py``'s row (eager's LayerNorm statistics, normalize, modulate or not). ``r``
-rounded to its dtype once from the fp32 sum is what eager's add and then ``_to_copy`` give. When D % 512 == 0 (UNIFORM) ``r`` is computed in registers in
-the LayerNorm's lane layout, stored once and normalized from registers; otherwise the row of
-``r`` is written, a CTA barrier makes it visible to every thread of the program, and the
-LayerNorm pass reads it back (from L1/L2). The normalized tensor is never written.
+rounded to its dtype once from the fp32 sum is what eager's add and then ``_to_copy`` give. When
+D % 512 == 0 (UNIFORM) ``r`` is computed in registers in the LayerNorm's lane layout, stored once and
+normalized from registers; otherwise the row of ``r`` is written, a CTA barrier makes it visible to
+every thread of the program, and the LayerNorm pass reads it back (from L1/L2). The normalized tensor
+is never written. The kernel takes no cache hints (unlike norm_modulate's: they make it no faster).
 kernels/gated_residual.py is the first part alone.
 
 Inputs: residual and x [M, D] or [B, S, D] of one shape with unit stride along D (any row
@@ -23,27 +24,26 @@ Verified shapes: see tests/gpu/test_gated_residual_norm_modulate_gpu.py and test
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from .fp8_quant import QuantEpilogue, load_scales
 from .gated_residual import gated_residual_row, residual_dtypes
 from .launch import CachedLaunch
-from .layer_norm_stats import DEFAULT_VARIANT, LANES, load_row_tile, program_row, store_row_tile
+from .layer_norm_stats import LANES, load_row_tile, program_row, store_row_tile
 from .norm_modulate import (
-    _DT_CODE,
-    _row_strides,
-    ln_modulate_row,
-    ln_modulate_tile,
+    DT_CODE,
+    batch_token_strides,
     modulate_constexprs,
+    norm_modulate_row,
+    norm_modulate_tile,
     result_dtypes,
     round_to,
     sum_dtype,
 )
+from .optional_triton import tl, triton
 
 
 @triton.jit(do_not_specialize=["S", "q_plane", "q_lo", "q_hi"])
-def _gated_residual_ln_modulate_kernel(
+def _gated_residual_norm_modulate_kernel(
     RES, X, GATE, W, B, SCALE, SHIFT, R_OUT, OUT,
     N, S, eps,
     res_sb, res_ss, x_sb, x_ss, g_sb, g_ss, sc_sb, sc_ss, sh_sb, sh_ss,
@@ -57,7 +57,6 @@ def _gated_residual_ln_modulate_kernel(
     COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr, UNIFORM: tl.constexpr,
     N_Q: tl.constexpr, STORE_OUT: tl.constexpr, OUT_DT: tl.constexpr, Q_MODE: tl.constexpr, NAN_SIGN: tl.constexpr,
     HAS_GATE_TEMB: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SCALE_TEMB: tl.constexpr, HAS_SHIFT_TEMB: tl.constexpr,
-    CACHE_HINTS: tl.constexpr,
 ):
     row, bi, si = program_row(S)
     res_row = RES + bi * res_sb + si * res_ss
@@ -73,46 +72,42 @@ def _gated_residual_ln_modulate_kernel(
     if UNIFORM:
         s0, s1, s2, s3 = load_scales(S0, S1, S2, S3, N_Q)
         # r is computed in registers in the LayerNorm's lane layout: stored once, never read back.
-        # CACHE_HINTS (as norm_modulate's LaunchVariant.cache_hints): 1 evict-first loads of x and residual, read
-        # once (the gate, often one row shared by every token, keeps the default policy), 2 streaming stores of
-        # r and the output
-        EF: tl.constexpr = (CACHE_HINTS & 1) != 0
         g = load_row_tile(g_row, 1, N_ITERS, LANES, VEC).to(tl.float32)
         if HAS_GATE_TEMB:
             g = g + load_row_tile(gt_row, 1, N_ITERS, LANES, VEC).to(tl.float32)
-        xv = load_row_tile(x_row, 1, N_ITERS, LANES, VEC, EF).to(tl.float32)
+        xv = load_row_tile(x_row, 1, N_ITERS, LANES, VEC).to(tl.float32)
         m = round_to(g * xv, M_DT)
-        r = (load_row_tile(res_row, 1, N_ITERS, LANES, VEC, EF).to(tl.float32) + m).to(R_OUT.dtype.element_ty)
-        store_row_tile(r_row, r, N_ITERS, LANES, VEC, (CACHE_HINTS & 2) != 0)
-        ln_modulate_tile(r, W, B, sc_row, sh_row, OUT + row * N, N, eps, N_ITERS, LANES, VEC, HAS_W, HAS_B,
-                         HAS_SHIFT, LN_DT, T_DT, U_DT, V_DT, PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA,
-                         AFFINE_FMA, q_row, q_plane, s0, s1, s2, s3, q_lo, q_hi, N_Q, STORE_OUT, OUT_DT, Q_MODE,
-                         NAN_SIGN, sct_row, sht_row, HAS_SCALE, HAS_SCALE_TEMB, HAS_SHIFT_TEMB,
-                         CACHE_HINTS=CACHE_HINTS & 2)
+        r = (load_row_tile(res_row, 1, N_ITERS, LANES, VEC).to(tl.float32) + m).to(R_OUT.dtype.element_ty)
+        store_row_tile(r_row, r, N_ITERS, LANES, VEC)
+        norm_modulate_tile(
+            tile=r, W=W, B=B, sc_row=sc_row, sh_row=sh_row, out_row=OUT + row * N, N=N, eps=eps,
+            N_ITERS=N_ITERS, LANES=LANES, VEC=VEC, HAS_W=HAS_W, HAS_B=HAS_B, HAS_SHIFT=HAS_SHIFT,
+            LN_DT=LN_DT, T_DT=T_DT, U_DT=U_DT, V_DT=V_DT,
+            PUSH_MEAN_FMA=PUSH_MEAN_FMA, PUSH_M2_FMA=PUSH_M2_FMA, COMB_MEAN=COMB_MEAN, COMB_M2_FMA=COMB_M2_FMA,
+            AFFINE_FMA=AFFINE_FMA,
+            q_row=q_row, q_plane=q_plane, s0=s0, s1=s1, s2=s2, s3=s3, q_lo=q_lo, q_hi=q_hi,
+            N_Q=N_Q, STORE_OUT=STORE_OUT, OUT_DT=OUT_DT, Q_MODE=Q_MODE, NAN_SIGN=NAN_SIGN,
+            sct_row=sct_row, sht_row=sht_row, HAS_SCALE=HAS_SCALE, HAS_SCALE_TEMB=HAS_SCALE_TEMB,
+            HAS_SHIFT_TEMB=HAS_SHIFT_TEMB)
     else:
-        gated_residual_row(res_row, x_row, g_row, gt_row, r_row, N, N_ITERS, LANES, VEC, M_DT, HAS_GATE_TEMB)
+        gated_residual_row(res_row=res_row, x_row=x_row, g_row=g_row, gt_row=gt_row, r_row=r_row, N=N,
+                           N_ITERS=N_ITERS, LANES=LANES, VEC=VEC, M_DT=M_DT, HAS_GATE_TEMB=HAS_GATE_TEMB)
         tl.debug_barrier()  # the whole row of r is in memory before any thread reads it back
-        ln_modulate_row(r_row, 1, W, B, sc_row, sh_row, OUT + row * N,
-                        N, eps, N_ITERS, LANES, VEC, HAS_W, HAS_B, HAS_SHIFT, LN_DT, T_DT, U_DT, V_DT,
-                        PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, AFFINE_FMA, UNIFORM,
-                        q_row, q_plane, S0, S1, S2, S3, q_lo, q_hi, N_Q, STORE_OUT, OUT_DT, Q_MODE, NAN_SIGN,
-                        sct_row, sht_row, HAS_SCALE, HAS_SCALE_TEMB, HAS_SHIFT_TEMB)
+        norm_modulate_row(
+            x_row=r_row, x_sd=1, W=W, B=B, sc_row=sc_row, sh_row=sh_row, out_row=OUT + row * N, N=N, eps=eps,
+            N_ITERS=N_ITERS, LANES=LANES, VEC=VEC, HAS_W=HAS_W, HAS_B=HAS_B, HAS_SHIFT=HAS_SHIFT,
+            LN_DT=LN_DT, T_DT=T_DT, U_DT=U_DT, V_DT=V_DT,
+            PUSH_MEAN_FMA=PUSH_MEAN_FMA, PUSH_M2_FMA=PUSH_M2_FMA, COMB_MEAN=COMB_MEAN, COMB_M2_FMA=COMB_M2_FMA,
+            AFFINE_FMA=AFFINE_FMA, UNIFORM=UNIFORM,
+            q_row=q_row, q_plane=q_plane, S0=S0, S1=S1, S2=S2, S3=S3, q_lo=q_lo, q_hi=q_hi,
+            N_Q=N_Q, STORE_OUT=STORE_OUT, OUT_DT=OUT_DT, Q_MODE=Q_MODE, NAN_SIGN=NAN_SIGN,
+            sct_row=sct_row, sht_row=sht_row, HAS_SCALE=HAS_SCALE, HAS_SCALE_TEMB=HAS_SCALE_TEMB,
+            HAS_SHIFT_TEMB=HAS_SHIFT_TEMB)
 
 
-# The gated kernel's cache hints when not told: none. Unlike LN + modulate's, they did not help on the H200:
-# FLUX [1,4608,3072] steady 30.5 µs without, 32.5 / 32.1 / 30.9 µs with evict-first loads / streaming stores /
-# both (results/h200-2026-11-30k/run1/bench_norm.json; the kernel is at 1.02x an SM copy of its bytes).
-DEFAULT_CACHE_HINTS = 0
-
-
-def plan_gated_residual_norm_modulate(a, variant=DEFAULT_VARIANT, affine_fma: bool = True,
-                                      quant: tuple[int, str, bool] | None = None, nan_sign: bool | None = None,
-                                      cache_hints: int | None = None):
+def plan_gated_residual_norm_modulate(a, quant: tuple[int, str, bool] | None = None):
     """A launch for inputs of this layout: ``a`` holds the op's arguments by name
     (lowering/gated_residual_norm_modulate.py; its guard accepted them), and so does the launch's argument.
-
-    ``cache_hints`` (default ``DEFAULT_CACHE_HINTS``; rows of D % 512 == 0 only, others ignore them): 1
-    evict-first loads of x and residual, 2 streaming stores of r and the output, 3 both. Same bits either way.
 
     ``quant``: ``(n, q_mode, keep_out)`` for ``diffusion_fuse::gated_residual_norm_modulate_quant``
     (the launch then reads that op's quantizer arguments too and returns its Tensor[]), None otherwise.
@@ -124,17 +119,13 @@ def plan_gated_residual_norm_modulate(a, variant=DEFAULT_VARIANT, affine_fma: bo
     ln_dt, t_dt, u_dt, v_dt, final = result_dtypes(
         r_dt, sum_dtype(a.scale, a.scale_temb), sum_dtype(a.shift, a.shift_temb), a.ln_dtype, a.out_dtype)
     shape, device = x.shape, x.device
-    strides = [s for t in (a.residual, x, a.gate, a.scale, a.shift) for s in _row_strides(t, x)]
-    temb_strides = [s for t in (a.gate_temb, a.scale_temb, a.shift_temb) for s in _row_strides(t, x)]
-    epi = QuantEpilogue(quant, shape, _DT_CODE[final], device, nan_sign)
-    const = dict(M_DT=_DT_CODE[m_dt],
-                 **modulate_constexprs(D, a.weight, a.bias, a.shift, ln_dt, t_dt, u_dt, v_dt, variant, affine_fma),
+    strides = [s for t in (a.residual, x, a.gate, a.scale, a.shift) for s in batch_token_strides(t, x)]
+    temb_strides = [s for t in (a.gate_temb, a.scale_temb, a.shift_temb) for s in batch_token_strides(t, x)]
+    epi = QuantEpilogue(quant, shape, DT_CODE[final], device)
+    const = dict(M_DT=DT_CODE[m_dt], **modulate_constexprs(D, a.weight, a.bias, a.shift, ln_dt, t_dt, u_dt, v_dt),
                  **epi.constexprs, HAS_GATE_TEMB=a.gate_temb is not None, HAS_SCALE=a.scale is not None,
-                 HAS_SCALE_TEMB=a.scale_temb is not None, HAS_SHIFT_TEMB=a.shift_temb is not None,
-                 CACHE_HINTS=DEFAULT_CACHE_HINTS if cache_hints is None else cache_hints)
-    if const["CACHE_HINTS"] not in (0, 1, 2, 3):
-        raise ValueError(f"cache_hints={cache_hints}: 0, 1 (evict-first loads), 2 (streaming stores) or 3")
-    kernel = CachedLaunch(_gated_residual_ln_modulate_kernel, (x.numel() // D,), const, num_warps=LANES // 32)
+                 HAS_SCALE_TEMB=a.scale_temb is not None, HAS_SHIFT_TEMB=a.shift_temb is not None)
+    kernel = CachedLaunch(_gated_residual_norm_modulate_kernel, (x.numel() // D,), const, num_warps=LANES // 32)
 
     def launch(a):
         x = a.x

@@ -2,15 +2,14 @@
 
 Why: AdaLN modulation is ``linear(silu(temb))`` in every block: the whole [6 D, D] weight is read to make one
 row. FLUX.1-dev runs 76 of these a forward (38 at [18432, 3072], 38 at [9216, 3072] through cuBLAS's split-K
-kernel and its reduce), Qwen-Image 120. Each launch ramps up and drains on its own, so cuBLAS reads them at
-~3.3 TB/s (benchmarks/probe_gemv_exact.py). All of a forward's modulation linears read the same ``silu(temb)``,
-so they can be one launch over every weight: a program per ``BLOCK_N`` rows of one weight, the weights found
-through a table of pointers.
+kernel and its reduce), Qwen-Image 120. Each launch ramps up and drains on its own, short of the device's
+bandwidth. All of a forward's modulation linears read the same ``silu(temb)``, so they can be one launch over
+every weight: a program per ``BLOCK_N`` rows of one weight, the weights found through a table of pointers.
 
 Numerics contract (per member ``y = x @ W.T + b``, x [M, K] with M <= 16, W [N, K] row-major):
 * the program multiplies W's tile as the MMA's A operand by x padded to 16 columns (``tl.dot`` → sm_90
   ``wgmma``), K in order in tiles of ``BLOCK_K``, one fp32 accumulator: cuBLAS's non-split GEMV kernels
-  (``nvjet ... 192x8 ... bias_TNT``) sum in this order at every tile tried (probe_gemv_exact.py, session 14);
+  (``nvjet ... 192x8 ... bias_TNT``) sum in this order, whatever the tile;
 * split 2: the two contiguous halves of K are summed apart from zero and added, as cuBLAS's split-K kernel and
   ``splitKreduce_kernel`` do for FLUX's [9216, 3072] (two partials: the order of their add does not matter);
 * then ``+ float(b)`` and one round-to-nearest-even to x's dtype.
@@ -30,12 +29,11 @@ import dataclasses
 import threading
 
 import torch
-import triton
-import triton.language as tl
 
 from ..log import get_logger
 from . import triton_interpret
 from .launch import CachedLaunch
+from .optional_triton import tl, triton
 
 _log = get_logger("kernels")
 
@@ -43,18 +41,9 @@ DTYPES = (torch.bfloat16, torch.float16)
 MAX_ROWS = 16  # x padded to 16 columns of the MMA: the smallest N of an sm_90 wgmma Triton issues
 
 
-@dataclasses.dataclass(frozen=True)
-class Config:
-    """A launch shape: weight rows a program, the largest K tile, pipeline stages, warps. Every config gives the
-    same bits (the order is the contract's at any tile); benchmarks/bench_grouped_gemv.py times them."""
-
-    block_n: int = 64
-    block_k_max: int = 64  # 64 x 64 tiles 8 deep: the fastest of 8 configs on the H200 (bench_grouped_gemv.py)
-    stages: int = 8
-    warps: int = 4
-
-
-DEFAULT_CONFIG = Config()
+# The launch shape: weight rows a program, the largest K tile, pipeline stages, warps. Any gives the same bits (the
+# order is the contract's at any tile); 64 x 64 tiles 8 stages deep are the fastest on the H200.
+BLOCK_N, BLOCK_K_MAX, STAGES, WARPS = 64, 64, 8, 4
 ALIGN = 16  # bytes: every member's slot, weight and bias start on a 16-byte boundary
 FORMS = (1, 2)  # K in one chain, or in two halves added at the end
 
@@ -89,7 +78,7 @@ def _grouped_gemv_kernel(X, TILE_MEMBER, TILE_N0, W_PTRS, B_PTRS, N_OF, OUT_OF, 
     rk = tl.arange(0, BLOCK_K)
     n_mask = rn < n
     # A table's address is 16-byte aligned (the guard) but Triton cannot know it: without the hint every
-    # weight load is one element (benchmarks/NOTES.md, session 19), with it 16-byte cp.async.
+    # weight load is one element, with it 16-byte cp.async.
     w_ptrs = tl.multiple_of(w_base + rn[:, None].to(tl.int64) * K + rk[None, :], [16, 16])
     x_ptrs = X + rm[None, :] * stride_xm + rk[:, None]
     x_mask = rm[None, :] < M
@@ -123,10 +112,10 @@ def _grouped_gemv_kernel(X, TILE_MEMBER, TILE_N0, W_PTRS, B_PTRS, N_OF, OUT_OF, 
              mask=x_mask & n_mask[:, None])
 
 
-def block_k(k: int, block_k_max: int = DEFAULT_CONFIG.block_k_max) -> int | None:
-    """The K tile: the largest power of two <= ``block_k_max`` (and >= 16, an MMA's K) that divides K / 2,
+def block_k(k: int) -> int | None:
+    """The K tile: the largest power of two <= ``BLOCK_K_MAX`` (and >= 16, an MMA's K) that divides K / 2,
     so that both halves are whole tiles; None when there is none."""
-    bk = block_k_max
+    bk = BLOCK_K_MAX
     while bk >= 16:
         if k % (2 * bk) == 0:
             return bk
@@ -176,10 +165,10 @@ class _Tables:
     form_of: torch.Tensor
 
 
-def _tables(x, weights, biases, forms, block_n: int, keep: bool = True) -> _Tables:
+def _tables(x, weights, biases, forms, keep: bool = True) -> _Tables:
     if not keep:  # a probe's: its weights are gone after it
-        return _build_tables(x, weights, biases, forms, block_n)
-    key = (x.device, x.shape[0], block_n, tuple(forms), tuple((w.data_ptr(), w.shape[0]) for w in weights),
+        return _build_tables(x, weights, biases, forms)
+    key = (x.device, x.shape[0], tuple(forms), tuple((w.data_ptr(), w.shape[0]) for w in weights),
            tuple(0 if b is None else b.data_ptr() for b in biases))
     with _forms_lock:
         tables = _live_tables.get(key)
@@ -187,20 +176,20 @@ def _tables(x, weights, biases, forms, block_n: int, keep: bool = True) -> _Tabl
         if len(_live_tables) >= MAX_TABLE_SETS:
             raise RuntimeError(f"grouped_gemv: {MAX_TABLE_SETS} sets of weights planned already (weights that change "
                                "address every call, not parameters?); this set takes the reference path")
-        tables = _build_tables(x, weights, biases, forms, block_n)
+        tables = _build_tables(x, weights, biases, forms)
         with _forms_lock:
             _live_tables[key] = tables
     return tables
 
 
-def _build_tables(x, weights, biases, forms, block_n: int) -> _Tables:
+def _build_tables(x, weights, biases, forms) -> _Tables:
     m = x.shape[0]
     tile_member, tile_n0, out_of, off = [], [], [], 0
     for g, w in enumerate(weights):
         out_of.append(off)
         off += m * w.shape[0]
         if forms[g] is not None:  # else computed by addmm into its slot: no tiles
-            starts = list(range(0, w.shape[0], block_n))
+            starts = list(range(0, w.shape[0], BLOCK_N))
             tile_member += [g] * len(starts)
             tile_n0 += starts
 
@@ -214,11 +203,11 @@ def _build_tables(x, weights, biases, forms, block_n: int) -> _Tables:
                    dev([f or 1 for f in forms], torch.int32))
 
 
-def _launcher(x, tables: _Tables, k: int, config: Config) -> CachedLaunch:
+def _launcher(x, tables: _Tables, k: int) -> CachedLaunch:
     return CachedLaunch(_grouped_gemv_kernel, (tables.tile_member.numel(),),
-                        {"K": k, "BLOCK_N": config.block_n, "BLOCK_K": block_k(k, config.block_k_max),
-                         "BLOCK_M": MAX_ROWS, "INTERPRETED": x.device.type == "cpu"},
-                        num_warps=config.warps, num_stages=config.stages)
+                        {"K": k, "BLOCK_N": BLOCK_N, "BLOCK_K": block_k(k), "BLOCK_M": MAX_ROWS,
+                         "INTERPRETED": x.device.type == "cpu"},
+                        num_warps=WARPS, num_stages=STAGES)
 
 
 def _addmm_members(x, weights, biases, forms, out) -> None:
@@ -259,14 +248,13 @@ def member_form(device: torch.device, m: int, n: int, k: int, dtype: torch.dtype
     return found
 
 
-def plan_grouped_gemv(x: torch.Tensor, weights, biases, forms=None, config: Config = DEFAULT_CONFIG,
-                      keep_tables: bool = True):
+def plan_grouped_gemv(x: torch.Tensor, weights, biases, forms=None, keep_tables: bool = True):
     """launch(x, weights, biases) -> the flat output, for these members (checked by ``can_use_grouped_gemv``).
 
     ``forms``: each member's form (1, 2, or None for addmm into its slot); by default ``member_form``'s. The
     device tables hold the weights' and biases' addresses: a plan is for these tensors (the layout key has
-    their addresses). ``config``: the launch shape (``Config``). ``keep_tables=False``: the tables go with the
-    plan (``member_form``'s probe), else they live with the process (``_live_tables``)."""
+    their addresses). ``keep_tables=False``: the tables go with the plan (``member_form``'s probe), else they
+    live with the process (``_live_tables``)."""
     m, k = x.shape
     if forms is None:
         forms = [member_form(x.device, m, w.shape[0], k, x.dtype, b is not None) for w, b in zip(weights, biases)]
@@ -275,8 +263,8 @@ def plan_grouped_gemv(x: torch.Tensor, weights, biases, forms=None, config: Conf
         _log.warning("grouped_gemv: cuBLAS's order for %s is neither form the kernel knows; those members run "
                      "torch.addmm into their slots", ", ".join(sorted(set(missing))))
         CUBLAS_MEMBERS.extend(missing)
-    tables = _tables(x, weights, biases, forms, config.block_n, keep_tables)
-    kernel = _launcher(x, tables, k, config) if tables.tile_member.numel() else None
+    tables = _tables(x, weights, biases, forms, keep_tables)
+    kernel = _launcher(x, tables, k) if tables.tile_member.numel() else None
     size = out_numel(x, weights)
     any_addmm = any(f is None for f in forms)
 

@@ -1,7 +1,7 @@
 """Launching a Triton kernel for one input layout with little host overhead.
 
-Triton's JIT launcher binds and specializes every argument on every call (~30 us here for
-kernels with many arguments). A layout's kernel is fixed once its guard passed, so the first
+Triton's JIT launcher binds and specializes every argument on every call, host time that grows
+with the kernel's arguments. A layout's kernel is fixed once its guard passed, so the first
 call goes through the JIT (compiling if needed) and later calls launch the compiled kernel
 directly with all arguments, constexprs included, in declaration order.
 

@@ -3,15 +3,11 @@
 What eager computes (torch 2.11, CUDA, ``native_layer_norm``)
 =============================================================
 
-Source: ``aten/src/ATen/native/cuda/layer_norm_kernel.cu``. The search index holds no copy
-tagged v2.11; the facts below were read from two snapshots whose numerics code is the same
-line for line: pytorch/pytorch@0005c538 (c. v2.4, before the ``rms_norm`` template flag) and
-a recent main (with ``template <..., bool rms_norm>``, ``std::pair``, ROCm grid splitting).
-Line numbers refer to the recent main. Also read: ``aten/src/ATen/native/cuda/thread_constants.h``
-(@05da067b: CUDA ``num_threads() = C10_WARP_SIZE * 4``), ``c10/cuda/CUDAMathCompat.h`` (@0130618f:
-``compat::rsqrt(float) = ::rsqrtf``), ``block_reduce.cuh`` (``kCUDABlockReduceNumThreads = 512``).
-Confirm them for the installed build with ``benchmarks/sass_layer_norm.sh`` (SASS) and
-``tests/gpu/test_layer_norm_stats_gpu.py``.
+Source: ``aten/src/ATen/native/cuda/layer_norm_kernel.cu`` (line numbers below: PyTorch's main branch, whose
+numerics code is the same line for line as v2.4's), ``aten/src/ATen/native/cuda/thread_constants.h`` (CUDA
+``num_threads() = C10_WARP_SIZE * 4``), ``c10/cuda/CUDAMathCompat.h`` (``compat::rsqrt(float) = ::rsqrtf``),
+``block_reduce.cuh`` (``kCUDABlockReduceNumThreads = 512``). ``tests/gpu/test_layer_norm_stats_gpu.py`` holds
+the installed build to them.
 
 Which kernel runs (``LayerNormKernelImplInternal``, L1083-1128):
   * The vectorized kernel is used when T is float, Half or BFloat16 (acc type float for all
@@ -71,7 +67,7 @@ FMA contraction
 PyTorch builds CUDA without ``--use_fast_math`` but with nvcc's default ``--fmad=true``, so
 each ``a*b + c`` above may become one FFMA. The expected contraction (LLVM/NVPTX fuse the
 *first* fmul operand of an fadd) is the default variant; the alternatives are ``tl.constexpr``
-flags so the GPU test can find the one that matches eager (and SASS can confirm it):
+flags so the GPU test can find the one that matches eager:
 
   PUSH_MEAN_FMA (default True)   new_mean = fma(delta, coef, mean)        | mean + rn(delta*coef)
   PUSH_M2_FMA   (default True)   sigma2 = fma(delta, val - new_mean, s2)  | s2 + rn(delta*(val-new_mean))
@@ -91,9 +87,8 @@ our explicit ``tl.fma`` become FFMA. Divisions use ``tl.math.div_rn`` (IEEE, as 
 Contract of this module
 =======================
 ``welford_row_stats`` returns the same fp32 (mean, rstd) bits as eager for one contiguous row
-of ``N`` elements when ``N % 4 == 0`` and ``N <= 2**24`` -- provided the variant flags match
-the installed torch build (verified on H200 by tests/gpu/test_layer_norm_stats_gpu.py; until
-that test has run, treat the default variant as the hypothesis it is).
+of ``N`` elements when ``N % 4 == 0`` and ``N <= 2**24``, with the default variant flags
+(tests/gpu/test_layer_norm_stats_gpu.py finds them the only ones that match eager on every case).
 ``emulate_layer_norm_stats`` is a CPU logic model of the same order of operations; it is not
 bit-exact (fma via float64 then one rounding to float32 can double-round; rsqrt via float64).
 
@@ -102,11 +97,6 @@ Performance: a valid lane's count before push ``k`` of trip ``it`` is exactly ``
 unrolled (``tl.static_range``) and ``1.f/count`` is the compile-time constant ``1/(4*it+k+1)``:
 Python's double ``1/n`` rounded to fp32 equals the correctly rounded fp32 reciprocal
 ``rcp.rn`` gives for every n < 100,000 (checked exhaustively; rows here need n <= 4*32).
-
-Launch shapes of the same arithmetic (``welford_tile_stats``; kernels/norm_modulate.py ``LaunchVariant``):
-``ROWS > 1`` holds a row group, row r in lanes ``r*LANES ..`` (its own 4 warps), each row pushed and
-combined exactly as alone; ``ONE_EXCHANGE`` moves the warps' (mean, m2) through shared memory once,
-packed in one int64, instead of once per quantity. Neither changes an operation or its order.
 """
 
 from __future__ import annotations
@@ -116,10 +106,9 @@ import itertools
 import os
 
 import torch
-import triton
-import triton.language as tl
 
 from .launch import EAGER_NUMERICS
+from .optional_triton import tl, triton
 
 LANES = 128  # blockDim.x * blockDim.y = 32 * 4 on CUDA
 VEC = 4  # vec_size, independent of dtype
@@ -258,8 +247,8 @@ def _welford_combine(
     # cuWelfordCombine(dataB, dataA): B is the receiving (lower) lane, A the shuffled-in one.
     cnt = cnt_a + cnt_b
     coef = tl.math.div_rn(tl.full(cnt.shape, 1.0, tl.float32), cnt)
-    mean, m2 = _combined_moments(mean_b, m2_b, mean_a, m2_a, cnt_a, cnt_a * coef, cnt_b * coef, COMB_MEAN,
-                                 COMB_M2_FMA)
+    mean, m2 = _combined_moments(mean_b=mean_b, m2_b=m2_b, mean_a=mean_a, m2_a=m2_a, cnt_a=cnt_a, n_a=cnt_a * coef,
+                                 n_b=cnt_b * coef, COMB_MEAN=COMB_MEAN, COMB_M2_FMA=COMB_M2_FMA)
     nonempty = cnt > 0.0
     return tl.where(nonempty, mean, 0.0), tl.where(nonempty, m2, 0.0), cnt
 
@@ -272,7 +261,8 @@ def _welford_combine_uniform(mean_b, m2_b, mean_a, m2_a, CNT: tl.constexpr, COMB
     coef = tl.full([], 1.0 / (2 * CNT), tl.float32)
     cnt_a = tl.full([], CNT, tl.float32)
     n = cnt_a * coef
-    return _combined_moments(mean_b, m2_b, mean_a, m2_a, cnt_a, n, n, COMB_MEAN, COMB_M2_FMA)
+    return _combined_moments(mean_b=mean_b, m2_b=m2_b, mean_a=mean_a, m2_a=m2_a, cnt_a=cnt_a, n_a=n, n_b=n,
+                             COMB_MEAN=COMB_MEAN, COMB_M2_FMA=COMB_M2_FMA)
 
 
 @triton.jit
@@ -280,18 +270,21 @@ def _tree_step_uniform(mean, m2, OUTER: tl.constexpr, HALF: tl.constexpr, CNT: t
                        COMB_MEAN: tl.constexpr, COMB_M2_FMA: tl.constexpr):
     mean_lo, mean_hi = tl.split(tl.permute(tl.reshape(mean, [OUTER, 2, HALF]), [0, 2, 1]))
     m2_lo, m2_hi = tl.split(tl.permute(tl.reshape(m2, [OUTER, 2, HALF]), [0, 2, 1]))
-    mean, m2 = _welford_combine_uniform(mean_lo, m2_lo, mean_hi, m2_hi, CNT, COMB_MEAN, COMB_M2_FMA)
+    mean, m2 = _welford_combine_uniform(mean_b=mean_lo, m2_b=m2_lo, mean_a=mean_hi, m2_a=m2_hi, CNT=CNT,
+                                        COMB_MEAN=COMB_MEAN, COMB_M2_FMA=COMB_M2_FMA)
     return tl.reshape(mean, [OUTER * HALF]), tl.reshape(m2, [OUTER * HALF])
 
 
 @triton.jit
-def _tree_step(mean, m2, cnt, OUTER: tl.constexpr, HALF: tl.constexpr, COMB_MEAN: tl.constexpr, COMB_M2_FMA: tl.constexpr):
+def _tree_step(mean, m2, cnt, OUTER: tl.constexpr, HALF: tl.constexpr, COMB_MEAN: tl.constexpr,
+               COMB_M2_FMA: tl.constexpr):
     # One shfl_down(HALF) level: flat state [OUTER*2*HALF]; slot j of each group of 2*HALF
     # combines with slot j+HALF. split() needs the pair on a trailing dim of size 2.
     mean_lo, mean_hi = tl.split(tl.permute(tl.reshape(mean, [OUTER, 2, HALF]), [0, 2, 1]))
     m2_lo, m2_hi = tl.split(tl.permute(tl.reshape(m2, [OUTER, 2, HALF]), [0, 2, 1]))
     cnt_lo, cnt_hi = tl.split(tl.permute(tl.reshape(cnt, [OUTER, 2, HALF]), [0, 2, 1]))
-    mean, m2, cnt = _welford_combine(mean_lo, m2_lo, cnt_lo, mean_hi, m2_hi, cnt_hi, COMB_MEAN, COMB_M2_FMA)
+    mean, m2, cnt = _welford_combine(mean_b=mean_lo, m2_b=m2_lo, cnt_b=cnt_lo, mean_a=mean_hi, m2_a=m2_hi,
+                                     cnt_a=cnt_hi, COMB_MEAN=COMB_MEAN, COMB_M2_FMA=COMB_M2_FMA)
     return (tl.reshape(mean, [OUTER * HALF]), tl.reshape(m2, [OUTER * HALF]), tl.reshape(cnt, [OUTER * HALF]))
 
 
@@ -318,42 +311,18 @@ def _warp_leaders(v, NW: tl.constexpr):
 
 
 @triton.jit
-def _pack(mean, m2):
-    # (mean, m2) fp32 -> one int64 (m2's bits high, mean's low): moved through shared memory as one value
-    lo = mean.to(tl.int32, bitcast=True).to(tl.uint32, bitcast=True).to(tl.int64)
-    return (m2.to(tl.int32, bitcast=True).to(tl.int64) << 32) | lo
-
-
-@triton.jit
-def _unpack(packed):
-    mean = packed.to(tl.int32).to(tl.float32, bitcast=True)  # truncation keeps the low 32 bits
-    m2 = (packed >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-    return mean, m2
-
-
-@triton.jit
-def _tree_step_uniform_packed(packed, OUTER: tl.constexpr, HALF: tl.constexpr, CNT: tl.constexpr,
-                              COMB_MEAN: tl.constexpr, COMB_M2_FMA: tl.constexpr):
-    # _tree_step_uniform on _pack'ed states: the same combines; the relayout moves one int64 per state
-    # where _tree_step_uniform moves mean and m2 separately (two exchanges, each with its barriers).
-    lo, hi = tl.split(tl.permute(tl.reshape(packed, [OUTER, 2, HALF]), [0, 2, 1]))
-    mean_lo, m2_lo = _unpack(lo)
-    mean_hi, m2_hi = _unpack(hi)
-    mean, m2 = _welford_combine_uniform(mean_lo, m2_lo, mean_hi, m2_hi, CNT, COMB_MEAN, COMB_M2_FMA)
-    return tl.reshape(_pack(mean, m2), [OUTER * HALF])
-
-
-@triton.jit
 def _shfl_level_uniform(mean, m2, OFFSET: tl.constexpr, CNT: tl.constexpr, COMB_MEAN: tl.constexpr,
                         COMB_M2_FMA: tl.constexpr):
-    return _welford_combine_uniform(mean, m2, _shfl_down(mean, OFFSET), _shfl_down(m2, OFFSET), CNT, COMB_MEAN,
-                                    COMB_M2_FMA)
+    # own state as dataB, lane l + OFFSET's as dataA (warp_shfl_down)
+    return _welford_combine_uniform(mean_b=mean, m2_b=m2, mean_a=_shfl_down(mean, OFFSET), m2_a=_shfl_down(m2, OFFSET),
+                                    CNT=CNT, COMB_MEAN=COMB_MEAN, COMB_M2_FMA=COMB_M2_FMA)
 
 
 @triton.jit
 def _shfl_level(mean, m2, cnt, OFFSET: tl.constexpr, COMB_MEAN: tl.constexpr, COMB_M2_FMA: tl.constexpr):
-    return _welford_combine(mean, m2, cnt, _shfl_down(mean, OFFSET), _shfl_down(m2, OFFSET), _shfl_down(cnt, OFFSET),
-                            COMB_MEAN, COMB_M2_FMA)
+    return _welford_combine(mean_b=mean, m2_b=m2, cnt_b=cnt, mean_a=_shfl_down(mean, OFFSET),
+                            m2_a=_shfl_down(m2, OFFSET), cnt_a=_shfl_down(cnt, OFFSET), COMB_MEAN=COMB_MEAN,
+                            COMB_M2_FMA=COMB_M2_FMA)
 
 
 @triton.jit
@@ -364,22 +333,22 @@ def _push_trip(mean, m2, cnt, xv, valid, IT: tl.constexpr, LANES: tl.constexpr, 
     even, odd = tl.split(tl.reshape(xv, [LANES, 2, 2]))
     c0, c2 = tl.split(even)
     c1, c3 = tl.split(odd)
-    mean, m2, cnt = _welford_push(mean, m2, cnt, c0, valid, 4 * IT + 1, PUSH_MEAN_FMA, PUSH_M2_FMA, UNIFORM)
-    mean, m2, cnt = _welford_push(mean, m2, cnt, c1, valid, 4 * IT + 2, PUSH_MEAN_FMA, PUSH_M2_FMA, UNIFORM)
-    mean, m2, cnt = _welford_push(mean, m2, cnt, c2, valid, 4 * IT + 3, PUSH_MEAN_FMA, PUSH_M2_FMA, UNIFORM)
-    mean, m2, cnt = _welford_push(mean, m2, cnt, c3, valid, 4 * IT + 4, PUSH_MEAN_FMA, PUSH_M2_FMA, UNIFORM)
+    mean, m2, cnt = _welford_push(mean=mean, m2=m2, cnt=cnt, v=c0, valid=valid, N_NEW=4 * IT + 1,
+                                  PUSH_MEAN_FMA=PUSH_MEAN_FMA, PUSH_M2_FMA=PUSH_M2_FMA, UNIFORM=UNIFORM)
+    mean, m2, cnt = _welford_push(mean=mean, m2=m2, cnt=cnt, v=c1, valid=valid, N_NEW=4 * IT + 2,
+                                  PUSH_MEAN_FMA=PUSH_MEAN_FMA, PUSH_M2_FMA=PUSH_M2_FMA, UNIFORM=UNIFORM)
+    mean, m2, cnt = _welford_push(mean=mean, m2=m2, cnt=cnt, v=c2, valid=valid, N_NEW=4 * IT + 3,
+                                  PUSH_MEAN_FMA=PUSH_MEAN_FMA, PUSH_M2_FMA=PUSH_M2_FMA, UNIFORM=UNIFORM)
+    mean, m2, cnt = _welford_push(mean=mean, m2=m2, cnt=cnt, v=c3, valid=valid, N_NEW=4 * IT + 4,
+                                  PUSH_MEAN_FMA=PUSH_MEAN_FMA, PUSH_M2_FMA=PUSH_M2_FMA, UNIFORM=UNIFORM)
     return mean, m2, cnt
 
 
 @triton.jit
 def _combine_lanes(mean, m2, cnt, N_ITERS: tl.constexpr, LANES: tl.constexpr, COMB_MEAN: tl.constexpr,
-                   COMB_M2_FMA: tl.constexpr, UNIFORM: tl.constexpr, SHUFFLE: tl.constexpr, ROWS: tl.constexpr = 1,
-                   ONE_EXCHANGE: tl.constexpr = False):
+                   COMB_M2_FMA: tl.constexpr, UNIFORM: tl.constexpr, SHUFFLE: tl.constexpr):
     # The combine tree over the LANES per-lane states: 5 shfl_down levels in each warp, then
     # across warps; returns the row's (mean, m2) as scalars.
-    # ROWS > 1 (a row group, ``welford_tile_stats``): the states are [ROWS * LANES], row r in lanes
-    # r*LANES .. (r+1)*LANES - 1 (warps r*NW ..). Warps never mix rows, so the shfl levels are the
-    # same; the cross-warp levels run on [ROWS, NW] groups (OUTER = ROWS) and return [ROWS] tensors.
     NW: tl.constexpr = LANES // 32
     if UNIFORM:
         # Counts are 4*N_ITERS per lane and double at every level: constants, no divisions.
@@ -390,34 +359,22 @@ def _combine_lanes(mean, m2, cnt, N_ITERS: tl.constexpr, LANES: tl.constexpr, CO
             mean, m2 = _shfl_level_uniform(mean, m2, 4, 4 * C, COMB_MEAN, COMB_M2_FMA)
             mean, m2 = _shfl_level_uniform(mean, m2, 2, 8 * C, COMB_MEAN, COMB_M2_FMA)
             mean, m2 = _shfl_level_uniform(mean, m2, 1, 16 * C, COMB_MEAN, COMB_M2_FMA)
-            mean, m2 = _warp_leaders(mean, ROWS * NW), _warp_leaders(m2, ROWS * NW)
+            mean, m2 = _warp_leaders(mean, NW), _warp_leaders(m2, NW)
         else:
-            mean, m2 = _tree_step_uniform(mean, m2, ROWS * NW, 16, C, COMB_MEAN, COMB_M2_FMA)
-            mean, m2 = _tree_step_uniform(mean, m2, ROWS * NW, 8, 2 * C, COMB_MEAN, COMB_M2_FMA)
-            mean, m2 = _tree_step_uniform(mean, m2, ROWS * NW, 4, 4 * C, COMB_MEAN, COMB_M2_FMA)
-            mean, m2 = _tree_step_uniform(mean, m2, ROWS * NW, 2, 8 * C, COMB_MEAN, COMB_M2_FMA)
-            mean, m2 = _tree_step_uniform(mean, m2, ROWS * NW, 1, 16 * C, COMB_MEAN, COMB_M2_FMA)
-        if ONE_EXCHANGE:
-            # the warps' states cross shared memory once, mean and m2 packed together (NOTES.md, idea 2)
-            packed = _pack(mean, m2)
-            if NW >= 16:
-                packed = _tree_step_uniform_packed(packed, ROWS, 8, 32 * C * NW // 16, COMB_MEAN, COMB_M2_FMA)
-            if NW >= 8:
-                packed = _tree_step_uniform_packed(packed, ROWS, 4, 32 * C * NW // 8, COMB_MEAN, COMB_M2_FMA)
-            if NW >= 4:
-                packed = _tree_step_uniform_packed(packed, ROWS, 2, 32 * C * NW // 4, COMB_MEAN, COMB_M2_FMA)
-            if NW >= 2:
-                packed = _tree_step_uniform_packed(packed, ROWS, 1, 32 * C * NW // 2, COMB_MEAN, COMB_M2_FMA)
-            mean, m2 = _unpack(packed)
-        else:
-            if NW >= 16:
-                mean, m2 = _tree_step_uniform(mean, m2, ROWS, 8, 32 * C * NW // 16, COMB_MEAN, COMB_M2_FMA)
-            if NW >= 8:
-                mean, m2 = _tree_step_uniform(mean, m2, ROWS, 4, 32 * C * NW // 8, COMB_MEAN, COMB_M2_FMA)
-            if NW >= 4:
-                mean, m2 = _tree_step_uniform(mean, m2, ROWS, 2, 32 * C * NW // 4, COMB_MEAN, COMB_M2_FMA)
-            if NW >= 2:
-                mean, m2 = _tree_step_uniform(mean, m2, ROWS, 1, 32 * C * NW // 2, COMB_MEAN, COMB_M2_FMA)
+            mean, m2 = _tree_step_uniform(mean, m2, NW, 16, C, COMB_MEAN, COMB_M2_FMA)
+            mean, m2 = _tree_step_uniform(mean, m2, NW, 8, 2 * C, COMB_MEAN, COMB_M2_FMA)
+            mean, m2 = _tree_step_uniform(mean, m2, NW, 4, 4 * C, COMB_MEAN, COMB_M2_FMA)
+            mean, m2 = _tree_step_uniform(mean, m2, NW, 2, 8 * C, COMB_MEAN, COMB_M2_FMA)
+            mean, m2 = _tree_step_uniform(mean, m2, NW, 1, 16 * C, COMB_MEAN, COMB_M2_FMA)
+        # inter-warp tree through shared memory: warp y < off takes (y, y+off)
+        if NW >= 16:
+            mean, m2 = _tree_step_uniform(mean, m2, 1, 8, 32 * C * NW // 16, COMB_MEAN, COMB_M2_FMA)
+        if NW >= 8:
+            mean, m2 = _tree_step_uniform(mean, m2, 1, 4, 32 * C * NW // 8, COMB_MEAN, COMB_M2_FMA)
+        if NW >= 4:
+            mean, m2 = _tree_step_uniform(mean, m2, 1, 2, 32 * C * NW // 4, COMB_MEAN, COMB_M2_FMA)
+        if NW >= 2:
+            mean, m2 = _tree_step_uniform(mean, m2, 1, 1, 32 * C * NW // 2, COMB_MEAN, COMB_M2_FMA)
     else:
         # intra-warp shfl_down tree: lane l < off takes (l, l+off)
         if SHUFFLE:
@@ -426,25 +383,23 @@ def _combine_lanes(mean, m2, cnt, N_ITERS: tl.constexpr, LANES: tl.constexpr, CO
             mean, m2, cnt = _shfl_level(mean, m2, cnt, 4, COMB_MEAN, COMB_M2_FMA)
             mean, m2, cnt = _shfl_level(mean, m2, cnt, 2, COMB_MEAN, COMB_M2_FMA)
             mean, m2, cnt = _shfl_level(mean, m2, cnt, 1, COMB_MEAN, COMB_M2_FMA)
-            mean, m2, cnt = _warp_leaders(mean, ROWS * NW), _warp_leaders(m2, ROWS * NW), _warp_leaders(cnt, ROWS * NW)
+            mean, m2, cnt = _warp_leaders(mean, NW), _warp_leaders(m2, NW), _warp_leaders(cnt, NW)
         else:
-            mean, m2, cnt = _tree_step(mean, m2, cnt, ROWS * NW, 16, COMB_MEAN, COMB_M2_FMA)
-            mean, m2, cnt = _tree_step(mean, m2, cnt, ROWS * NW, 8, COMB_MEAN, COMB_M2_FMA)
-            mean, m2, cnt = _tree_step(mean, m2, cnt, ROWS * NW, 4, COMB_MEAN, COMB_M2_FMA)
-            mean, m2, cnt = _tree_step(mean, m2, cnt, ROWS * NW, 2, COMB_MEAN, COMB_M2_FMA)
-            mean, m2, cnt = _tree_step(mean, m2, cnt, ROWS * NW, 1, COMB_MEAN, COMB_M2_FMA)
+            mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 16, COMB_MEAN, COMB_M2_FMA)
+            mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 8, COMB_MEAN, COMB_M2_FMA)
+            mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 4, COMB_MEAN, COMB_M2_FMA)
+            mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 2, COMB_MEAN, COMB_M2_FMA)
+            mean, m2, cnt = _tree_step(mean, m2, cnt, NW, 1, COMB_MEAN, COMB_M2_FMA)
         # inter-warp tree through shared memory: warp y < off takes (y, y+off)
         if NW >= 16:
-            mean, m2, cnt = _tree_step(mean, m2, cnt, ROWS, 8, COMB_MEAN, COMB_M2_FMA)
+            mean, m2, cnt = _tree_step(mean, m2, cnt, 1, 8, COMB_MEAN, COMB_M2_FMA)
         if NW >= 8:
-            mean, m2, cnt = _tree_step(mean, m2, cnt, ROWS, 4, COMB_MEAN, COMB_M2_FMA)
+            mean, m2, cnt = _tree_step(mean, m2, cnt, 1, 4, COMB_MEAN, COMB_M2_FMA)
         if NW >= 4:
-            mean, m2, cnt = _tree_step(mean, m2, cnt, ROWS, 2, COMB_MEAN, COMB_M2_FMA)
+            mean, m2, cnt = _tree_step(mean, m2, cnt, 1, 2, COMB_MEAN, COMB_M2_FMA)
         if NW >= 2:
-            mean, m2, cnt = _tree_step(mean, m2, cnt, ROWS, 1, COMB_MEAN, COMB_M2_FMA)
-    if ROWS == 1:
-        mean, m2 = tl.reshape(mean, []), tl.reshape(m2, [])
-    return mean, m2
+            mean, m2, cnt = _tree_step(mean, m2, cnt, 1, 1, COMB_MEAN, COMB_M2_FMA)
+    return tl.reshape(mean, []), tl.reshape(m2, [])
 
 
 @triton.jit
@@ -485,7 +440,7 @@ def load_row_tile(row_ptr, stride_d, N_ITERS: tl.constexpr, LANES: tl.constexpr,
     tl.static_assert(N_ITERS <= 32, "row tiles hold at most 32 trips (N <= 16384)")
     it = tl.arange(0, NI)[None, :, None]
     offs = (it * LANES + tl.arange(0, LANES)[:, None, None]) * VEC + tl.arange(0, VEC)[None, None, :]
-    # read once: EVICT_FIRST asks L2 to drop these lines first (norm_modulate.LaunchVariant.cache_hints)
+    # EVICT_FIRST: the row is read once, so L2 may drop its lines first
     POLICY: tl.constexpr = "evict_first" if EVICT_FIRST else ""
     if NI == N_ITERS:
         return tl.load(row_ptr + offs * stride_d, eviction_policy=POLICY)
@@ -493,63 +448,33 @@ def load_row_tile(row_ptr, stride_d, N_ITERS: tl.constexpr, LANES: tl.constexpr,
 
 
 @triton.jit
-def store_row_tile(row_ptr, tile, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
-                   STREAM: tl.constexpr = False):
-    """Store a ``load_row_tile``-layout tile to a contiguous row (STREAM: ``st.global.cs``, written once)."""
+def store_row_tile(row_ptr, tile, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr):
+    """Store a ``load_row_tile``-layout tile to a contiguous row."""
     NI: tl.constexpr = tile.shape[1]
     it = tl.arange(0, NI)[None, :, None]
     offs = (it * LANES + tl.arange(0, LANES)[:, None, None]) * VEC + tl.arange(0, VEC)[None, None, :]
-    CM: tl.constexpr = ".cs" if STREAM else ""
     if NI == N_ITERS:
-        tl.store(row_ptr + offs, tile, cache_modifier=CM)
+        tl.store(row_ptr + offs, tile)
     else:
-        tl.store(row_ptr + offs, tile, mask=it < N_ITERS, cache_modifier=CM)
-
-
-@triton.jit
-def load_row_group_tile(row_ptrs, stride_d, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr):
-    """``load_row_tile`` of a row group: ``row_ptrs`` [ROWS * LANES] holds each lane's row start (lanes
-    r*LANES .. (r+1)*LANES - 1 read row r, exactly as one program per row reads it); the tile is
-    [ROWS * LANES, next_pow2(N_ITERS), VEC]."""
-    NI: tl.constexpr = 1 if N_ITERS == 1 else 2 if N_ITERS <= 2 else 4 if N_ITERS <= 4 else 8 if N_ITERS <= 8 \
-        else 16 if N_ITERS <= 16 else 32
-    tl.static_assert(N_ITERS <= 32, "row tiles hold at most 32 trips (N <= 16384)")
-    GL: tl.constexpr = row_ptrs.shape[0]
-    it = tl.arange(0, NI)[None, :, None]
-    row_lane = (tl.arange(0, GL) % LANES)[:, None, None]
-    offs = (it * LANES + row_lane) * VEC + tl.arange(0, VEC)[None, None, :]
-    if NI == N_ITERS:
-        return tl.load(row_ptrs[:, None, None] + offs * stride_d)
-    return tl.load(row_ptrs[:, None, None] + offs * stride_d, mask=it < N_ITERS, other=0.0)
-
-
-@triton.jit
-def row_values_per_lane(v, LANES: tl.constexpr):
-    """[ROWS] per-row values -> [ROWS * LANES]: lane t gets its row's (t // LANES) value, bit for bit."""
-    ROWS: tl.constexpr = v.shape[0]
-    return tl.reshape(tl.broadcast_to(tl.reshape(v, [ROWS, 1]), [ROWS, LANES]), [ROWS * LANES])
+        tl.store(row_ptr + offs, tile, mask=it < N_ITERS)
 
 
 @triton.jit
 def welford_tile_stats(tile, N, eps, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
                        PUSH_MEAN_FMA: tl.constexpr = True, PUSH_M2_FMA: tl.constexpr = True,
                        COMB_MEAN: tl.constexpr = 0, COMB_M2_FMA: tl.constexpr = True,
-                       SHUFFLE: tl.constexpr = USE_SHUFFLES, ROWS: tl.constexpr = 1,
-                       ONE_EXCHANGE: tl.constexpr = False):
-    """``welford_row_stats`` of a row already in registers (``load_row_tile``; UNIFORM rows only).
-
-    ROWS > 1: a row group (``load_row_group_tile``, [ROWS * LANES] lanes, 4 * ROWS warps): each row's
-    lanes push and combine exactly as one program per row does (same order, same bits); returns
-    [ROWS] tensors (mean, rstd) instead of scalars."""
-    GL: tl.constexpr = ROWS * LANES
-    mean = tl.zeros([GL], tl.float32)
-    m2 = tl.zeros([GL], tl.float32)
-    cnt = tl.zeros([GL], tl.float32)
-    valid = tl.full([GL], 1, tl.int1)
+                       SHUFFLE: tl.constexpr = USE_SHUFFLES):
+    """``welford_row_stats`` of a row already in registers (``load_row_tile``; UNIFORM rows only)."""
+    mean = tl.zeros([LANES], tl.float32)
+    m2 = tl.zeros([LANES], tl.float32)
+    cnt = tl.zeros([LANES], tl.float32)
+    valid = tl.full([LANES], 1, tl.int1)
     for it in tl.static_range(N_ITERS):
-        xv = row_tile_trip(tile, it, GL, VEC).to(tl.float32)
-        mean, m2, cnt = _push_trip(mean, m2, cnt, xv, valid, it, GL, PUSH_MEAN_FMA, PUSH_M2_FMA, True)
-    mean, m2 = _combine_lanes(mean, m2, cnt, N_ITERS, LANES, COMB_MEAN, COMB_M2_FMA, True, SHUFFLE, ROWS, ONE_EXCHANGE)
+        xv = row_tile_trip(tile, it, LANES, VEC).to(tl.float32)
+        mean, m2, cnt = _push_trip(mean=mean, m2=m2, cnt=cnt, xv=xv, valid=valid, IT=it, LANES=LANES,
+                                   PUSH_MEAN_FMA=PUSH_MEAN_FMA, PUSH_M2_FMA=PUSH_M2_FMA, UNIFORM=True)
+    mean, m2 = _combine_lanes(mean=mean, m2=m2, cnt=cnt, N_ITERS=N_ITERS, LANES=LANES, COMB_MEAN=COMB_MEAN,
+                              COMB_M2_FMA=COMB_M2_FMA, UNIFORM=True, SHUFFLE=SHUFFLE)
     return mean, _rstd(m2, N, eps)
 
 
@@ -600,9 +525,10 @@ def welford_row_moments(
             xv = tl.load(row_ptr + (vidx[:, None] * VEC + col[None, :]) * stride_d)
         else:
             xv = tl.load(row_ptr + (vidx[:, None] * VEC + col[None, :]) * stride_d, mask=valid[:, None], other=0.0)
-        mean, m2, cnt = _push_trip(mean, m2, cnt, xv.to(tl.float32), valid, it, LANES, PUSH_MEAN_FMA, PUSH_M2_FMA,
-                                   UNIFORM)
-    return _combine_lanes(mean, m2, cnt, N_ITERS, LANES, COMB_MEAN, COMB_M2_FMA, UNIFORM, SHUFFLE)
+        mean, m2, cnt = _push_trip(mean=mean, m2=m2, cnt=cnt, xv=xv.to(tl.float32), valid=valid, IT=it, LANES=LANES,
+                                   PUSH_MEAN_FMA=PUSH_MEAN_FMA, PUSH_M2_FMA=PUSH_M2_FMA, UNIFORM=UNIFORM)
+    return _combine_lanes(mean=mean, m2=m2, cnt=cnt, N_ITERS=N_ITERS, LANES=LANES, COMB_MEAN=COMB_MEAN,
+                          COMB_M2_FMA=COMB_M2_FMA, UNIFORM=UNIFORM, SHUFFLE=SHUFFLE)
 
 
 @triton.jit
@@ -628,15 +554,10 @@ def welford_row_stats(
     kernel argument is).
     """
     mean, m2 = welford_row_moments(
-        row_ptr, N, stride_d, N_ITERS, LANES, VEC, PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, UNIFORM, SHUFFLE
+        row_ptr=row_ptr, N=N, stride_d=stride_d, N_ITERS=N_ITERS, LANES=LANES, VEC=VEC, PUSH_MEAN_FMA=PUSH_MEAN_FMA,
+        PUSH_M2_FMA=PUSH_M2_FMA, COMB_MEAN=COMB_MEAN, COMB_M2_FMA=COMB_M2_FMA, UNIFORM=UNIFORM, SHUFFLE=SHUFFLE,
     )
     return mean, _rstd(m2, N, eps)
-
-
-@triton.jit
-def layer_norm_apply(x, mean, rstd):
-    """rstd * (x - mean) in fp32 (no affine); round to the output dtype once, at the store."""
-    return rstd * (x - mean)
 
 
 @triton.jit
@@ -659,6 +580,16 @@ def layer_norm_apply_affine(
     else:
         y = rstd * (x - mean)
     return y
+
+
+@triton.jit
+def program_row(S):
+    """This program's row (``program_id(0)``) and its (batch, token) in rows laid out [B, S], all int64 for
+    the stride products. The division is written in int32 (a grid index is < 2**31): on the GPU an int64
+    division is a long instruction sequence that every thread would run before its first load
+    (tests/kernels/test_compile_sm90.py checks that the kernels' PTX has none)."""
+    row = tl.program_id(0)
+    return row.to(tl.int64), (row // S).to(tl.int64), (row % S).to(tl.int64)
 
 
 # ----------------------------------------------------------------------------------------
@@ -692,7 +623,8 @@ def _layer_norm_exact_kernel(
     x_row = X + row * N
     y_row = Y + row * N
     mean, rstd = welford_row_stats(
-        x_row, N, 1, eps, N_ITERS, LANES, VEC, PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA, UNIFORM
+        row_ptr=x_row, N=N, stride_d=1, eps=eps, N_ITERS=N_ITERS, LANES=LANES, VEC=VEC, PUSH_MEAN_FMA=PUSH_MEAN_FMA,
+        PUSH_M2_FMA=PUSH_M2_FMA, COMB_MEAN=COMB_MEAN, COMB_M2_FMA=COMB_M2_FMA, UNIFORM=UNIFORM,
     )
     lane = tl.arange(0, LANES)
     col = tl.arange(0, VEC)
@@ -900,38 +832,3 @@ def emulate_layer_norm(
     else:
         y = r * (x - mu)
     return y.to(x2d.dtype), mean, rstd
-
-
-__all__ = [
-    "ALL_VARIANTS",
-    "COMB_MEAN_FMA_A",
-    "COMB_MEAN_FMA_B",
-    "COMB_MEAN_NO_FMA",
-    "DEFAULT_VARIANT",
-    "LANES",
-    "VEC",
-    "WelfordVariant",
-    "eager_uses_vectorized_kernel",
-    "emulate_layer_norm",
-    "emulate_layer_norm_moments",
-    "emulate_layer_norm_stats",
-    "layer_norm_apply",
-    "layer_norm_apply_affine",
-    "layer_norm_exact",
-    "load_row_group_tile",
-    "n_iters_for",
-    "row_values_per_lane",
-    "welford_row_moments",
-    "welford_row_stats",
-]
-
-
-@triton.jit
-def program_row(S):
-    """This program's row (``program_id(0)``) and its (batch, token) in rows laid out [B, S], all int64 for
-    the stride products. The division is written in int32 (a grid index is < 2**31): on the GPU an int64
-    division is a long instruction sequence that every thread would run before its first load. (LLVM
-    already narrowed ``sext(row) // sext(S)`` in the one-row kernels; in the rows-per-program kernel,
-    where the row index is a sum, it did not: tests/kernels/test_compile_sm90.py reads the PTX.)"""
-    row = tl.program_id(0)
-    return row.to(tl.int64), (row // S).to(tl.int64), (row % S).to(tl.int64)

@@ -33,8 +33,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import triton
-import triton.language as tl
+
+from .optional_triton import tl, triton
 
 TABLES = (4096, 8192)  # entries (int32; 16 or 32 KB): two signs of K = 256 + 1 + SPAN + 1 + specials slots
 SUBNORMAL_SLOTS = 256

@@ -24,17 +24,23 @@ eager's there (measured, below); the candidates (``LANE_FORMS``) are the accumul
 step gives), and vectorized lanes (lane t reads 4t .. 4t + 3 as one vector, combined in order; ATen vectorizes
 the input from D > 128).
 
+Rows: x's leading dims, merged where they step evenly, as up to 3 strided dims (``rows_of``; a transposed
+[B, H, S, D] view of a [B, S, H, D] projection, SD3.5's QK norms, is three), read in place. Eager's ``pow`` writes
+the squares of any layout to a dense tensor and its reduce kernel sums each row in the order above whatever the
+rows' order (``ReduceConfig`` reads the row count and D, not the strides; tests/gpu/test_mean_square_gpu.py checks
+transposed and strided rows bitwise); the mean is contiguous [..., 1] either way.
+
 Each square is ``x * x`` in fp32 of the exactly converted input, as eager's ``pow(x, 2)`` computes it; there
 are no other roundings. Which lane form and warp order eager uses is found per device and D on first use
 (``eager_order``: every candidate of ``CANDIDATES[D]`` against eager's mean of one wide-range [64, D] fp32
 draw); the guard refuses a D for which none matches, and the verifier still checks every site.
 
-Measured (H200, torch 2.11, ``tests/gpu/test_mean_square_gpu.py``): strided lanes with descending offsets are
-eager's bits at D = 32 and 64 (bf16, fp16 and fp32 inputs over six decades, 4097 and 4800 rows: 0 rows differ;
-ascending: ~40% differ; results/h200-2026-12-01e/run4). At D = 128 **vectorized lanes with descending offsets**
-are (0 rows differ at Qwen-Image's image and text q shapes, all three dtypes); every other form differs in ~42%
-of rows (results/h200-2026-12-01f/run1). Fewer than 16 rows change the block shape (and the order): the
-reference path runs them.
+Measured (H200, torch 2.11, ``tests/gpu/test_mean_square_gpu.py`` prints the differing rows per candidate):
+strided lanes with descending offsets are eager's bits at D = 32 and 64 (bf16, fp16 and fp32 inputs over six
+decades, 4097 and 4800 rows: no row differs; ascending: ~40% differ). At D = 128 **vectorized lanes with
+descending offsets** are (no row differs at Qwen-Image's image and text q shapes, all three dtypes); every other
+form differs in ~42% of rows. Fewer than 16 rows change the block shape (and the order): the reference path runs
+them.
 
 Three kernels. ``mean_square_kernel`` takes every form: a program's 16 rows as a [16, 32] lane tensor, the warp
 tree as reshapes (Triton lays them out through shared memory). Eager's forms run on lane kernels, with each thread
@@ -47,22 +53,20 @@ the sm_90 build):
 - ``mean_square_strided_lanes_kernel``, D = 32 and 64: lane t loads elements t, t + 32 one at a time (a load that
   Triton vectorized would put several lanes in one thread).
 
-The sums are the same bits as the generic kernel's (the tests check every kernel against one numpy model). On
-Qwen-Image at 1024² the generic kernel took 18 µs a call (240 calls a forward, results/h200-2026-12-01f/run2), the
-lanes kernel 8.2 µs for the image q (floor 6.0; eager's pow + mean 89.8, run3).
+The sums are the same bits as the generic kernel's (the tests check every kernel against one numpy model); the
+lane kernels run eager's forms because they are faster (``benchmarks/bench_rms_norm.py`` times the op).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-import triton
-import triton.language as tl
 
 from . import triton_interpret
 from .launch import CachedLaunch
 from .layer_norm_stats import USE_SHUFFLES
-from .rms_norm import _lane_group_leaders, _shfl_sum, _sum_level, rms_row_sum_squares
+from .optional_triton import tl, triton
+from .rms_norm import _lane_group_leaders, _row_offsets, _shfl_sum, _sum_level, rms_row_sum_squares, row_dims
 from .rows import row_layout
 
 LANES = 32  # a row is one warp in ATen's config
@@ -94,13 +98,14 @@ def _halve(s, W: tl.constexpr, R: tl.constexpr, DESC: tl.constexpr):
 
 
 @triton.jit
-def mean_square_kernel(X, OUT, n_rows, row_stride, factor, PER: tl.constexpr, R: tl.constexpr,
-                       FORM: tl.constexpr, DESC: tl.constexpr):
+def mean_square_kernel(X, OUT, n_rows, L1, L2, x_s0, x_s1, x_s2, factor, PER: tl.constexpr, R: tl.constexpr,
+                       FORM: tl.constexpr, DESC: tl.constexpr, ROW_DIMS: tl.constexpr):
     rows = tl.program_id(0) * R + tl.arange(0, R)
     rmask = rows < n_rows
     lane = tl.arange(0, 32)
     # lane t's i-th element: t + 32 i, or PER t + i (vectorized lanes)
-    base = X + rows[:, None].to(tl.int64) * row_stride + lane[None, :] * (PER if FORM == 3 else 1)
+    row_off = _row_offsets(rows, L1, L2, x_s0, x_s1, x_s2, ROW_DIMS)
+    base = X + row_off[:, None] + lane[None, :] * (PER if FORM == 3 else 1)
     m = rmask[:, None]
     v = tl.load(base, mask=m, other=0).to(tl.float32)
     s = v * v
@@ -125,26 +130,28 @@ def mean_square_kernel(X, OUT, n_rows, row_stride, factor, PER: tl.constexpr, R:
 
 
 @triton.jit
-def mean_square_lanes_kernel(X, OUT, n_rows, row_stride, factor, ROWS: tl.constexpr):
+def mean_square_lanes_kernel(X, OUT, n_rows, L1, L2, x_s0, x_s1, x_s2, factor, ROWS: tl.constexpr,
+                             ROW_DIMS: tl.constexpr):
     # Vectorized lanes, descending offsets, D = 128 (module docstring): lane f = r * 32 + t is lane t of row r
     first = tl.program_id(0) * ROWS
     lane_row = first + tl.arange(0, ROWS * 32) // 32
-    x_lanes = X + lane_row.to(tl.int64) * row_stride
-    s = rms_row_sum_squares(x_lanes, lane_row < n_rows, 128, 1, 1, ROWS, 32, 4, False, True)
+    x_lanes = X + _row_offsets(lane_row, L1, L2, x_s0, x_s1, x_s2, ROW_DIMS)
+    s = rms_row_sum_squares(x_lanes=x_lanes, lane_ok=lane_row < n_rows, N=128, stride_d=1, N_ITERS=1, ROWS=ROWS,
+                            LPR=32, VEC=4, PUSH_FMA=False, UNIFORM=True)
     r = first + tl.arange(0, ROWS)
     tl.store(OUT + r, s * factor, mask=r < n_rows)
 
 
 @triton.jit
-def mean_square_strided_lanes_kernel(X, OUT, n_rows, row_stride, factor, ROWS: tl.constexpr, PER: tl.constexpr,
-                                     SHUFFLE: tl.constexpr):
+def mean_square_strided_lanes_kernel(X, OUT, n_rows, L1, L2, x_s0, x_s1, x_s2, factor, ROWS: tl.constexpr,
+                                     PER: tl.constexpr, SHUFFLE: tl.constexpr, ROW_DIMS: tl.constexpr):
     # Strided lanes, descending offsets, D = 32 PER (module docstring): lane f = r * 32 + t of the flat state holds
     # row r's elements t, t + 32, ..., squared and added in order; then shfl_down 16 .. 1 inside each row's warp
     first = tl.program_id(0) * ROWS
     f = tl.arange(0, ROWS * 32)
     lane_row = first + f // 32
     # one element per lane and load: contiguity 1, so the loads keep lane f in thread f % 128 (no vector spans lanes)
-    ptr = X + lane_row.to(tl.int64) * row_stride + tl.max_contiguous(f % 32, 1)
+    ptr = X + _row_offsets(lane_row, L1, L2, x_s0, x_s1, x_s2, ROW_DIMS) + tl.max_contiguous(f % 32, 1)
     ok = lane_row < n_rows
     v = tl.load(ptr, mask=ok, other=0).to(tl.float32)
     s = v * v
@@ -168,16 +175,11 @@ def mean_square_strided_lanes_kernel(X, OUT, n_rows, row_stride, factor, ROWS: t
     tl.store(OUT + r, s * factor, mask=r < n_rows)
 
 
-def rows_view(x: torch.Tensor) -> tuple[int, int] | None:
-    """(rows, row stride) when x's rows (every dim but the last) are evenly strided, else None."""
+def rows_of(x: torch.Tensor) -> tuple[tuple[int, int, int], tuple[int, int, int]] | None:
+    """x's rows (every dim but the last) as at most 3 strided dims, ``(sizes, strides)`` (``row_layout``: dims
+    merged where they step evenly, padded in front), as ``_row_offsets`` walks them; None if more remain."""
     layout = row_layout(tuple(x.shape), tuple(x.stride())) if x.dim() else None
-    if layout is None:
-        return None
-    sizes, (strides,) = layout
-    dims = [(n, st) for n, st in zip(sizes, strides) if n != 1]
-    if len(dims) > 1:
-        return None
-    return sizes[0] * sizes[1] * sizes[2], dims[0][1] if dims else x.shape[-1]
+    return None if layout is None else (layout[0], layout[1][0])
 
 
 def eager_order(device: torch.device, d: int) -> tuple[int, bool] | None:
@@ -207,12 +209,12 @@ def can_use_mean_square(x: torch.Tensor) -> tuple[bool, str]:
         return False, f"last dim {tuple(x.shape)[-1:]} (kernel takes {list(HEAD_DIMS)}: ATen's order differs elsewhere)"
     if x.stride(-1) != 1:
         return False, "last dim not contiguous (eager's reduction then walks another order)"
-    rv = rows_view(x)
-    if rv is None:
-        return False, "rows not evenly strided"
-    if rv[0] < MIN_ROWS:
-        return False, f"{rv[0]} rows (kernel takes >= {MIN_ROWS}: fewer change ATen's block shape)"
-    if rv[0] * x.shape[-1] >= 2**31:
+    if rows_of(x) is None:
+        return False, "rows span more than 3 strided dims (the kernel addresses rows through 3)"
+    n_rows = x.numel() // x.shape[-1]
+    if n_rows < MIN_ROWS:
+        return False, f"{n_rows} rows (kernel takes >= {MIN_ROWS}: fewer change ATen's block shape)"
+    if x.numel() >= 2**31:
         return False, "too many elements for ATen's 32-bit reduction index"
     if eager_order(x.device, x.shape[-1]) is None:
         return False, f"eager's reduce order over {x.shape[-1]} elements on {x.device} is none the kernel knows"
@@ -231,22 +233,24 @@ def plan_mean_square(x: torch.Tensor, order: tuple[int, bool] | None = None):
     form, desc = eager_order(x.device, d) if order is None else order
     if form in (TREE, HALVES) and d != 128:
         raise ValueError(f"lane form {LANE_FORMS[form]} takes rows of 128, not {d}")
-    rows, row_stride = rows_view(x)
+    (L0, L1, L2), strides = rows_of(x)
+    rows, dims = L0 * L1 * L2, row_dims(L0, L1)
     n = LANE_GROUPS * 128 // LANES  # rows per program of the lane kernels
     if form == VECTOR and desc and d == 128:
-        kernel = CachedLaunch(mean_square_lanes_kernel, (triton.cdiv(rows, n),), {"ROWS": n}, num_warps=4)
+        kernel = CachedLaunch(mean_square_lanes_kernel, (triton.cdiv(rows, n),), {"ROWS": n, "ROW_DIMS": dims},
+                              num_warps=4)
     elif form == SEQUENTIAL and desc:
         kernel = CachedLaunch(mean_square_strided_lanes_kernel, (triton.cdiv(rows, n),),
-                              {"ROWS": n, "PER": d // LANES, "SHUFFLE": USE_SHUFFLES}, num_warps=4)
+                              {"ROWS": n, "PER": d // LANES, "SHUFFLE": USE_SHUFFLES, "ROW_DIMS": dims}, num_warps=4)
     else:
         kernel = CachedLaunch(mean_square_kernel, (triton.cdiv(rows, ROWS),),
-                              {"PER": d // LANES, "R": ROWS, "FORM": form, "DESC": desc})
+                              {"PER": d // LANES, "R": ROWS, "FORM": form, "DESC": desc, "ROW_DIMS": dims})
     factor = mean_factor(rows, d)
     out_shape = (*x.shape[:-1], 1)
 
     def launch(x):
         out = torch.empty(out_shape, dtype=torch.float32, device=x.device)
-        kernel(x, out, rows, row_stride, factor)
+        kernel(x, out, rows, L1, L2, *strides, factor)
         return out
 
     return launch

@@ -21,7 +21,7 @@ group in one pass:
   ``cat([attn, gelu(mlp)], 2)`` at widths 3072 + 12288) branches once per program on that input
   (``_uniform_cat``): one unmasked-by-branch load, and only that input's chain computed. Otherwise
   each lane selects its input and every input's chain runs on every lane (gelu on the attention's
-  lanes too): 90.2 -> 78.9 µs on the H200 at FLUX's shape (benchmarks/probe_pointwise_block.py);
+  lanes too), which is slower;
 * RoPE's rotation (``stack([-x_imag, x_real], -1)`` of ``unbind`` pairs) reads the neighbouring
   lane's element: the flat kernel loads the pairs once and swaps neighbours in registers
   (``_pair_swap``) instead of loading each partner with a scalar load;
@@ -46,16 +46,16 @@ import importlib.util
 import math
 import operator
 import os
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
 
 import torch
 import torch.fx as fx
-import triton
 
+from ..config import cache_root
 from ..log import get_logger
 from . import triton_interpret
+from .optional_triton import triton
 from .pointwise_ops import (
     DEFAULT_VARIANTS,
     FLOAT_DTYPES,
@@ -73,8 +73,7 @@ aten = torch.ops.aten
 _log = get_logger("pointwise")
 BLOCK = 1024
 # A kernel that looks a 16-bit op up in a table (kernels/lut16.py) fills the table into shared memory once per
-# program: larger programs amortize it (H200, gelu-tanh [4096, 12288]: 8192 elements / 16 warps 50.7 µs, an SM
-# copy's time; 2048 / 4 64.3; results/h200-2026-11-30j/run1/probe_lut16.json)
+# program: larger programs amortize it (8192 elements over 16 warps run a gelu-tanh lookup at an SM copy's speed)
 LUT_BLOCK, LUT_WARPS = 8192, 16
 CAT_ROWS = LUT_BLOCK // BLOCK  # rows of a row-tiled program (Generator._cat_row_tiles): LUT_BLOCK elements
 NUM_WARPS = 4
@@ -409,8 +408,8 @@ class Generator(Emit):
             r = self.term_range(t)
             if r is None or c <= 0:
                 return None
-            k = next((k for k in range(nd) if shape[k] != 1 and c % cs[k] == 0 and (k == first or c // cs[k] < shape[k])),
-                     None)
+            k = next((k for k in range(nd)
+                      if shape[k] != 1 and c % cs[k] == 0 and (k == first or c // cs[k] < shape[k])), None)
             if k is None:
                 return None
             a, p = c // cs[k], 1
@@ -661,9 +660,8 @@ class Generator(Emit):
     def _cat_branches_only_at(self, block: int, outs: list[fx.Node], shape: Sequence[int]) -> bool:
         """The one output is a cat whose programs each lie in one input at ``block`` elements, not at LUT_BLOCK.
         Such a kernel keeps its branch per program: in row tiles with the lookup where ``_cat_row_tiles`` allows
-        (FLUX's gelu + cat at 3072 + 12288: 72.5-72.9 µs, results/h200-2026-12-01b/run1/probe_lut16.json), else
-        flat ``block``-element programs with the recipe (77.0-77.5 µs, against 78.1-78.7 looked up in LUT_BLOCK
-        programs whose lanes select their input, results/h200-2026-11-30j/run3/probe_lut16_chains.json)."""
+        (the fastest), else flat ``block``-element programs with the recipe (faster than LUT_BLOCK programs with
+        the lookup whose lanes select their input)."""
         if len(outs) != 1:
             return False
         flat_idx = self.unravel(Lin.of(Term("f", 1, 0)), shape)
@@ -680,7 +678,7 @@ class Generator(Emit):
         and are as large as LUT_BLOCK, which amortizes the table (FLUX's single block: ``cat([attn, gelu(mlp)], 2)``
         of widths 3072 + 12288, where flat LUT_BLOCK programs straddle the inputs and 1024-element ones would fill
         the table once per 1024 elements)."""
-        if not self.variants.row_tiles or len(outs) != 1 or len(shape) < 2 or shape[-1] % BLOCK:
+        if len(outs) != 1 or len(shape) < 2 or shape[-1] % BLOCK:
             return False
         if any(n.target is aten.unbind.int for n in self.gm.graph.nodes):
             return False  # the pair rotation (RoPE) reshapes flat [BLOCK] lanes
@@ -1073,11 +1071,14 @@ _load_lock = threading.Lock()
 
 
 def cache_dir() -> str:
-    d = os.environ.get("DIFFUSION_FUSE_CACHE_DIR") or os.path.join(
-        tempfile.gettempdir(), f"diffusion_fuse_{os.getuid() if hasattr(os, 'getuid') else 'user'}")
-    path = os.path.join(d, "pointwise")
+    path = os.path.join(cache_root(), "pointwise")
     os.makedirs(path, exist_ok=True)
     return path
+
+
+def source_path(src: KernelSource) -> str:
+    """The file ``load_kernel`` writes ``src`` to (and Triton reads it from)."""
+    return os.path.join(cache_dir(), f"{src.name}.py")
 
 
 def load_kernel(src: KernelSource):
@@ -1086,7 +1087,7 @@ def load_kernel(src: KernelSource):
         fn = _loaded.get(src.name)
         if fn is not None:
             return fn
-        path = os.path.join(cache_dir(), f"{src.name}.py")
+        path = source_path(src)
         if not os.path.exists(path):
             tmp = f"{path}.{os.getpid()}.tmp"
             with open(tmp, "w") as fh:

@@ -17,10 +17,11 @@ eager launches one CUDA kernel (TensorIterator, ``gpu_kernel``) that, per elemen
 The kernels reproduce that: every value lives in fp32 holding exactly a value of its node's
 dtype; operands are rounded to the common dtype where (1) says; each recipe's expression is
 emitted as separate fp32 operations (launched with ``enable_fp_fusion=False``, so only the
-explicit ``tl.fma`` are FMAs, and ``/`` is ``div_rn``; libdevice without its FTZ reflect, ``Variants.reflect_ftz``); the result is rounded to the node's
-dtype. One exception computes nothing: a LUT16_OPS op from bf16 to bf16 in a flat kernel is looked up in a
-table of eager's own outputs for all 65,536 bf16 inputs (kernels/lut16.py; ``Variants.lut16``), whatever
-its recipe below. Recipes, per op (``x``, ``a``, ``b`` fp32 operands; ``s`` a scalar as fp32):
+explicit ``tl.fma`` are FMAs, and ``/`` is ``div_rn``; libdevice without its FTZ reflect,
+``Variants.reflect_ftz``); the result is rounded to the node's dtype. One exception computes nothing:
+a LUT16_OPS op from bf16 to bf16 in a flat kernel is looked up in a table of eager's own outputs for
+all 65,536 bf16 inputs (kernels/lut16.py; ``Variants.lut16``), whatever its recipe below. Recipes,
+per op (``x``, ``a``, ``b`` fp32 operands; ``s`` a scalar as fp32):
 
 =========================== =================================================================
 op                          fp32 expression (source: aten/src/ATen/native/cuda/...)
@@ -74,10 +75,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 import torch.fx as fx
-import triton
-import triton.language as tl
 
 from . import triton_interpret
+from .optional_triton import tl, triton
 
 aten = torch.ops.aten
 
@@ -105,13 +105,9 @@ class Variants:
     # builds eager's kernels with (no -ftz): every subnormal input of every libdevice op is eager's.
     reflect_ftz: bool = False
     # 16-bit unary ops (LUT16_OPS) on a bf16 input, rounded to bf16, looked up in eager's own output table
-    # (kernels/lut16.py): exact by construction, 17.5 instead of 33 sm_90 instructions per gelu-tanh element
+    # (kernels/lut16.py): exact by construction, and fewer sm_90 instructions per element than the recipe
     # (tests/kernels/test_compile_sm90.py::test_lut16_gelu_takes_fewer_instructions_than_its_recipe)
     lut16: bool = True
-    # a last-dim cat with a looked-up op in it, whose inputs' widths BLOCK divides, walked in programs of rows x
-    # BLOCK columns, each inside one input (pointwise_codegen.Generator._cat_row_tiles); off: 1024-element flat
-    # programs with the recipe
-    row_tiles: bool = True
 
 
 DEFAULT_VARIANTS = Variants()
@@ -285,8 +281,8 @@ def neg_code(x: str, var: Variants) -> str:
 def complex_mul(em: Emit, a: str, b: str, c: str, d: str, var: Variants) -> tuple[str, str]:
     """``(a + bi) * (c + di)`` for complex64 as eager's CUDA kernel computes it: ``c10::complex<float>``'s
     ``real = a*c - b*d``, ``imag = a*d + b*c`` as nvcc contracted them, ``fma(a, c, -(b*d))`` and ``fma(a, d, b*c)``
-    (the one candidate of nine with no differing element on the H200 over three draws of Qwen-Image's RoPE:
-    benchmarks/probe_complex_rope.py, results/h200-2026-12-01e/run1)."""
+    (of nine candidate formulas the one that gives eager's bits on the H200: tests/gpu/test_pointwise_gpu.py's
+    ``qwen_rope_cat`` chain holds the kernel to it)."""
     bd, bc = em.tmp(f"{b} * {d}"), em.tmp(f"{b} * {c}")
     return f"tl.fma({a}, {c}, {em.tmp(neg_code(bd, var))})", f"tl.fma({a}, {d}, {bc})"
 
@@ -398,8 +394,7 @@ RECIPES: dict[object, Recipe] = {
 # Unary ops whose bf16 -> bf16 form the code generator looks up in eager's output table (kernels/lut16.py)
 # when Variants.lut16 is on and the kernel is flat: eager's op on all 65,536 bf16 patterns builds the table on
 # the kernel's device. gelu is here for its tanh form only: the code generator leaves erf's form out, which the
-# pass does not group yet (ERF_NOT_REPRODUCED), although its bf16 table is exact on the H200
-# (results/h200-2026-11-30j/run1/probe_lut16.json).
+# pass does not group yet (ERF_NOT_REPRODUCED), although a table of it would be exact by construction too.
 LUT16_OPS = frozenset({aten.gelu.default, aten.silu.default, aten.sigmoid.default, aten.tanh.default,
                        aten.exp.default})
 

@@ -7,9 +7,9 @@ What eager computes (``aten._fused_rms_norm``, torch 2.11, CUDA)
 calls ``at::_fused_rms_norm`` when the weight (if any) has the input's dtype and the input is
 neither channels-last nor complex; otherwise it runs ``rms_norm_composite`` (the pow → mean →
 rsqrt chain, which the ``rms_norm_chain`` family sees). ``_fused_rms_norm_cuda``
-(``aten/src/ATen/native/cuda/layer_norm_kernel.cu``, read from a recent main; the lead found the
-``vectorized_layer_norm_kernel<T, T, true>`` instantiations in torch 2.11's libtorch_cuda.so)
-reuses LayerNorm's kernels with ``template <..., bool rms_norm>``:
+(``aten/src/ATen/native/cuda/layer_norm_kernel.cu``; torch 2.11's libtorch_cuda.so holds its
+``vectorized_layer_norm_kernel<T, T, true>`` instantiations) reuses LayerNorm's kernels with
+``template <..., bool rms_norm>``:
 
 * ``X = input.expect_contiguous()``, ``Y`` a fresh contiguous tensor, ``rstd`` fp32 ``[M]``;
   ``eps = static_cast<float>(eps.value_or(FLT_EPSILON))``.
@@ -44,8 +44,8 @@ above, then each op of the replaced chain in fp32, rounded to its eager result d
     out = round_T(rn(rn(y * cos) + rn(rot * sin)))        # fp32 cos/sin broadcast over rows, unit stride along D
 
 Launched with ``launch.EAGER_NUMERICS`` (no FMA contraction, libdevice without its FTZ reflect: ``rsqrt`` is
-``rsqrt.approx.f32``, as eager's ``rsqrtf``); the only FMA is the PUSH_FMA push. Verified on the H200
-by tests/gpu/test_rms_norm_gpu.py (until it has run, the default variant is the hypothesis).
+``rsqrt.approx.f32``, as eager's ``rsqrtf``); the only FMA is the PUSH_FMA push. Verified shapes:
+tests/gpu/test_rms_norm_gpu.py.
 
 ``rms_norm_chain`` (tier high, not exact): the same sum of squares, ``h = x * rstd`` in fp32,
 then the tail of the matched chain with each op rounded to its eager dtype::
@@ -63,8 +63,8 @@ unit stride along D. Small rows: eager's rows of D <= 512 occupy the first ``D/4
 the lanes past them add +0.0 at every tree level, so a group of 128 lanes packs ``128 / LPR`` rows
 (``LPR = next_pow2(D/4)`` lanes each) and runs the tree levels below LPR: the same sums, bit
 for bit, with all 128 threads busy. Rows of D <= 512 run ``SMALL_D_ROW_GROUPS`` such groups per
-program, each thread a lane of every group, all their loads issued before the first shuffle
-(FLUX's QK norm: 21.3 -> 16.8 µs steady on the H200, benchmarks/bench_rms_norm.py).
+program, each thread a lane of every group, all their loads issued before the first shuffle (one
+group's bytes per thread are too few to cover DRAM latency).
 
 Lane epilogue (rows of D = 32, 64, 128 with unit stride along D, the QK norms of FLUX, SD3.5, Qwen-Image, Wan):
 each lane keeps the 4-element vector it loaded in registers, the tree's levels run as butterflies
@@ -82,14 +82,13 @@ import dataclasses
 
 import numpy as np
 import torch
-import triton
-import triton.language as tl
 
 from ..log import get_logger
 from . import triton_interpret
 from .launch import CachedLaunch
 from .layer_norm_stats import LANES, USE_SHUFFLES, VEC, WARP, _as_f32, _shfl_down, is_uniform
-from .norm_modulate import _DT_CODE, result_dtypes, round_to
+from .norm_modulate import DT_CODE, result_dtypes, round_to
+from .optional_triton import tl, triton
 
 if triton_interpret():  # the interpreter runs no inline PTX: the sign flip (equal to neg.f32 but on NaN payloads)
     @triton.jit
@@ -146,13 +145,12 @@ def rms_norm_chain_tail(cast1, weight, bias, cast2, scale, shift, out_dtype):
     h = cast2 or b_dt or h
     return _modulate_tail(h, scale, shift, out_dtype, c1=cast1, w=w_dt, b=b_dt, c2=cast2)
 
+
 MAX_ROWS_PER_PROGRAM = 16  # LPR >= 8 lanes: small rows of D <= 32 share a program 16 at a time
 # Row groups per program for rows of one trip (D <= 512): each thread holds a lane of every group, so its loads
-# of all groups are in flight before the first reduction. One group of FLUX's [*, 128] QK rows is 8 bytes per
-# thread, too little to cover DRAM latency (benchmarks/bench_rms_norm.py measures 1, 2, 4 and 8).
+# of all groups are in flight before the first reduction. One group of a [*, 128] QK row is 8 bytes per thread,
+# too little to cover DRAM latency (benchmarks/bench_rms_norm.py times 1, 2, 4 and 8).
 SMALL_D_ROW_GROUPS = 4
-# Rows of 32, 64 or 128 elements normalize in the lanes that loaded them (plan_rms_norm's lane_epilogue).
-LANE_EPILOGUE_DEFAULT = True
 
 
 @triton.jit
@@ -333,14 +331,14 @@ def _row_offsets(r, L1, L2, s0, s1, s2, ROW_DIMS: tl.constexpr):
 
 
 @triton.jit
-def _rms_lane_epilogue(X, W, B, SCALE, SHIFT, OUT, RSTD, x_lanes, lane_row, lane_ok, first, L1, L2, eps,
+def _rms_lane_epilogue(X, W, B, SCALE, SHIFT, OUT, RSTD, x_lanes, lane_row, lane_ok, first, N, L1, L2, eps,
                        sc_s0, sc_s1, sc_s2, sh_s0, sh_s1, sh_s2, o_s0, o_s1, o_s2,
                        ROWS: tl.constexpr, LPR: tl.constexpr, VEC: tl.constexpr, PUSH_FMA: tl.constexpr,
                        STORE_RSTD: tl.constexpr, ROW_DIMS: tl.constexpr, C1_DT: tl.constexpr, HAS_W: tl.constexpr,
                        W_DT: tl.constexpr, HAS_B: tl.constexpr, B_DT: tl.constexpr, C2_DT: tl.constexpr,
                        HAS_SCALE: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr, HAS_SHIFT: tl.constexpr,
                        V_DT: tl.constexpr, ROPE: tl.constexpr, SHARED_TRIG: tl.constexpr, N_POW2: tl.constexpr,
-                       OD: tl.constexpr, N):
+                       OD: tl.constexpr):
     # Rows of one trip whose every column exists (D == 4 * LPR), unit stride along D: lane f holds columns
     # 4l..4l+3 of its row as one vector, keeps them in registers through the sum (rms_lane_row_sums: the sum
     # reaches every lane of the row) and applies the tail, RoPE included, to them. The same ops as the row
@@ -421,10 +419,14 @@ def _rms_norm_kernel(
         x_lanes = X + _row_offsets(lane_row, L1, L2, x_s0, x_s1, x_s2, XD)
         lane_ok = lane_row < M
     if LANE_EPI:  # the whole row in the lanes that loaded it (lane_epilogue_ok): no second read of x, no relayout
-        _rms_lane_epilogue(X, W, B, SCALE, SHIFT, OUT, RSTD, x_lanes, lane_row, lane_ok, first, L1, L2, eps,
-                           sc_s0, sc_s1, sc_s2, sh_s0, sh_s1, sh_s2, o_s0, o_s1, o_s2,
-                           ROWS, LPR, VEC, PUSH_FMA, STORE_RSTD, ROW_DIMS, C1_DT, HAS_W, W_DT, HAS_B, B_DT,
-                           C2_DT, HAS_SCALE, T_DT, U_DT, HAS_SHIFT, V_DT, ROPE, SHARED_TRIG, N_POW2, OD, N)
+        _rms_lane_epilogue(
+            X=X, W=W, B=B, SCALE=SCALE, SHIFT=SHIFT, OUT=OUT, RSTD=RSTD, x_lanes=x_lanes, lane_row=lane_row,
+            lane_ok=lane_ok, first=first, N=N, L1=L1, L2=L2, eps=eps,
+            sc_s0=sc_s0, sc_s1=sc_s1, sc_s2=sc_s2, sh_s0=sh_s0, sh_s1=sh_s1, sh_s2=sh_s2, o_s0=o_s0, o_s1=o_s1,
+            o_s2=o_s2,
+            ROWS=ROWS, LPR=LPR, VEC=VEC, PUSH_FMA=PUSH_FMA, STORE_RSTD=STORE_RSTD, ROW_DIMS=ROW_DIMS, C1_DT=C1_DT,
+            HAS_W=HAS_W, W_DT=W_DT, HAS_B=HAS_B, B_DT=B_DT, C2_DT=C2_DT, HAS_SCALE=HAS_SCALE, T_DT=T_DT, U_DT=U_DT,
+            HAS_SHIFT=HAS_SHIFT, V_DT=V_DT, ROPE=ROPE, SHARED_TRIG=SHARED_TRIG, N_POW2=N_POW2, OD=OD)
         return
     r = first + tl.arange(0, ROWS)
     row_ok = r < M
@@ -443,7 +445,8 @@ def _rms_norm_kernel(
             pre_mask = row_ok[:, None] & (cols < N)[None, :]
             cos_pre = tl.load(SCALE + sc_off + cols[None, :], mask=pre_mask, other=0.0)
             sin_pre = tl.load(SHIFT + sh_off + cols[None, :], mask=pre_mask, other=0.0)
-    sumsq = rms_row_sum_squares(x_lanes, lane_ok, N, x_sd, N_ITERS, ROWS, LPR, VEC, PUSH_FMA, UNIFORM)
+    sumsq = rms_row_sum_squares(x_lanes=x_lanes, lane_ok=lane_ok, N=N, stride_d=x_sd, N_ITERS=N_ITERS, ROWS=ROWS,
+                                LPR=LPR, VEC=VEC, PUSH_FMA=PUSH_FMA, UNIFORM=UNIFORM)
     if N_POW2 > 0:  # x / 2**k and x * 2**-k are the same real number, rounded once: the same bits
         var = sumsq * (1.0 / N_POW2)
     else:
@@ -490,7 +493,7 @@ def tail_constexprs(tail: Tail) -> dict:
     """The kernel's constexprs for the ops after ``x * rstd`` (``Tail``)."""
 
     def code(dt):
-        return _DT_CODE[dt] if dt is not None else 0  # fp32: no rounding
+        return DT_CODE[dt] if dt is not None else 0  # fp32: no rounding
 
     return dict(C1_DT=code(tail.c1), HAS_W=tail.w is not None, W_DT=code(tail.w), HAS_B=tail.b is not None,
                 B_DT=code(tail.b), C2_DT=code(tail.c2), HAS_SCALE=tail.t is not None, T_DT=code(tail.t),
@@ -578,8 +581,8 @@ def lane_epilogue_ok(const: dict, x_stride_d: int, out_stride_d: int) -> bool:
 def lane_layout_problem(compiled, rows_per_thread: int) -> str | None:
     """None when every warp shuffle of the compiled kernel works on a [n] state whose element f is thread
     f % 128 (register f // 128), the order the sums rely on; else what Triton chose instead. Triton treats an
-    inline-asm shuffle as elementwise and may give it another layout where its consumers prefer one
-    (benchmarks/NOTES.md, session 15): the lane epilogue is then not taken."""
+    inline-asm shuffle as elementwise and may give it another layout where its consumers prefer one: the lane
+    epilogue is then not taken."""
     import re
 
     ttgir = compiled.asm.get("ttgir", "")
@@ -642,27 +645,23 @@ LANE_EPILOGUE_REJECTED: list[str] = []  # why a plan's lane epilogue was not tak
 
 def plan_rms_norm(x, out_shape, out_strides, out_dtype, weight, bias, eps, scale, shift, tail: Tail,
                   rows, push_fma: bool = True, store_rstd: bool = False, rope: bool = False,
-                  groups: int | None = None, share_trig: bool = True, lane_epilogue: bool | None = None):
+                  groups: int | None = None, lane_epilogue: bool = True):
     """A launch for inputs of this layout (the guards in lowering/rms_norm.py accepted them).
 
     ``rows`` is ``(sizes[3], strides[3] of x, scale, shift, out)`` from ``kernels.rows.row_layout``.
     ``rope``: scale and shift are RoPE's cos and sin (fp32), applied to the rounded output (``rms_norm_rope``).
-    ``groups``: row groups per program (``stats_constexprs``); the default picks by D.
-    ``share_trig`` (``rope``): the most groups with which each program's rows share one cos/sin row
-    (``shared_trig_groups``), read once per program, where the heads allow it. On by default since the
-    kernel's row addressing lost its divisions (FLUX [1,4608,24,128], steady: 22.5 µs with 2 groups and one
-    row against 25.4 µs with 4 groups and a row per row, results/h200-2026-11-30h/run4/bench_rms_norm.json;
-    before that change the shared row was the slower one, 28.0 against 24.3, .../2026-11-30g/run2);
-    ``benchmarks/bench_rms_norm.py`` times both.
+    ``groups``: row groups per program (``stats_constexprs``); by default, with ``rope``, the most with which each
+    program's rows share one cos/sin row, read once per program (``shared_trig_groups``: heads of one token),
+    else ``row_groups(D)``. With any ``groups``, a program whose rows share one cos/sin row reads it once.
     ``lane_epilogue``: normalize in the lanes that loaded x (``_rms_lane_epilogue``) where ``lane_epilogue_ok``
-    allows it; None takes it there by default (``LANE_EPILOGUE_DEFAULT``), False never.
+    allows it (and the build's shuffle layouts do, ``_LaneOrRows``); False: the row epilogue (same bits).
     Returns ``launch(x, weight, bias, scale, shift, out=None) -> (out, rstd or None)``; ``out`` (optional) is
     written in place and must have ``out_shape`` and ``out_strides``.
     """
     D = x.shape[-1]
     M = x.numel() // D
     (L0, L1, L2), (xs, scs, shs, os_) = rows
-    shared = shared_trig_groups(D, rows) if rope and share_trig else None
+    shared = shared_trig_groups(D, rows) if rope else None
     if groups is None and shared is not None:
         groups = shared
     const = dict(**stats_constexprs(D, push_fma, groups), STORE_RSTD=store_rstd, ROW_DIMS=row_dims(L0, L1),
@@ -672,8 +671,7 @@ def plan_rms_norm(x, out_shape, out_strides, out_dtype, weight, bias, eps, scale
     const["SHARED_TRIG"] = shared is not None and const["N_ITERS"] == 1 and L2 % const["ROWS"] == 0
     grid = (triton.cdiv(M, const["ROWS"]),)
     kernel = CachedLaunch(_rms_norm_kernel, grid, {**const, "LANE_EPI": False}, num_warps=LANES // WARP)
-    use_lanes = LANE_EPILOGUE_DEFAULT if lane_epilogue is None else lane_epilogue
-    if use_lanes and lane_epilogue_ok(const, x.stride(-1), out_strides[-1]):
+    if lane_epilogue and lane_epilogue_ok(const, x.stride(-1), out_strides[-1]):
         lanes = CachedLaunch(_rms_norm_kernel, grid, {**const, "LANE_EPI": True}, num_warps=LANES // WARP)
         kernel = _LaneOrRows(lanes, kernel, const["ROWS"] * const["LPR"] // LANES)
     device = x.device
@@ -695,7 +693,7 @@ def plan_rms_norm(x, out_shape, out_strides, out_dtype, weight, bias, eps, scale
 
 def rms_norm_exact(x2d: torch.Tensor, weight: torch.Tensor | None = None, eps: float | None = 1e-6, *,
                    push_fma: bool = True, groups: int | None = None,
-                   lane_epilogue: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   lane_epilogue: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton replica of ``torch.ops.aten._fused_rms_norm(x2d, [N], weight, eps)`` on CUDA: (y, rstd [M]).
 
     For tests and benchmarks; the op (lowering/rms_norm.py) caches plans per layout instead.
@@ -752,7 +750,3 @@ def emulate_rms_sum_squares(x2d: torch.Tensor, push_fma: bool = False) -> np.nda
         half //= 2
     return s[:, 0]
 
-
-__all__ = ["emulate_rms_sum_squares", "lanes_per_row", "plan_rms_norm", "rms_norm_exact", "row_groups",
-           "shared_trig_groups",
-           "rms_row_sum_squares", "stats_constexprs", "tail_constexprs"]

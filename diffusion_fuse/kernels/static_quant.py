@@ -8,12 +8,11 @@ read of ``x`` and one byte written per element, where eager reads and writes fp3
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from .fp8_quant import BLOCK, NUM_WARPS, Q_MODES, eager_nan_keeps_sign, quantize_e4m3, row_strides
 from .launch import CachedLaunch
 from .layer_norm_stats import program_row
+from .optional_triton import tl, triton
 
 
 @triton.jit(do_not_specialize=["S", "x_sb", "x_ss", "q_lo", "q_hi"])
@@ -29,7 +28,7 @@ def _static_quant_kernel(
     tl.store(Q + row * N + offs, quantize_e4m3(v, s, q_lo, q_hi, Q_MODE, NAN_SIGN), mask=mask)
 
 
-def plan_static_quant(a, nan_sign: bool | None = None):
+def plan_static_quant(a):
     """A launch for inputs of this layout: ``a`` holds the op's arguments by name (lowering/static_quant.py; its
     guard accepted them), and so does the launch's argument."""
     x = a.x
@@ -37,9 +36,9 @@ def plan_static_quant(a, nan_sign: bool | None = None):
     rows = x.numel() // D
     shape, device = x.shape, x.device
     S, sb, ss = row_strides(x)
-    nan_sign = eager_nan_keeps_sign(device) if nan_sign is None else nan_sign
     kernel = CachedLaunch(_static_quant_kernel, (rows, triton.cdiv(D, BLOCK)),
-                          dict(BLOCK=BLOCK, Q_MODE=Q_MODES[a.q_mode], NAN_SIGN=nan_sign), num_warps=NUM_WARPS)
+                          dict(BLOCK=BLOCK, Q_MODE=Q_MODES[a.q_mode], NAN_SIGN=eager_nan_keeps_sign(device)),
+                          num_warps=NUM_WARPS)
 
     def launch(a):
         q = torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)

@@ -28,10 +28,11 @@ def device_and_dtypes(x: Tensor, others) -> str:
     return ""
 
 
-def rows(name: str, t: Tensor, unit_stride_d: bool = True) -> str:
-    """'' if ``t`` is a [M, D] or [B, S, D] tensor of rows the kernels can read (D as eager vectorizes)."""
-    if t.dim() not in (2, 3):
-        return f"{name} has rank {t.dim()} (kernel takes 2 or 3)"
+def rows(name: str, t: Tensor, unit_stride_d: bool = True, ranks: tuple[int, ...] = (2, 3)) -> str:
+    """'' if ``t`` is a [M, D] or [B, S, D] tensor (a rank in ``ranks``) of rows the kernels can read (D as eager
+    vectorizes)."""
+    if t.dim() not in ranks:
+        return f"{name} has rank {t.dim()} (kernel takes {' or '.join(map(str, ranks))})"
     if t.numel() == 0:
         return "empty input"
     D = t.shape[-1]

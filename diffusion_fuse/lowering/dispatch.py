@@ -7,7 +7,8 @@ guard and the launch constants are computed once per layout, not per call.
 Every path is counted (lowering/counters.py). A kernel that raises (Triton compile error,
 launch failure), or whose planning raises (a probe launch, a device table), is disabled for that
 layout, counted and logged, and the reference result is returned: the user's forward never sees
-the exception.
+the exception. Without Triton (kernels/optional_triton.py) a layout the guard accepts takes the
+reference path (counted, and logged once per op) unless the op's kernel is not Triton's (``linear_cat``).
 
 Triton compiles and launches on the current CUDA device, whatever device the tensors are on. On a
 host with several GPUs the current device is part of the layout, and a layout whose tensors are on
@@ -29,6 +30,7 @@ from typing import Any
 
 import torch
 
+from ..kernels.optional_triton import HAVE_TRITON, MISSING_REASON
 from ..log import error_message, get_logger
 from . import counters, faults, profiling
 
@@ -102,9 +104,9 @@ class GuardedKernel:
 
     def __init__(self, op: str, layout_key: Callable[[tuple], Any], guard: Callable[[Any], tuple[bool, str]],
                  plan: Callable[[Any], Callable[[Any], Any]], reference: Callable[..., Any],
-                 bind: Callable[[tuple], Any]) -> None:
+                 bind: Callable[[tuple], Any], needs_triton: bool = True) -> None:
         self.op, self.layout_key, self.guard, self.plan, self.reference = op, layout_key, guard, plan, reference
-        self.bind = bind
+        self.bind, self.needs_triton = bind, needs_triton
         # FX emits a call_function target under these names (fxpasses/direct_calls.py puts this object in graphs)
         self.__name__, self.__module__ = f"{op}_guarded", "diffusion_fuse.lowering"
         self._plans: dict[tuple, tuple[str, Callable[..., Any] | None]] = {}
@@ -140,6 +142,8 @@ class GuardedKernel:
         ok, reason = self.guard(a)
         if not ok:
             return reason, None
+        if self.needs_triton and not HAVE_TRITON:  # a layout the kernel takes, on a machine without Triton
+            return MISSING_REASON, None
         try:
             return "", self.plan(a)
         except Exception as e:  # noqa: BLE001 - planning may compile and launch (a probe): never the forward's error

@@ -66,7 +66,9 @@ def can_use_norm_modulate(a) -> tuple[bool, str]:
     why = checks.device_and_dtypes(x, (a.weight, a.bias, a.scale, a.shift, a.scale_temb, a.shift_temb))
     if not why and (a.ln_dtype not in (None, torch.float32) or a.out_dtype not in (None,) + checks.KERNEL_DTYPES):
         why = f"unsupported cast (ln_dtype {a.ln_dtype}, out_dtype {a.out_dtype})"
-    why = why or checks.rows("x", x, unit_stride_d=False)  # the kernel reads any x strides
+    # the kernel reads any x strides; rows of three dims ([B, H, S, D]) without a modulate (family layer_norm)
+    ranks = (2, 3, 4) if a.scale is None and a.shift is None else (2, 3)
+    why = why or checks.rows("x", x, unit_stride_d=False, ranks=ranks)
     # Eager normalizes a contiguous x in place of memory, and a non-contiguous one (or the
     # x.float() copy) from a fresh aligned buffer: only the first can miss the vectorized kernel.
     if not why and a.ln_dtype is None and x.is_contiguous() and x.data_ptr() % (VEC * x.element_size()):

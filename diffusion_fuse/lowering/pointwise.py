@@ -35,6 +35,7 @@ from ..kernels.pointwise import (
     Unsupported,
     choose_layout,
     load_kernel,
+    source_path,
 )
 from ..kernels.pointwise_ops import DEFAULT_VARIANTS, FLOAT_DTYPES, Variants
 from ..log import error_message
@@ -119,6 +120,8 @@ def generate_source(inputs, key, variants: Variants = DEFAULT_VARIANTS) -> Kerne
 
 
 _prepared: dict[tuple, KernelSource] = {}
+# program key -> the files of the kernels generated for it in this process (a key has one per input layout)
+GENERATED: dict[str, set[str]] = {}
 
 
 def _source_key(inputs, key) -> tuple:
@@ -160,6 +163,7 @@ def _plan(a):
     inputs, key = a.inputs, a.key
     src = _prepared.pop(_source_key(inputs, key), None) or generate_source(inputs, key)
     kernel = CachedLaunch(load_kernel(src), src.grid, src.constexprs, num_warps=src.num_warps)
+    GENERATED.setdefault(key, set()).add(source_path(src))
     outs, numel, tables = src.outputs, src.numel, src.tables
     device = inputs[0].device
     complex_inputs = any(t.is_complex() for t in inputs)

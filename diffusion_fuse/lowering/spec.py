@@ -64,6 +64,7 @@ class OpSpec:
     plan: Callable[[Any], Launch]
     static_guard: Callable[[Any], str] | None = None
     layout_key: Callable[[tuple], Hashable] = default_layout_key
+    needs_triton: bool = True  # False where the kernel is not Triton's (linear_cat: cuBLAS)
     # set by ``register_op``
     schema: str = ""
     Args: type = tuple
@@ -104,7 +105,8 @@ def register_op(spec: OpSpec) -> OpSpec:
     spec.Args = _args_type(spec.name, spec.reference)
     spec.schema = torch.library.infer_schema(spec.reference, mutates_args=())
     _lib.define(spec.name + spec.schema)
-    spec.dispatch = GuardedKernel(spec.name, spec.layout_key, spec.guard, spec.plan, spec.reference, spec.bind)
+    spec.dispatch = GuardedKernel(spec.name, spec.layout_key, spec.guard, spec.plan, spec.reference, spec.bind,
+                                  spec.needs_triton)
     impl(_lib, spec.name, spec.dispatch)
     reference = spec.reference
     torch.library.register_fake(f"{NAMESPACE}::{spec.name}", lib=_lib)(

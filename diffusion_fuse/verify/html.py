@@ -204,7 +204,8 @@ def _sites(report: Report) -> str:
             diff_cell = (f"{_e(first['index'])}: expected {_e(repr(first['expected']))}, got {_e(repr(first['got']))}"
                          if first else "")
             rows.append(
-                f'<tr class="site"{_attrs(site_id=s.id, pattern=s.pattern, op=s.after, status=s.status, location=s.location, graph=g.graph_id, **_diff_attrs(s))}>'
+                '<tr class="site"' + _attrs(site_id=s.id, pattern=s.pattern, op=s.after, status=s.status,
+                                            location=s.location, graph=g.graph_id, **_diff_attrs(s)) + '>'
                 f'<td class="mono"><a href="#{_site_anchor(g.graph_id, s.id)}">{_e(s.id)}</a></td>'
                 f"<td>{_status(s.status)}</td><td class=\"mono\">{_e(s.location)}</td>"
                 f'<td class="mono">{_e(" ".join(s.before))}</td><td class="mono">{_e(s.after)}'
@@ -217,7 +218,8 @@ def _sites(report: Report) -> str:
 
 
 def _near_misses(report: Report) -> str:
-    rows = [f'<tr class="near-miss"{_attrs(pattern=m.pattern, anchor=m.anchor, location=m.location, reason=m.reason, graph=g.graph_id)}>'
+    rows = ['<tr class="near-miss"' + _attrs(pattern=m.pattern, anchor=m.anchor, location=m.location,
+                                             reason=m.reason, graph=g.graph_id) + '>'
             f"<td>{_e(m.pattern)}</td><td class=\"mono\">{_e(m.anchor)}</td><td class=\"mono\">{_e(m.target)}</td>"
             f"<td class=\"mono\">{_e(m.shape)}</td><td class=\"mono\">{_e(m.location)}</td><td>{_e(m.reason)}</td></tr>"
             for g in report.graphs for m in g.near_misses]
@@ -291,9 +293,23 @@ def _site_detail(g: Any, sid: str, grp: dict[str, Any] | None) -> str:
     return "".join(out)
 
 
+def _kernel_sources(g: Any) -> str:
+    """Per kept site, the source files of its kernels, and the graph that runs' file if written (as paths: the page
+    is self-contained)."""
+    rows = "".join(
+        f'<li{_attrs(site=sid)}><span class="mono">{_e(sid)}</span>: '
+        + (", ".join(f'<span class="mono kernel-source">{_e(f)}</span>' for f in files) or "no kernel generated")
+        + "</li>"
+        for sid, files in g.kernel_sources.items() if sid in g.sites and g.sites[sid].status != "rejected")
+    dump = (f'<p>The graph that runs: <span class="mono graph-file">{_e(g.graph_file)}</span></p>'
+            if g.graph_file else "")
+    return f'<details class="kernel-sources"><summary>kernel sources</summary>{dump}<ul>{rows}</ul></details>'
+
+
 def _graph_section(g: Any) -> str:
     d = graph_diff.graph_diff(g)
-    head = f'<section class="graph" id="graph-{g.graph_id}"{_attrs(graph_id=g.graph_id, kind=g.kind, quality=g.quality)}>'
+    attrs = _attrs(graph_id=g.graph_id, kind=g.kind, quality=g.quality)
+    head = f'<section class="graph" id="graph-{g.graph_id}"{attrs}>'
     title = f"<h2>Graph {g.graph_id} ({_e(g.kind)}, tier {_e(g.quality)})</h2>"
     if d is None:
         notes = "".join(f"<li>{_e(n)}</li>" for n in g.notes)
@@ -305,6 +321,8 @@ def _graph_section(g: Any) -> str:
            f'{d["edges_added"]} added. Families searched: {_e(", ".join(g.families) or "-")}.</p>']
     if g.notes:
         out.append("<ul class=\"notes\">" + "".join(f"<li>{_e(n)}</li>" for n in g.notes) + "</ul>")
+    if g.kernel_sources:
+        out.append(_kernel_sources(g))
     for sid in g.sites:
         out.append(_site_detail(g, sid, d["sites"].get(sid)))
     if d["unattributed"]:
@@ -313,7 +331,8 @@ def _graph_section(g: Any) -> str:
                    f'removed {_node_list(u["before"]["nodes"], u["removed"], "removed")}'
                    f'added {_node_list(u["after"]["nodes"], u["added"], "added")}</section>')
     text = graph_diff.code_diff(g)
-    runs = "graph that runs" if g.quality == "lossless" else "the verifier's ATen view (Inductor compiles the same sites)"
+    runs = ("graph that runs" if g.quality == "lossless"
+            else "the verifier's ATen view (Inductor compiles the same sites)")
     out.append(f"<details><summary>graph code diff (ATen graph → {runs})</summary>"
                f"{_diff_pre(text or '(no change)', 'code-diff', graph=g.graph_id)}</details>")
     out.append("</section>")

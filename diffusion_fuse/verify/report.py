@@ -15,6 +15,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from ..log import current_compile_id
 from ..lowering import counters
 
 # Fallback reasons that mean "the kernel failed" rather than "the guard sent it to the reference".
@@ -79,6 +80,9 @@ class GraphReport:
     final_code: str = ""  # the graph that runs after the verifier put back rejected sites ("" until judged)
     final_ops: dict[str, int] = dataclasses.field(default_factory=dict)  # that graph's calls per op (target_name)
     cudagraphs: str = ""  # "" (not asked for) | "on" | "not applied: <torch's reason>" (diffusion_fuse/cudagraphs.py)
+    compile_id: str = ""  # torch's compile id ("0/1"), as TORCH_LOGS and tlparse show it
+    kernel_sources: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # op -> its kernels' source files
+    graph_file: str = ""  # where the graph that runs was written (DIFFUSION_FUSE_DUMP_DIR), or ""
 
 
 def _fmt_before_after(s: SiteRecord) -> str:
@@ -107,7 +111,9 @@ class Report:
 
     def new_graph(self, quality: str, kind: str = "inference") -> GraphReport:
         with self._lock:
-            g = GraphReport(graph_id=len(self.graphs), quality=quality, kind=kind)
+            cid = current_compile_id()
+            g = GraphReport(graph_id=len(self.graphs), quality=quality, kind=kind,
+                            compile_id=str(cid) if cid is not None else "")
             self.graphs.append(g)
             return g
 
@@ -172,6 +178,13 @@ class Report:
             out.append(tabulate(site_rows, headers=["site (pattern@source#n)", "status", "ATen ops → op",
                                                     "in → out", "verdict"],
                                 maxcolwidths=[None, None, 44, 44, 60]))
+        src_rows = sorted({(g.sites[sid].after.split("::")[-1], ", ".join(files) or "(generated on a first launch)")
+                           for g in self.graphs for sid, files in g.kernel_sources.items() if sid in g.sites})
+        if src_rows:
+            out.append(tabulate(src_rows, headers=["op", "kernel source"]))
+        files = [f"graph {g.graph_id}: the graph that runs is {g.graph_file}" for g in self.graphs if g.graph_file]
+        if files:
+            out.append("\n".join(files))
         fb_rows = [[op, reason, n] for op, rs in self.counters()["fallback"].items() for reason, n in rs.items()]
         if fb_rows:
             out.append(tabulate(fb_rows, headers=["op", "reference path because", "calls"]))
@@ -203,13 +216,31 @@ class Report:
             f.write(self.to_html(title))
 
     def save(self, path: str) -> None:
-        """``.json``: ``to_dict``; ``.html``/``.htm``: ``save_html``; anything else: ``table``."""
+        """``.json``: ``to_dict``; ``.html``/``.htm``: ``save_html``; anything else: ``table``. With several ranks
+        (``torch.distributed`` initialized), each writes its own file: ``report.json`` becomes ``report.rank1.json``."""
+        path = rank_path(path, *_rank_and_world())
         if path.endswith((".html", ".htm")):
             self.save_html(path)
             return
         text = json.dumps(self.to_dict(), indent=2, default=str) if path.endswith(".json") else self.table()
         with open(path, "w", encoding="utf-8") as f:
             f.write(text + "\n")
+
+
+def _rank_and_world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def rank_path(path: str, rank: int, world: int) -> str:
+    """``path`` with ``.rank<rank>`` before its extension when there are several ranks (one file each)."""
+    if world <= 1:
+        return path
+    stem, dot, ext = path.rpartition(".")
+    return f"{stem}.rank{rank}.{ext}" if dot and "/" not in ext else f"{path}.rank{rank}"
 
 
 _DEFAULT = Report()

@@ -13,14 +13,23 @@ is being captured), ``VerifiedGraph``:
 3. compares its outputs with the reference outputs; a mismatch there puts every site back
    (the mutated inputs are restored first) and says so.
 
+A graph with collectives in it (context parallelism) runs in lockstep on several ranks: each decision above is shared
+over the collectives' process groups before it takes effect (``Agreement``, verify/agree.py), so a site one rank
+rejects is put back on every rank and all ranks run the same graph.
+
 Verdicts are kept per site; the graph chosen is kept per input signature. The verifier judges and
-reports; the graphs it chooses between come from the ``Pipeline`` the backend gives it.
+reports; the graphs it chooses between come from the ``Pipeline`` the backend gives it. With
+``options.warm_start`` the verdicts of a call are stored, and a later process whose call has the same key
+(verify/warm_start.py) takes them instead of running steps 1-3.
+The verifier's log lines and trace artifacts carry the compile id of the graph's compile (``log.in_compile``).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -28,13 +37,20 @@ import torch
 import torch.fx as fx
 
 from ..config import Options
-from ..log import error_message, get_logger
+from ..log import artifact_logger, current_compile_id, error_message, get_logger, in_compile, trace_artifact
 from ..lowering.dispatch import capturing
+from . import warm_start
+from .agree import Agreement
 from .compare import Verdict, compare_bitwise, compare_close
 from .graph_diff import op_counts
 from .report import GraphReport, Report
+from .runtime_graph import publish
 
 _log = get_logger("verify")
+_verdicts = artifact_logger("verify", "diffusion_fuse_verdicts")
+_timings = artifact_logger("verify", "diffusion_fuse_timings")
+# graph-level data the report artifact leaves out: each has its own artifact
+_TRACE_SKIP = {"ref_graph", "fused_graph", "ref_code", "fused_code", "final_code"}
 
 
 @dataclasses.dataclass
@@ -147,12 +163,14 @@ class VerifiedGraph:
     """The callable the lossless tier returns for one ATen inference graph.
 
     ``ref``: the graph as traced; ``fused``: it with every site rewritten (``pipeline.build(frozenset())``);
-    ``checks``: one per site; ``mutated``: the indices of the inputs the graph writes in place.
+    ``checks``: one per site; ``mutated``: the indices of the inputs the graph writes in place; ``agreement``: the
+    ranks whose decisions this graph shares (None: this process decides alone).
     """
 
     def __init__(self, ref: fx.GraphModule, fused: fx.GraphModule, checks: Sequence[SiteCheck], mutated: list[int],
-                 pipeline: Pipeline, options: Options, graph_report: GraphReport, report: Report) -> None:
-        self.ref, self.pipeline, self.options = ref, pipeline, options
+                 pipeline: Pipeline, options: Options, graph_report: GraphReport, report: Report,
+                 agreement: Agreement | None = None) -> None:
+        self.ref, self.pipeline, self.options, self.agreement = ref, pipeline, options, agreement
         self.greport, self.report = graph_report, report
         self._builds: dict[frozenset[str], fx.GraphModule] = {frozenset(): fused}
         self.checks = {c.id: c for c in checks}
@@ -162,6 +180,9 @@ class VerifiedGraph:
         self._mutated = mutated
         self.mutated_inputs = bool(mutated)
         self._signature = _signature_fn(ref)
+        self.compile_id = current_compile_id()  # made while torch compiles; verified on a later call
+        # A graph the ranks share goes through verification even with no site here: the other ranks' may have some.
+        self._verifies = bool(self.checks) or agreement is not None
 
     # --- building ------------------------------------------------------------------------
     def build(self, exclude: frozenset[str]) -> fx.GraphModule:
@@ -176,14 +197,16 @@ class VerifiedGraph:
     # --- running -------------------------------------------------------------------------
     def needs_verification(self, args: Sequence[Any]) -> bool:
         """Whether a call with ``args`` runs the verifier (sites to judge, a new input signature)."""
-        return bool(self.checks) and self.options.verify and self._signature(args) not in self._chosen
+        return self._verifies and self.options.verify and self._signature(args) not in self._chosen
 
     def __call__(self, *args: Any) -> Any:
-        if not self.checks:
+        if not self._verifies:
             return self.ref(*args)
         if not self.options.verify:
             if self._unverified is None:
                 self._unverified = self.pipeline.runtime(self.fused)[0]
+                with in_compile(self.compile_id):
+                    publish(self.fused, self.greport)
             return self._unverified(*args)
         sig = self._signature(args)
         fn = self._chosen.get(sig)
@@ -194,7 +217,8 @@ class VerifiedGraph:
             _log.info("graph %d: not verified yet and capturing/compiling; running the reference graph",
                       self.greport.graph_id)
             return self.ref(*args)
-        return self._verify_and_run(sig, list(args))
+        with in_compile(self.compile_id):
+            return self._verify_and_run(sig, list(args))
 
     def _judge(self, check: SiteCheck, refs: list[Any], got: list[Any]) -> Verdict:
         max_err = 0.0
@@ -220,7 +244,53 @@ class VerifiedGraph:
             return None, Verdict(False, f"the rewritten graph raised {error_message(e)}")
         return out, compare_bitwise(ref_out, out)
 
-    def _verify_and_run(self, sig: tuple, args: list[Any]) -> Any:
+    def _agree_on_sites(self, rejected_here: set[str]) -> dict[str, list[int]]:
+        """Put back every site some rank of the agreement rejected; the ones this rank kept, with their ranks."""
+        if self.agreement is None:
+            return {}
+        elsewhere: dict[str, list[int]] = {}
+        for cid, ranks in self.agreement.union(rejected_here).items():
+            if cid in self.rejected:  # this rank's own verdict, or an earlier signature's
+                continue
+            if cid not in self.checks:
+                note = f"site {cid} rejected on rank(s) {ranks} has no counterpart on rank {self.agreement.rank}"
+                _log.warning("graph %d: %s", self.greport.graph_id, note)
+                self.greport.notes.append(note)
+                continue
+            elsewhere[cid] = ranks
+            self.rejected.add(cid)
+            rec = self.greport.sites[cid]
+            rec.status, rec.reason = "rejected", f"rejected on rank(s) {ranks}"
+            _log.warning("site %s (%s) put back on rank %d: rejected on rank(s) %s", cid, rec.location,
+                         self.agreement.rank, ranks)
+        if elsewhere:
+            self.greport.notes.append(f"rank {self.agreement.rank}: {len(elsewhere)} site(s) it kept put back, "
+                                      f"rejected on other ranks ({self.agreement.describe()})")
+        return elsewhere
+
+    def _agree_on(self, verdict: Verdict, what: str) -> Verdict:
+        """``verdict`` where every rank of the agreement passed, else a failure naming the ranks that did not."""
+        if self.agreement is None:
+            return verdict
+        failed = self.agreement.ranks_where(not verdict)
+        if not verdict or not failed:
+            return verdict
+        note = f"{what} differed on rank(s) {failed}"
+        _log.warning("graph %d, rank %d: %s", self.greport.graph_id, self.agreement.rank, note)
+        return Verdict(False, note)
+
+    def _verify_and_run(self, sig: tuple, args: list[Any], use_stored: bool = True) -> Any:
+        began = time.perf_counter()
+        key = parts = None
+        # ranks sharing verdicts all verify (one rank's stored verdict would leave the others waiting)
+        if self.options.warm_start and self.agreement is None:
+            parts = warm_start.key_parts(self.ref, self.fused, args, self.options)
+            key = warm_start.key(parts)
+            entry = warm_start.load(key)
+            if entry is not None and use_stored:
+                return self._run_stored(sig, args, key, entry, began)
+        timed = _timings.isEnabledFor(logging.DEBUG)
+        start = time.perf_counter()
         live = [c for cid, c in self.checks.items() if cid not in self.rejected]
         snapshot = {i: args[i].clone() for i in self._mutated}
         ref_args = list(args)
@@ -229,8 +299,13 @@ class VerifiedGraph:
         with torch.no_grad():
             ref_out, verdicts = run_with_site_checks(self.ref, ref_args, live, self._judge)
         del ref_args
+        if timed:
+            _timings.debug("graph %d: reference run and %d site check(s): %.4f s", self.greport.graph_id,
+                           len(live), time.perf_counter() - start)
+            start = time.perf_counter()
         for cid, v in verdicts.items():
             rec = self.greport.sites[cid]
+            _verdicts.debug("site %s (%s): %s", cid, rec.location, v.detail)
             rec.verdict, rec.first_diff = v.detail, v.first_diff
             if v:
                 rec.status, rec.reason = "kept", ""
@@ -238,10 +313,12 @@ class VerifiedGraph:
                 rec.status, rec.reason = "rejected", v.detail
                 self.rejected.add(cid)
                 _log.warning("site %s (%s) rejected by the verifier: %s", cid, rec.location, v.detail)
+        agreed = self._agree_on_sites({cid for cid, v in verdicts.items() if not v})
         gm = self.build(frozenset(self.rejected))
         # what runs from now on, checked end to end below: fewer Python calls, the same kernels
         run, rewrites = self.pipeline.runtime(gm)
         out, e2e = self._run_checked(run, args, ref_out)
+        e2e = self._agree_on(e2e, "the rewritten graph's output")
         if not e2e and any(rewrites.values()):
             # a binding or at::linear took another path than the one traced: run the ops as traced
             note = f"runtime rewrites {rewrites} put back: the output differed ({e2e.detail})"
@@ -251,8 +328,16 @@ class VerifiedGraph:
                 args[i].copy_(t)
             run, rewrites = self.pipeline.runtime(gm, rewrite=False)
             out, e2e = self._run_checked(run, args, ref_out)
+            e2e = self._agree_on(e2e, "the rewritten graph's output without runtime rewrites")
+        if timed:
+            _timings.debug("graph %d: rebuild and end-to-end run: %.4f s", self.greport.graph_id,
+                           time.perf_counter() - start)
         entry = {"signature": repr(sig)[:200], "sites_checked": len(verdicts), **rewrites,
-                 "rejected": sorted(c for c, v in verdicts.items() if not v), "end_to_end_equal": bool(e2e)}
+                 "rejected": sorted(c for c, v in verdicts.items() if not v), "end_to_end_equal": bool(e2e),
+                 "seconds": round(time.perf_counter() - began, 4)}
+        if self.agreement is not None:
+            entry["agreed_over"] = self.agreement.describe()
+            entry["rejected_on_other_ranks"] = agreed
         if not e2e:
             # Sites that pass alone but not together: trust nothing in this graph.
             raised = e2e.detail.startswith("the rewritten graph raised")
@@ -269,9 +354,64 @@ class VerifiedGraph:
                 args[i].copy_(t)
             gm = run = self.ref
             out = gm(*args)
+        if key is not None:
+            entry["warm_start"] = "stored"
+            warm_start.store(key, {
+                "verdicts": {cid: [bool(v), v.detail] for cid, v in verdicts.items()},
+                "runtime_rewrites": any(rewrites.values()), "end_to_end_equal": bool(e2e),
+                "end_to_end_detail": e2e.detail, "key_parts": parts})
+        return self._chose(sig, gm, run, entry, out)
+
+    def _chose(self, sig: tuple, gm: fx.GraphModule, run: Callable[..., Any], entry: dict, out: Any) -> Any:
+        """Record what runs for ``sig`` from now on, publish it (log, trace, dump) and save the report."""
         self.greport.final_code, self.greport.final_ops = gm.code, op_counts(gm)
         self.greport.verifications.append(entry)
         self._chosen[sig] = run
+        publish(gm, self.greport)
+        trace_artifact("diffusion_fuse_report", lambda: {k: v for k, v in dataclasses.asdict(self.greport).items()
+                                                         if k not in _TRACE_SKIP}, encoding="json")
         if self.options.report:
             self.report.save(self.options.report)
         return out
+
+    def _run_stored(self, sig: tuple, args: list[Any], key: str, stored: dict[str, Any], began: float) -> Any:
+        """Run with the verdicts a process stored under ``key`` (warm start): no reference run, no site check."""
+        verdicts, rejected_before = stored["verdicts"], set(self.rejected)
+        for cid in self.checks:
+            rec = self.greport.sites[cid]
+            ok, detail = verdicts.get(cid, [False, "no stored verdict"])
+            rec.verdict = f"{detail} (stored verdict)"
+            if ok:
+                rec.status, rec.reason = "kept", ""
+            else:
+                rec.status, rec.reason = "rejected", f"{detail} (stored verdict)"
+                self.rejected.add(cid)
+            _verdicts.debug("site %s (%s): %s (stored verdict)", cid, rec.location, detail)
+        if stored.get("end_to_end_equal", False):
+            gm = self.build(frozenset(self.rejected))
+            run, rewrites = self.pipeline.runtime(gm, rewrite=bool(stored.get("runtime_rewrites", True)))
+        else:
+            for cid in self.checks:
+                self.rejected.add(cid)
+                rec = self.greport.sites[cid]
+                if rec.status == "kept":
+                    rec.status, rec.reason = "rejected", "end-to-end mismatch (stored verdict)"
+            gm, run, rewrites = self.ref, self.ref, {}
+        snapshot = {i: args[i].clone() for i in self._mutated}
+        try:
+            out = run(*args)
+        except Exception as e:  # noqa: BLE001 - a stored verdict must not cost the user's forward: verify it again
+            note = f"warm start: the graph the stored verdicts chose raised {error_message(e)}; verified again"
+            _log.warning("graph %d: %s", self.greport.graph_id, note)
+            self.greport.notes.append(note)
+            for i, t in snapshot.items():
+                args[i].copy_(t)
+            self.rejected = rejected_before
+            return self._verify_and_run(sig, args, use_stored=False)
+        del snapshot
+        entry = {"signature": repr(sig)[:200], "sites_checked": 0, **rewrites, "rejected": sorted(self.rejected),
+                 "end_to_end_equal": bool(stored.get("end_to_end_equal", False)), "warm_start": "hit",
+                 "key": key[:16], "seconds": round(time.perf_counter() - began, 4)}
+        _log.info("graph %d: warm start: %d stored verdict(s) taken (key %s), verifier skipped",
+                  self.greport.graph_id, len(verdicts), key[:16])
+        return self._chose(sig, gm, run, entry, out)

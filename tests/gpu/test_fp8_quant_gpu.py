@@ -1,8 +1,8 @@
 """FP8 static quantization on CUDA: every quant kernel bitwise equal (uint8 views) to eager's ATen chain.
 
-Decides (printed, and written to $OUT/fp8_quant_gpu.json when $OUT is set):
-- how eager divides by a one-element CUDA scale (``div_rn`` = Q_MODE 0, the default, or a multiply by
-  ``1/s`` = Q_MODE 2) and whether eager's e4m3 cast keeps a NaN's sign (``eager_nan_keeps_sign``);
+Checks (printed, and written to $OUT/fp8_quant_gpu.json when $OUT is set):
+- that eager divides by a one-element CUDA scale as ``div_rn`` does, and whether eager's e4m3 cast keeps a
+  NaN's sign (``eager_nan_keeps_sign``);
 - every bf16 and fp16 bit pattern (NaN, Inf, subnormals, ties) through ``static_quant`` for
   scales 1e-3..1e1, both the ``/ s`` and ``* (1 / s)`` forms;
 - the norm-issue matrix (D in {64, 1000, 1536, 2240, 3072, 5120, 6144}, rows 1/7/4096, amplitudes
@@ -24,9 +24,12 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
     pytest.skip("needs CUDA with FP8 (sm_89+)", allow_module_level=True)
 
 import diffusion_fuse  # noqa: E402
-from diffusion_fuse.kernels.cat_quant import cat_quant_triton  # noqa: E402
-from diffusion_fuse.kernels.fp8_quant import eager_nan_keeps_sign, static_quant_triton  # noqa: E402
-from diffusion_fuse.lowering import fp8_quant as L  # noqa: E402
+from diffusion_fuse.kernels.fp8_quant import eager_nan_keeps_sign  # noqa: E402
+from diffusion_fuse.lowering import cat_quant as CQ  # noqa: E402
+from diffusion_fuse.lowering import static_quant as SQ  # noqa: E402
+from diffusion_fuse.lowering.fp8 import FP8  # noqa: E402
+from diffusion_fuse.lowering.gated_residual_norm_modulate import QUANT_SPEC as GATED_QUANT  # noqa: E402
+from diffusion_fuse.lowering.norm_modulate import QUANT_SPEC as NORM_QUANT  # noqa: E402
 
 DIMS = (64, 1000, 1536, 2240, 3072, 5120, 6144)
 ROWS = ((1, 1), (1, 7), (1, 4096))
@@ -36,7 +39,7 @@ SUMMARY: dict = {}
 
 
 def _u8(t):
-    return t.view(torch.uint8) if t.dtype == L.FP8 else t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
+    return t.view(torch.uint8) if t.dtype == FP8 else t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
 
 
 def ndiff(ref, got) -> int:
@@ -47,29 +50,27 @@ def ndiff(ref, got) -> int:
 
 def scale_tensor(v, q_mode):
     s = torch.tensor(v, device="cuda", dtype=torch.float32)
-    return s if q_mode == L.Q_DIV else 1 / s  # the `* (1 / s)` form multiplies by a reciprocal computed on the GPU
+    return s if q_mode == "div" else 1 / s  # the `* (1 / s)` form multiplies by a reciprocal computed on the GPU
 
 
-def test_which_division_and_nan_eager_runs():
+def test_eager_divides_as_div_rn_and_its_nan_sign_is_read():
     g = torch.Generator(device="cuda").manual_seed(0)
     x = (torch.randn(4096, 1024, device="cuda", generator=g) * 50).bfloat16()
-    found = {}
-    for mode in (0, 2):
-        found[mode] = sum(ndiff(L.quant_reference(x, scale_tensor(v, 0), 0, -448.0, 448.0),
-                                static_quant_triton(x, scale_tensor(v, 0), mode, -448.0, 448.0)) for v in SCALES)
-    SUMMARY["division"] = {"div_rn (Q_MODE 0)": found[0], "mul by div_rn(1, s) (Q_MODE 2)": found[2]}
+    found = sum(ndiff(SQ.static_quant(x, scale_tensor(v, "div"), "div", -448.0, 448.0),
+                      SQ.SPEC.run_kernel(x, scale_tensor(v, "div"), "div", -448.0, 448.0)) for v in SCALES)
+    SUMMARY["division"] = {"div_rn": found}
     SUMMARY["eager_nan_keeps_sign"] = eager_nan_keeps_sign(torch.device("cuda"))
     SUMMARY["torch"], SUMMARY["cuda"] = torch.__version__, torch.version.cuda
-    assert found[0] == 0, f"eager's division is not div_rn: {SUMMARY['division']}"
+    assert found == 0, f"eager's division is not div_rn: {SUMMARY['division']}"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("q_mode", [L.Q_DIV, L.Q_MUL])
+@pytest.mark.parametrize("q_mode", ["div", "mul"])
 def test_every_bit_pattern(dtype, q_mode):
     x = torch.arange(-(2 ** 15), 2 ** 15, device="cuda", dtype=torch.int32).to(torch.int16).view(dtype)
     x = x.reshape(64, 1024)
-    bad = {v: ndiff(L.quant_reference(x, scale_tensor(v, q_mode), q_mode, -448.0, 448.0),
-                    static_quant_triton(x, scale_tensor(v, q_mode), q_mode, -448.0, 448.0)) for v in SCALES}
+    bad = {v: ndiff(SQ.static_quant(x, scale_tensor(v, q_mode), q_mode, -448.0, 448.0),
+                    SQ.SPEC.run_kernel(x, scale_tensor(v, q_mode), q_mode, -448.0, 448.0)) for v in SCALES}
     SUMMARY.setdefault("every_bit_pattern", {})[f"{dtype}-{q_mode}"] = bad
     assert not any(bad.values()), bad
 
@@ -89,11 +90,11 @@ def test_static_quant_matrix(D):
             for amp in AMPS:
                 x, _ = _rows(B, S, D, dtype, amp, seed=D + S)
                 for v in SCALES:
-                    for q_mode in (L.Q_DIV, L.Q_MUL):
+                    for q_mode in ("div", "mul"):
                         s = scale_tensor(v * amp, q_mode)
                         args = (x, s, q_mode, -448.0, 448.0)
-                        assert L.can_use_static_quant(*args)[0]
-                        n = ndiff(L.quant_reference(*args), torch.ops.diffusion_fuse.static_quant(*args))
+                        assert SQ.can_use_static_quant(SQ.SPEC.bind(args))[0]
+                        n = ndiff(SQ.static_quant(*args), torch.ops.diffusion_fuse.static_quant(*args))
                         if n:
                             bad.append((str(dtype), S, amp, v, q_mode, n))
     SUMMARY.setdefault("static_quant", {})[D] = len(bad)
@@ -101,7 +102,7 @@ def test_static_quant_matrix(D):
 
 
 @pytest.mark.parametrize("D", DIMS)
-def test_ln_modulate_quant_matrix(D):
+def test_norm_modulate_quant_matrix(D):
     bad = []
     for form in ("flux_bf16", "wan_fp32_ln"):
         for B, S in ROWS:
@@ -112,10 +113,11 @@ def test_ln_modulate_quant_matrix(D):
                     md = torch.float32 if form == "wan_fp32_ln" else torch.bfloat16
                     sc, sh = (torch.randn(B, 1, D, device="cuda", generator=g).to(md) for _ in range(2))
                     casts = (torch.float32, torch.bfloat16) if form == "wan_fp32_ln" else (None, None)
-                    scales = [scale_tensor(v, L.Q_DIV) for v in SCALES[1:1 + n_q]]
-                    args = (x, None, None, 1e-6, sc, sh, *casts, scales, L.Q_DIV, -448.0, 448.0, keep_out)
-                    assert L.can_use_ln_modulate_quant(*args)[0]
-                    n = ndiff(L.ln_modulate_quant_reference(*args), torch.ops.diffusion_fuse.norm_modulate_quant(*args))
+                    scales = [scale_tensor(v, "div") for v in SCALES[1:1 + n_q]]
+                    # the base op's arguments (no second addends), then the quantizers'
+                    args = (x, None, None, 1e-6, sc, sh, *casts, None, None, scales, "div", -448.0, 448.0, keep_out)
+                    assert NORM_QUANT.guard(NORM_QUANT.bind(args))[0]
+                    n = ndiff(NORM_QUANT.reference(*args), torch.ops.diffusion_fuse.norm_modulate_quant(*args))
                     if n:
                         bad.append((form, S, amp, n_q, keep_out, n))
     SUMMARY.setdefault("norm_modulate_quant", {})[D] = len(bad)
@@ -131,11 +133,13 @@ def test_gated_residual_norm_modulate_quant_matrix(D):
                 x, g = _rows(B, S, D, torch.bfloat16, amp, seed=3 * D + S)
                 res = (torch.randn(B, S, D, device="cuda", generator=g) * amp * 4).bfloat16()
                 gate, sc, sh = (torch.randn(B, 1, D, device="cuda", generator=g).bfloat16() for _ in range(3))
-                scales = [scale_tensor(v * amp, L.Q_MUL) for v in SCALES[-n_q:]]
-                args = (res, x, gate, None, None, 1e-6, sc, sh, None, scales, L.Q_MUL, -448.0, 448.0, keep_out)
-                assert L.can_use_gated_residual_norm_modulate_quant(*args)[0]
-                n = ndiff(L.gated_residual_norm_modulate_quant_reference(*args),
-                          torch.ops.diffusion_fuse.gated_residual_norm_modulate_quant(*args))
+                scales = [scale_tensor(v * amp, "mul") for v in SCALES[-n_q:]]
+                # the base op's arguments (no second addends, no casts), then the quantizers'
+                args = (res, x, gate, None, None, 1e-6, sc, sh, None, None, None, None, None, None, scales, "mul",
+                        -448.0, 448.0, keep_out)
+                assert GATED_QUANT.guard(GATED_QUANT.bind(args))[0]
+                got = torch.ops.diffusion_fuse.gated_residual_norm_modulate_quant(*args)
+                n = ndiff(GATED_QUANT.reference(*args), got)
                 if n:
                     bad.append((S, amp, n_q, keep_out, n))
     SUMMARY.setdefault("gated_residual_norm_modulate_quant", {})[D] = len(bad)
@@ -154,9 +158,9 @@ def test_cat_quant(heads, head_dim, mlp):
                                        approximate="tanh")
         for v in (1e-3, 0.02, 1.0, 10.0):
             for keep in (False, True):
-                args = (attn, act, scale_tensor(v, L.Q_DIV), L.Q_DIV, -448.0, 448.0, keep)
-                assert L.can_use_cat_quant(*args)[0]
-                n = ndiff(L.cat_quant_reference(*args), cat_quant_triton(*args))
+                args = (attn, act, scale_tensor(v, "div"), "div", -448.0, 448.0, keep)
+                assert CQ.can_use_cat_quant(CQ.SPEC.bind(args))[0]
+                n = ndiff(CQ.cat_quant(*args), CQ.SPEC.run_kernel(*args))
                 if n:
                     bad.append((S, v, keep, n))
     SUMMARY.setdefault("cat_quant", {})[f"{heads * head_dim}+{mlp}"] = len(bad)

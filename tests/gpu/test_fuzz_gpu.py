@@ -1,4 +1,4 @@
-"""The property-based fuzz of tests/test_fuzz.py on CUDA with the Triton kernels live (issue #8).
+"""The property-based fuzz of tests/test_fuzz.py on CUDA with the Triton kernels live.
 
 Random forms (dtype, D incl. 512-multiples that take the register-tile kernels, odd D that the
 guard routes to the reference, gated or not, Wan fp32 LN, affine, per-token, swapped operands,
@@ -15,12 +15,12 @@ import os
 
 import pytest
 import torch
+from helpers import bitwise_equal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_fuzz import Modulated, forms, make_inputs
 
 import diffusion_fuse
-from helpers import bitwise_equal
-from test_fuzz import Modulated, forms, make_inputs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 EXAMPLES = int(os.environ.get("DIFFUSION_FUSE_FUZZ_EXAMPLES", "100"))

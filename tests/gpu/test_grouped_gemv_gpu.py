@@ -71,7 +71,7 @@ def test_every_member_has_addmms_bits(name, k, sizes, rows, bias):
     assert counters.snapshot()["kernel"].get("grouped_gemv") == 1, counters.snapshot()
     for got, want in zip(_split(flat, x, ws), _eager(x, ws, bs)):
         assert torch.equal(got.view(torch.int16), want.view(torch.int16))
-    if name != "SD3.5-large":  # FLUX's and Qwen-Image's shapes have a form the kernel knows (session 14's probe)
+    if name != "SD3.5-large":  # FLUX's and Qwen-Image's shapes have a form the kernel knows
         assert not gg.CUBLAS_MEMBERS, gg.CUBLAS_MEMBERS
 
 

@@ -4,8 +4,10 @@ For each shape (Qwen-Image's q/k rows: 4096 image and 512 text tokens x 24 heads
 bf16, fp16 and fp32 inputs over six decades), every candidate order of the kernel (``CANDIDATES``: a lane's
 elements in order, as a tree, by halves, or as one vector; warp offsets descending or ascending) is compared
 with eager's ``x.float().pow(2).mean(-1, keepdim=True)``; the test passes when the order ``eager_order`` finds
-for each D (the one the kernel runs in) is bitwise eager's everywhere, and D = 32 and 64 have one. The per-order counts of
-differing rows go to $OUT/mean_square_gpu.json.
+for each D (the one the kernel runs in) is bitwise eager's everywhere, and D = 32 and 64 have one. The per-order
+counts of differing rows go to $OUT/mean_square_gpu.json. Strided rows (``[B, S, H, D]`` projections transposed to
+``[B, H, S, D]``, as diffusers' SD3 attention normalizes q and k; the leading tokens of each head) run the op and
+must be eager's bits too.
 """
 
 from __future__ import annotations
@@ -62,8 +64,8 @@ def test_kernel_is_eagers_mean_in_the_order_it_finds():
 
 
 def test_through_the_backend_the_site_runs_the_kernel_and_is_kept():
-    """A QK norm at head dim 64 (measured exact, run 4): the site is kept, the output is eager's bits, and the
-    kernel ran (not the reference path). The tiny models' head dim (16) is not the family's."""
+    """A QK norm at head dim 64: the site is kept, the output is eager's bits, and the kernel ran (not the
+    reference path). The tiny models' head dim (16) is not the family's."""
     import diffusion_fuse
     from diffusion_fuse.lowering import counters
     from diffusion_fuse.testing.tiny_models import QKNorm
@@ -71,6 +73,62 @@ def test_through_the_backend_the_site_runs_the_kernel_and_is_kept():
     torch._dynamo.reset()
     model = QKNorm(24, 64).to("cuda", torch.bfloat16)
     x = torch.randn(1, 512, 24 * 64, device="cuda").bfloat16()
+    report = diffusion_fuse.Report()
+    counters.reset()
+    with torch.no_grad():
+        ref = model(x)
+        out = torch.compile(model, backend=diffusion_fuse.DiffusionFuseBackend(None, report))(x)
+    assert torch.equal(ref.view(torch.int16), out.view(torch.int16))
+    sites = [s for s in report.sites() if s.pattern == "mean_square"]
+    assert len(sites) == 1 and sites[0].status == "kept", report.table()
+    assert counters.snapshot()["kernel"].get("mean_square", 0) >= 1, counters.snapshot()
+
+
+STRIDED = [("heads_transposed_d64", (2, 1024, 24, 64), "transpose"), ("heads_transposed_d128", (2, 512, 24, 128),
+           "transpose"), ("heads_transposed_b1", (1, 333, 38, 64), "transpose"),
+           ("heads_transposed_d32", (2, 300, 8, 32), "transpose"), ("leading_tokens", (2, 8, 600, 128), "leading")]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name, shape, layout", STRIDED)
+def test_strided_rows_run_the_op_with_eagers_bits(name, shape, layout, dtype):
+    from diffusion_fuse.kernels.mean_square import can_use_mean_square
+    from diffusion_fuse.lowering import counters
+
+    x = _x(shape, dtype, seed=len(name))
+    x = x.transpose(1, 2) if layout == "transpose" else x[:, :, : shape[2] // 2]
+    assert not x.is_contiguous()
+    ok, why = can_use_mean_square(x)
+    assert ok, why
+    counters.reset()
+    got = torch.ops.diffusion_fuse.mean_square(x)
+    assert counters.snapshot()["kernel"] == {"mean_square": 1}, counters.snapshot()
+    ref = x.float().pow(2).mean(-1, keepdim=True)
+    assert got.shape == ref.shape and got.stride() == ref.stride()
+    assert torch.equal(got.view(torch.int32), ref.view(torch.int32))
+
+
+class TransposedQKNorm(torch.nn.Module):
+    """diffusers' SD3 attention: ``q.view(B, -1, heads, head_dim).transpose(1, 2)``, then ``RMSNorm``."""
+
+    def __init__(self, heads: int, head_dim: int):
+        super().__init__()
+        from diffusers.models.normalization import RMSNorm
+
+        self.heads = heads
+        self.norm = RMSNorm(head_dim, eps=1e-6, elementwise_affine=True)
+
+    def forward(self, q):
+        return self.norm(q.view(q.shape[0], -1, self.heads, q.shape[-1] // self.heads).transpose(1, 2))
+
+
+def test_through_the_backend_a_transposed_qk_norm_runs_the_kernel_and_is_kept():
+    import diffusion_fuse
+    from diffusion_fuse.lowering import counters
+
+    torch._dynamo.reset()
+    model = TransposedQKNorm(24, 64).to("cuda", torch.bfloat16)
+    x = torch.randn(2, 512, 24 * 64, device="cuda").bfloat16()
     report = diffusion_fuse.Report()
     counters.reset()
     with torch.no_grad():

@@ -116,8 +116,8 @@ ALTERNATIVES = {
 }
 # libdevice built with its flush-to-zero reflect on (Triton's default; ours is off, as nvcc builds eager's
 # kernels): recorded beside the default for every op that calls libdevice. On normal values both are eager's;
-# on subnormal inputs only the default is (test_subnormal_inputs_per_variant). Session 9 measured erf's gelu
-# with the reflect off too: it still differs (ERF_NOT_REPRODUCED).
+# on subnormal inputs only the default is (test_subnormal_inputs_per_variant). erf's gelu differs with the
+# reflect off too (ERF_NOT_REPRODUCED).
 FTZ_ON = Variants(reflect_ftz=True)
 NO_LUT = Variants(lut16=False)  # the arithmetic recipe of a bf16 op that is looked up by default (kernels/lut16.py)
 LIBDEVICE_OPS = ("exp", "sin", "cos", "tanh", "rsqrt", "sigmoid", "silu", "gelu_tanh", "gelu")
@@ -206,8 +206,9 @@ def test_tanh_is_eager_on_every_normal_fp32_pattern(tanh_every_pattern):
 
 
 def test_tanh_keeps_subnormal_inputs_as_eager(tanh_every_pattern):
-    # eager's tanhf returns a subnormal x; libdevice built with Triton's default FTZ reflect returned ±0 for all
-    # 16,777,214 of them (session 8), hence launch.EAGER_NUMERICS' enable_reflect_ftz=False
+    # eager's tanhf returns a subnormal x; libdevice built with Triton's default FTZ reflect returns ±0 for all
+    # 16,777,214 of them (test_subnormal_inputs_per_variant records it), hence launch.EAGER_NUMERICS'
+    # enable_reflect_ftz=False
     r = tanh_every_pattern["subnormal"]
     assert r["ndiff"] == 0, f"{r['ndiff']} of {SUBNORMALS} subnormal inputs differ: {r['first']}"
 
@@ -215,8 +216,8 @@ def test_tanh_keeps_subnormal_inputs_as_eager(tanh_every_pattern):
 @pytest.mark.parametrize("op", [op for op in LIBDEVICE_OPS if op != "gelu"])
 def test_subnormal_inputs_per_variant(op):
     # every fp32 subnormal input (both signs; rsqrt: positive) through the generated kernel, with libdevice's
-    # FTZ reflect off (the default) and on (Triton's default: recorded, session 9 found sin, tanh and rsqrt
-    # flushing every subnormal input with it). Asserts the default is eager's.
+    # FTZ reflect off (the default) and on (Triton's default, recorded: with it sin, tanh and rsqrt flush every
+    # subnormal input). Asserts the default is eager's.
     fn, _, positive = OPS[op]
     mag = torch.arange(1, 1 << 23, dtype=torch.int32, device="cuda")
     x = (mag if positive else torch.cat([mag, mag | -(1 << 31)])).view(torch.float32)

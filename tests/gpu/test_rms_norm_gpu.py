@@ -27,7 +27,7 @@ Stages (module-scoped fixtures, each runs once; a table per stage; ``$OUT/rms_no
 9. the lane epilogue (the default for D = 32, 64, 128) against eager and the row epilogue, y and rstd bits, at
    contiguous, 8-byte-offset and D + 4 row-stride layouts; prints the builds whose shuffle layouts were refused.
 
-Run: ``python -m pytest -q -s tests/gpu/test_rms_norm_gpu.py`` (about a minute on an H200).
+Run: ``python -m pytest -q -s tests/gpu/test_rms_norm_gpu.py``.
 """
 
 from __future__ import annotations

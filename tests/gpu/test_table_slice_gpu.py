@@ -9,7 +9,7 @@ norm3, FFN residual + norm_out (its 2-chunk table, temb broadcast along the chun
 (a block's end under compile_repeated_blocks). Layouts: Wan 2.1 temb [B,6,D] and Wan 2.2 TI2V per token
 [B,S,6,D]. Shapes: D 64..5120, B 1/2, S 1..333, activations 1e-4/1/100, table sums exactly -1, 0, -0.0;
 real: Wan2.2-5B 704p/121f per token [1, 27280, 6, 3072] and Wan2.1-14B 480p/81f [1, 32760, 5120] with a
-[1, 6, 5120] temb. Compares ``.view(int16)``. Prints a summary; writes $OUT/wan_temb_gpu.json when $OUT is set.
+[1, 6, 5120] temb. Compares ``.view(int16)``. Prints a summary; writes $OUT/table_slice_gpu.json when $OUT is set.
 """
 
 from __future__ import annotations
@@ -157,5 +157,5 @@ def teardown_module(module):
         print("  ", r)
     out = os.environ.get("OUT")
     if out:
-        with open(os.path.join(out, "wan_temb_gpu.json"), "w") as f:
+        with open(os.path.join(out, "table_slice_gpu.json"), "w") as f:
             json.dump({"cases": RESULTS, "mismatching": bad}, f)

@@ -1,4 +1,4 @@
-"""torchao's own FP8 static-activation linear on CUDA (issue #5): quantizers fused, output bitwise equal to eager.
+"""torchao's own FP8 static-activation linear on CUDA: quantizers fused, output bitwise equal to eager.
 
 torchao is not on the GPU image: carry its wheel in ``.whl/`` (``pip download --no-deps torchao``; 0.18 was
 used). ``testing/fp8.quantize_linears_torchao`` (torchao's ``Float8StaticActivationFloat8WeightConfig``,

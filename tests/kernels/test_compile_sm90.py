@@ -37,40 +37,34 @@ def compile_for_sm90(kernel, types: dict, const: dict):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, **EAGER_NUMERICS})
 
 
-def compile_ln_modulate(D, x="bf16", mod="bf16", out="bf16", ln="bf16", affine=False, shift=True, n_q=0,
-                        keep_out=True, rows=0, temb=None, group=1, one_exchange=False, max_registers=None,
-                        cache_hints=0):
+def compile_norm_modulate(D, x="bf16", mod="bf16", out="bf16", ln="bf16", affine=False, shift=True, n_q=0,
+                          keep_out=True, temb=None, cache_hints=False, scale=True, heads=False):
     """Compile as the launcher does for contiguous, 16-byte aligned operands: x's unit stride along D
     is a constant, pointers and row strides carry Triton's divisibility-by-16 specialization.
-    ``rows`` > 0: the several-rows-per-program kernel (UNIFORM D only). ``temb``: the dtype of
-    scale's and shift's second addends (Wan's timestep table), or None. ``group`` > 1: the row-group
-    kernel (``group`` rows side by side, 4 * group warps; UNIFORM D only)."""
-    assert not (rows and group > 1)
-    k = lm._ln_modulate_rows_kernel if rows else lm._ln_modulate_row_group_kernel if group > 1 else \
-        lm._ln_modulate_kernel
-    rows = rows or (group if group > 1 else 0)  # both take ROWS and M
+    ``temb``: the dtype of scale's and shift's second addends (Wan's timestep table), or None.
+    ``cache_hints``: the kernel's CACHE_HINTS (what rows normalized in 16 bits take).
+    ``scale=False``: no modulate (family layer_norm's launch); ``heads``: rows [B, H, S] (X_HEADS)."""
+    k = lm._norm_modulate_kernel
     n_iters = lns.n_iters_for(D)
     const = dict(N_ITERS=n_iters, LANES=lns.LANES, VEC=lns.VEC, HAS_W=affine, HAS_B=affine, HAS_SHIFT=shift,
                  LN_DT=CODE[ln], T_DT=CODE[mod], U_DT=CODE[mod], V_DT=CODE[mod], AFFINE_FMA=True,
                  **lns.DEFAULT_VARIANT.constexprs(), UNIFORM=lns.is_uniform(D, n_iters),
-                 **quant_constexprs(n_q, keep_out, out), **({"ROWS": rows} if rows else {}),
-                 HAS_SCALE_TEMB=temb is not None, HAS_SHIFT_TEMB=temb is not None and shift,
-                 ONE_EXCHANGE=one_exchange, **({} if rows else {"CACHE_HINTS": cache_hints}))
+                 **quant_constexprs(n_q, keep_out, out),
+                 HAS_SCALE=scale, HAS_SCALE_TEMB=temb is not None, HAS_SHIFT_TEMB=temb is not None and shift,
+                 CACHE_HINTS=cache_hints, X_HEADS=heads)
     names = k.arg_names
     sig = {"X": PTR[x], "W": PTR[ln], "B": PTR[ln], "SCALE": PTR[mod], "SHIFT": PTR[mod], "OUT": PTR[out],
            "SCALE_T": PTR[temb or mod], "SHIFT_T": PTR[temb or mod],
-           "N": "i32", "S": "i32", "M": "i32", "eps": "fp32", **QUANT_TYPES}
+           "N": "i32", "S": "i32", "H": "i32", "eps": "fp32", **QUANT_TYPES}
     sig = {n: sig.get(n, "i64") for n in names}
     sig.update({n: "constexpr" for n in [*const, "x_sd"]})
     constexprs = {(names.index(n),): v for n, v in {**const, "x_sd": 1}.items()}
-    aligned = ["X", "W", "B", "SCALE", "SHIFT", "OUT", "x_sb", "x_ss", "sc_sb", "sc_ss", "sh_sb", "sh_ss",
+    aligned = ["X", "W", "B", "SCALE", "SHIFT", "OUT", "x_sb", "x_ss", "x_sh", "sc_sb", "sc_ss", "sh_sb", "sh_ss",
                "SCALE_T", "SHIFT_T", "sct_sb", "sct_ss", "sht_sb", "sht_ss"]
     aligned += ["N"] if D % 16 == 0 else []
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     src = ASTSource(fn=k, signature=sig, constexprs=constexprs, attrs=attrs)
-    options = {"num_warps": 4 * group, **EAGER_NUMERICS}
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options=options if max_registers is None else {**options, "maxnreg": max_registers})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, **EAGER_NUMERICS})
 
 
 def cubin_registers(ck) -> int:
@@ -95,20 +89,6 @@ def cubin_registers(ck) -> int:
     raise ValueError("no register count in the cubin")
 
 
-def cubin_stack_bytes(ck) -> int:
-    """Stack bytes per thread (register spills land there), from Triton's own cuobjdump."""
-    import os
-    import subprocess
-    import tempfile
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(ck.asm["cubin"])
-        f.flush()
-        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-    return int(re.search(r"STACK:(\d+)", usage).group(1))
-
-
 def shuffle_layouts(ttgir: str) -> set[str]:
     """The layouts of the tensors the warp shuffles (inline PTX) operate on."""
     defs = dict(line.split(" = ", 1) for line in ttgir.splitlines() if line.startswith("#") and " = " in line)
@@ -126,87 +106,39 @@ IDENTITY_LAYOUTS = {  # element i of a [128] tensor lives in thread i (lane i % 
 @pytest.mark.parametrize("D", [1000, 3072])
 def test_warp_shuffles_see_lane_i_in_thread_i(D):
     # _shfl_down returns lane l+offset's state only if lane l of the Welford state is thread l.
-    layouts = shuffle_layouts(compile_ln_modulate(D).asm["ttgir"])
+    layouts = shuffle_layouts(compile_norm_modulate(D).asm["ttgir"])
     assert layouts and layouts <= IDENTITY_LAYOUTS, layouts
 
 
-def identity_layout(threads: int) -> set[str]:
-    """IDENTITY_LAYOUTS for a [threads] tensor in a program of threads // 32 warps."""
-    warps = ", ".join(f"[{1 << b}]" for b in range(5, threads.bit_length() - 1))
-    blocked = f"sizePerThread = [1], threadsPerWarp = [32], warpsPerCTA = [{threads // 32}], order = [0]"
-    return {f"#ttg.linear<{{register = [], lane = [[1], [2], [4], [8], [16]], warp = [{warps}], block = []}}>",
-            f"#ttg.blocked<{{{blocked}}}>"}
-
-
 def shuffle_layouts_any(ttgir: str) -> set[str]:
-    """``shuffle_layouts`` for any [n] state (a row group's is [rows * 128])."""
+    """``shuffle_layouts`` for any [n] state (rms_norm's row groups hold [groups * 128])."""
     defs = dict(line.split(" = ", 1) for line in ttgir.splitlines() if line.startswith("#") and " = " in line)
     used = {m for line in ttgir.splitlines() if "shfl.sync.down" in line
             for m in re.findall(r"tensor<\d+xi32, (#\w+)>", line)}
     return {defs[u] for u in used}
 
 
-# kernels/norm_modulate.py LaunchVariant: (row_group, one_exchange) at the three benchmark forms. Registers and
-# shared memory per variant print with -s (the NOTES.md numbers); the default's PTX is unchanged.
-LAUNCH_FORMS = {"flux_3072": (3072, {}), "wan21_5120": (5120, dict(mod="fp32", ln="fp32")),
-                "wan22_3072": (3072, dict(mod="fp32", ln="fp32"))}
-
-
-@pytest.mark.parametrize("group, one_exchange", [(1, False), (2, False), (4, False), (1, True), (2, True), (4, True)])
-@pytest.mark.parametrize("form", list(LAUNCH_FORMS))
-def test_launch_variants_compile_for_sm90(form, group, one_exchange):
-    D, kw = LAUNCH_FORMS[form]
-    ck = compile_ln_modulate(D, group=group, one_exchange=one_exchange, **kw)
-    ptx = ck.asm["ptx"]
-    regs = cubin_registers(ck)
-    print(f"{form} group={group} one_exchange={one_exchange}: {regs} registers, {ck.metadata.shared} B shared, "
-          f"{ptx.count('bar.sync')} bar.sync")
-    assert ck.asm.get("cubin") and ck.metadata.global_scratch_size == 0
-    # every row's lanes are threads in the one-row order: the shuffles see lane i in thread i
-    assert shuffle_layouts_any(ck.asm["ttgir"]) <= identity_layout(128 * group)
-    # the cross-warp levels: one exchange (one barrier), or one per quantity (mean, m2: three barriers)
-    assert ptx.count("bar.sync") == (1 if one_exchange else 3)
-    assert ".approx" not in ptx.replace("rsqrt.approx", "").replace("ex2.approx", "")
-    assert ".ftz" not in ptx  # launch.EAGER_NUMERICS: libdevice without its FTZ reflect (rsqrt.approx.f32)
-    if group == 2:  # a second row per program costs (almost) no registers per thread (what idea 1 relies on):
-        # ptxas' allocation moves by a register or two (Wan2.1 with one exchange: 72 against the one-row 70)
-        assert regs <= cubin_registers(compile_ln_modulate(D, **kw)) + 2
-
-
-@pytest.mark.parametrize("name", [n for n, lv in lm.LAUNCH_CANDIDATES.items() if lv.max_registers])
-@pytest.mark.parametrize("form", list(LAUNCH_FORMS))
-def test_register_capped_candidates_compile_for_sm90(form, name):
-    lv = lm.LAUNCH_CANDIDATES[name]
-    D, kw = LAUNCH_FORMS[form]
-    ck = compile_ln_modulate(D, group=lv.row_group, one_exchange=lv.one_exchange, max_registers=lv.max_registers,
-                             **kw)
-    regs, stack = cubin_registers(ck), cubin_stack_bytes(ck)
-    print(f"{form} {name}: {regs} registers, {stack} B stack (spills)")
-    assert regs <= lv.max_registers
-    # the one-row caps were chosen where they fit without spilling: 40 at D = 3072, 56 at D = 5120 (fp32 LN);
-    # a row group at 40 spills a few bytes (measured as is: the GPU decides)
-    if lv.row_group == 1 and (lv.max_registers, D) in ((40, 3072), (56, 5120)):
-        assert stack == 0
-
-
-@pytest.mark.parametrize("name", [n for n, lv in lm.LAUNCH_CANDIDATES.items() if lv.cache_hints])
-@pytest.mark.parametrize("form", list(LAUNCH_FORMS))
-def test_cache_hint_candidates_compile_for_sm90(form, name):
-    """Cache hints change the row's loads (an L2 evict-first policy) or the output's stores (``.cs``) and
-    nothing else: same registers, same instruction count but for the policy's own."""
-    lv = lm.LAUNCH_CANDIDATES[name]
-    D, kw = LAUNCH_FORMS[form]
-    ck, base = compile_ln_modulate(D, cache_hints=lv.cache_hints, **kw), compile_ln_modulate(D, **kw)
+@pytest.mark.parametrize("D, x", [(3072, "bf16"), (5120, "bf16"), (1024, "fp16")])
+def test_cache_hints_change_the_row_loads_and_output_stores_only(D, x):
+    """The kernel's CACHE_HINTS (rows normalized in 16 bits): the row's loads take an L2 evict-first policy, the
+    output's stores are ``.cs``, and nothing else changes (same registers, within 2)."""
+    kw = dict(x=x, mod=x, out=x, ln=x)
+    ck, base = compile_norm_modulate(D, cache_hints=True, **kw), compile_norm_modulate(D, **kw)
     ptx, regs = ck.asm["ptx"], cubin_registers(ck)
-    print(f"{form} {name}: {regs} registers (default {cubin_registers(base)})")
-    assert ("evict_first" in ptx) == bool(lv.cache_hints & 1)
-    assert ("st.global.cs" in ptx) == bool(lv.cache_hints & 2)
+    print(f"D={D} {x} cache hints: {regs} registers (without {cubin_registers(base)})")
+    assert "evict_first" in ptx and "st.global.cs" in ptx
+    assert "st.global.v2.b32 " not in ptx.replace("st.global.cs.v2.b32", "")  # every output store streams
     assert "evict_first" not in base.asm["ptx"] and "st.global.cs" not in base.asm["ptx"]
     assert regs <= cubin_registers(base) + 2
 
 
+def test_cache_hints_apply_to_rows_held_in_registers_only():
+    ptx = compile_norm_modulate(1000, cache_hints=True).asm["ptx"]  # D % 512 != 0: the row is read twice
+    assert "evict_first" not in ptx and "st.global.cs" not in ptx
+
+
 def test_aligned_rows_load_and_store_4_elements_per_instruction():
-    ptx = compile_ln_modulate(3072).asm["ptx"]
+    ptx = compile_norm_modulate(3072).asm["ptx"]
     assert "ld.global.b16" not in ptx and "st.global.b16" not in ptx
     assert "ld.global.v2.b32" in ptx and "st.global.v2.b32" in ptx
 
@@ -217,7 +149,7 @@ def test_ln_modulate_compiles_for_sm90(D, form):
     kw = {"flux_bf16": {}, "wan_fp32_ln": dict(mod="fp32", ln="fp32"),
           "affine_fp16": dict(x="fp16", mod="fp16", out="fp16", ln="fp16", affine=True),
           "wan_temb": dict(mod="fp32", ln="fp32", temb="bf16")}[form]
-    ck = compile_ln_modulate(D, **kw)
+    ck = compile_norm_modulate(D, **kw)
     ptx = ck.asm["ptx"]
     assert ck.asm.get("cubin")
     # Only our explicit tl.fma become FMAs: every other multiply/add is rounded on its own.
@@ -228,20 +160,33 @@ def test_ln_modulate_compiles_for_sm90(D, form):
         assert "div.rn.f32" in ptx  # only var = m2 / N remains a division
 
 
+@pytest.mark.parametrize("heads", [False, True])
+@pytest.mark.parametrize("D", [1000, 3072])
+@pytest.mark.parametrize("affine", [False, True])
+def test_layer_norm_launch_compiles_for_sm90_and_reads_no_scale(D, affine, heads):
+    # family layer_norm: the kernel without its modulate (HAS_SCALE=False), eager's numerics as with it
+    kw = dict(affine=affine, shift=False)
+    ck, modulated = compile_norm_modulate(D, scale=False, heads=heads, **kw), compile_norm_modulate(D, **kw)
+    ptx = ck.asm["ptx"]
+    assert ck.asm.get("cubin")
+    assert ".approx" not in ptx.replace("rsqrt.approx", "").replace("ex2.approx", "") and ".ftz" not in ptx
+    assert ptx.count("ld.global") < modulated.asm["ptx"].count("ld.global")  # the scale loads are gone
+
+
 def test_table_addends_are_added_in_fp32_once_per_element():
     # Wan's scale/shift = table + temb.float(): the kernel adds the widened bf16 temb to the fp32 table.
-    base = compile_ln_modulate(3072, mod="fp32", ln="fp32").asm["ptx"]
-    temb = compile_ln_modulate(3072, mod="fp32", ln="fp32", temb="bf16").asm["ptx"]
+    base = compile_norm_modulate(3072, mod="fp32", ln="fp32").asm["ptx"]
+    temb = compile_norm_modulate(3072, mod="fp32", ln="fp32", temb="bf16").asm["ptx"]
     adds = [ptx.count("add.rn.f32") for ptx in (base, temb)]
     # scale and shift each gain one add per element: 6 trips x 4 elements per thread x 2 operands
     assert adds[1] - adds[0] == 6 * 4 * 2, adds
     assert temb.count("fma.rn.f32") == base.count("fma.rn.f32")  # the add is not contracted into anything
 
 
-def compile_gated_residual_ln_modulate(D, dtype="bf16", n_q=0, cache_hints=0):
+def compile_gated_residual_norm_modulate(D, dtype="bf16", n_q=0):
     """``dtype``: one dtype throughout, or Wan's forms: "wan_norm_out" (bf16 residual and x, fp32 table gate,
     scale and shift + bf16 temb, bf16 r, FP32LayerNorm) and "wan_norm2" (the same, affine, no modulate)."""
-    from diffusion_fuse.kernels import gated_residual_ln as gr
+    from diffusion_fuse.kernels import gated_residual_norm_modulate as gr
 
     n_iters = lns.n_iters_for(D)
     wan = dtype.startswith("wan")
@@ -251,39 +196,30 @@ def compile_gated_residual_ln_modulate(D, dtype="bf16", n_q=0, cache_hints=0):
                  HAS_SHIFT=not plain, LN_DT=CODE[mod], T_DT=CODE[mod], U_DT=CODE[mod], V_DT=CODE[mod],
                  AFFINE_FMA=True, **lns.DEFAULT_VARIANT.constexprs(), UNIFORM=lns.is_uniform(D, n_iters),
                  **quant_constexprs(n_q, out="bf16" if wan else dtype), HAS_GATE_TEMB=wan, HAS_SCALE=not plain,
-                 HAS_SCALE_TEMB=wan and not plain, HAS_SHIFT_TEMB=wan and not plain, CACHE_HINTS=cache_hints)
+                 HAS_SCALE_TEMB=wan and not plain, HAS_SHIFT_TEMB=wan and not plain)
     act = "bf16" if wan else dtype
     types = {**{p: PTR[act] for p in ("RES", "X", "R_OUT", "OUT")},
              **{p: PTR[mod] for p in ("GATE", "W", "B", "SCALE", "SHIFT")},
              **{p: PTR["bf16" if wan else mod] for p in ("GATE_T", "SCALE_T", "SHIFT_T")},
              "N": "i32", "S": "i32", "eps": "fp32", **QUANT_TYPES}
-    return compile_for_sm90(gr._gated_residual_ln_modulate_kernel, types, const)
+    return compile_for_sm90(gr._gated_residual_norm_modulate_kernel, types, const)
 
 
 @pytest.mark.parametrize("D, dtype, n_q", [(1000, "bf16", 0), (3072, "bf16", 0), (1000, "fp32", 0),
                                            (3072, "fp32", 0), (1000, "bf16", 1), (3072, "bf16", 2),
                                            (1000, "wan_norm2", 0), (3072, "wan_norm2", 0), (1000, "wan_norm_out", 0),
                                            (3072, "wan_norm_out", 0), (3072, "wan_norm_out", 1)])
-def test_gated_residual_ln_modulate_compiles_for_sm90(D, dtype, n_q):
-    ck = compile_gated_residual_ln_modulate(D, dtype, n_q)
+def test_gated_residual_norm_modulate_compiles_for_sm90(D, dtype, n_q):
+    ck = compile_gated_residual_norm_modulate(D, dtype, n_q)
     assert ck.asm.get("cubin") and "bar.sync" in ck.asm["ptx"]
     assert (E4M3_CVT in ck.asm["ptx"]) == (n_q > 0)
     assert ".approx" not in ck.asm["ptx"].replace("rsqrt.approx", "").replace("ex2.approx", "")
     assert ".ftz" not in ck.asm["ptx"]
 
 
-@pytest.mark.parametrize("cache_hints", [1, 2, 3])
-def test_gated_cache_hints_compile_for_sm90(cache_hints):
-    """The gated kernel's hints: evict-first on x's and residual's loads, ``.cs`` on r's and the output's
-    stores, nothing else (same registers, within 2)."""
-    ck, base = compile_gated_residual_ln_modulate(3072, cache_hints=cache_hints), compile_gated_residual_ln_modulate(3072)
-    ptx = ck.asm["ptx"]
-    print(f"gated cache_hints={cache_hints}: {cubin_registers(ck)} registers (default {cubin_registers(base)})")
-    assert ("evict_first" in ptx) == bool(cache_hints & 1)
-    assert ("st.global.cs" in ptx) == bool(cache_hints & 2)
-    if cache_hints & 2:  # r and the output: every store of the row streams
-        assert "st.global.v2.b32 " not in ptx.replace("st.global.cs.v2.b32", "")
-    assert cubin_registers(ck) <= cubin_registers(base) + 2
+def test_gated_residual_norm_modulate_takes_no_cache_hints():
+    ptx = compile_gated_residual_norm_modulate(3072).asm["ptx"]
+    assert "evict_first" not in ptx and "st.global.cs" not in ptx
 
 
 @pytest.mark.parametrize("temb", [None, "bf16"])
@@ -294,7 +230,7 @@ def test_gated_residual_compiles_for_sm90(temb):
 
 
 def compile_gated_residual(temb=None):
-    from diffusion_fuse.kernels import gated_residual_ln as gr
+    from diffusion_fuse.kernels import gated_residual as gr
 
     k = gr._gated_residual_kernel
     types = {"RES": "*bf16", "X": "*bf16", "GATE": "*fp32", "GATE_T": PTR[temb or "fp32"], "R_OUT": "*bf16",
@@ -308,30 +244,35 @@ def compile_gated_residual(temb=None):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, **EAGER_NUMERICS})
 
 
-@pytest.mark.parametrize("D, n_q, keep_out, rows", [(1000, 1, False, 0), (3072, 3, True, 0), (3072, 4, False, 0),
-                                                   (3072, 2, True, 4), (3072, 1, False, 4)])
-def test_ln_modulate_with_quant_epilogue_compiles_for_sm90(D, n_q, keep_out, rows):
-    ptx = compile_ln_modulate(D, n_q=n_q, keep_out=keep_out, rows=rows).asm["ptx"]
+@pytest.mark.parametrize("D, n_q, keep_out, hints", [(1000, 1, False, False), (3072, 3, True, False),
+                                                    (3072, 4, False, False), (3072, 2, True, True),
+                                                    (3072, 1, False, True)])
+def test_norm_modulate_with_quant_epilogue_compiles_for_sm90(D, n_q, keep_out, hints):
+    ptx = compile_norm_modulate(D, n_q=n_q, keep_out=keep_out, cache_hints=hints).asm["ptx"]
     assert ptx.count(E4M3_CVT) >= n_q  # one conversion per quantizer (per vector pair)
     assert ".approx" not in ptx.replace("rsqrt.approx", "").replace("ex2.approx", "")
     assert ".ftz" not in ptx  # launch.EAGER_NUMERICS: libdevice without its FTZ reflect (rsqrt.approx.f32)
     stores = ptx.count("st.global")
     assert stores >= n_q and (keep_out or "st.global.v2.b32" not in ptx)  # no bf16 row store without keep_out
+    assert ("st.global.cs" in ptx) == (hints and keep_out)
 
 
 def compile_static_quant(x="bf16", q_mode=0):
     from diffusion_fuse.kernels import fp8_quant as fq
+    from diffusion_fuse.kernels import static_quant as sq
 
-    return compile_for_sm90(fq._static_quant_kernel, {"X": PTR[x], "SCALE": "*fp32", "Q": "*u8", "N": "i32",
+    return compile_for_sm90(sq._static_quant_kernel, {"X": PTR[x], "SCALE": "*fp32", "Q": "*u8", "N": "i32",
                                                       "S": "i32", "q_lo": "fp32", "q_hi": "fp32"},
                             dict(BLOCK=fq.BLOCK, Q_MODE=q_mode, NAN_SIGN=True))
 
 
-@pytest.mark.parametrize("x, q_mode", [("bf16", 0), ("bf16", 1), ("bf16", 2), ("fp32", 0)])
+@pytest.mark.parametrize("x, q_mode", [("bf16", "div"), ("bf16", "mul"), ("fp32", "div")])
 def test_static_quant_compiles_for_sm90(x, q_mode):
-    ptx = compile_static_quant(x, q_mode).asm["ptx"]
+    from diffusion_fuse.kernels.fp8_quant import Q_MODES
+
+    ptx = compile_static_quant(x, Q_MODES[q_mode]).asm["ptx"]
     assert E4M3_CVT in ptx and ".approx" not in ptx
-    assert ("div.rn.f32" in ptx) == (q_mode != 1)  # the division is IEEE, as nvcc compiles eager's
+    assert ("div.rn.f32" in ptx) == (q_mode == "div")  # the division is IEEE, as nvcc compiles eager's
 
 
 def compile_cat_quant(keep_cat=False):
@@ -351,12 +292,15 @@ def test_cat_quant_compiles_for_sm90(keep_cat):
 
 
 @pytest.mark.parametrize("compile_kernel", [
-    lambda: compile_ln_modulate(3072), lambda: compile_ln_modulate(1000),
-    lambda: compile_ln_modulate(3072, n_q=2, rows=4), lambda: compile_gated_residual_ln_modulate(3072, n_q=1),
-    compile_static_quant, lambda: compile_cat_quant(True), lambda: compile_ln_modulate(3072, temb="bf16", rows=4),
-    lambda: compile_gated_residual_ln_modulate(3072, "wan_norm_out"), lambda: compile_gated_residual("bf16")],
-    ids=["norm_modulate", "ln_modulate_general", "ln_modulate_rows_quant", "gated_residual_quant", "static_quant",
-         "cat_quant", "ln_modulate_rows_temb", "gated_residual_ln_wan", "gated_residual"])
+    lambda: compile_norm_modulate(3072), lambda: compile_norm_modulate(1000),
+    lambda: compile_norm_modulate(3072, shift=False, scale=False, cache_hints=True, heads=True),
+    lambda: compile_norm_modulate(3072, n_q=2, cache_hints=True),
+    lambda: compile_gated_residual_norm_modulate(3072, n_q=1), compile_static_quant, lambda: compile_cat_quant(True),
+    lambda: compile_norm_modulate(3072, mod="fp32", ln="fp32", temb="bf16"),
+    lambda: compile_gated_residual_norm_modulate(3072, "wan_norm_out"), lambda: compile_gated_residual("bf16")],
+    ids=["norm_modulate", "norm_modulate_general", "layer_norm_heads", "norm_modulate_quant_hints",
+         "gated_residual_norm_modulate_quant", "static_quant", "cat_quant", "norm_modulate_temb",
+         "gated_residual_norm_modulate_wan", "gated_residual"])
 def test_kernels_are_cuda_graph_capture_safe(compile_kernel):
     """No scratch memory: Triton's launcher would take it from its own allocator, outside the
     graph pool, on every launch. The kernels take no other host-side action when launched
@@ -470,7 +414,7 @@ def sass_instructions(ck) -> list[str]:
 def test_lut16_gelu_takes_fewer_instructions_than_its_recipe():
     """kernels/lut16.py: gelu-tanh looked up (the table through shared memory: STS to fill, LDS to gather) in
     8192-element / 16-warp programs against the recipe's libdevice ``tanhf`` (pointwise_ops), per element.
-    ``-s`` prints the counts BENCHMARKS.md quotes (~18 against ~33)."""
+    ``-s`` prints the counts."""
     import triton.language as tl
     from triton.language.extra import libdevice
 
@@ -494,7 +438,7 @@ def test_lut16_gelu_takes_fewer_instructions_than_its_recipe():
     block = 8192
     ref = build(gelu_recipe, {"X": "*bf16", "O": "*bf16", "n": "i32"},
                 {"BETA": GELU_TANH_BETA, "KAPPA": GELU_TANH_KAPPA, "BLOCK": block}, 16)
-    # the window and table size gelu-tanh gets on the H200 (results/h200-2026-11-30j/run1/probe_lut16.json)
+    # the window and table size build_lut16 gives gelu-tanh on the H200
     const = dict(LO=0x3B4B, SPAN=1371, SPECIAL=0x7F80, TABLE=4096, BLOCK=block)
     look = build(lut16._lut16_kernel, {"X": "*bf16", "O": "*bf16", "LUT": "*i32", "n": "i32"}, const, 16)
     per_thread = block // (32 * 16)

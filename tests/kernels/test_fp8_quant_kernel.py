@@ -1,5 +1,5 @@
-"""CPU checks of the FP8 quant kernels (kernels/fp8_quant.py, kernels/cat_quant.py, the norm kernels'
-quant epilogue) and their dispatch, in Triton's interpreter (a child process, see _interp.py).
+"""CPU checks of the FP8 quant kernels (kernels/static_quant.py, kernels/cat_quant.py, the norm kernels' quant
+epilogue in kernels/fp8_quant.py) and their dispatch, in Triton's interpreter (a child process, see _interp.py).
 
 The interpreter's fp32 → e4m3 cast rounds ties away from zero where the GPU rounds to even, drops
 the carry when rounding up crosses a power of two (125.6 → 64 instead of 128), and its bf16 cast
@@ -37,7 +37,11 @@ def _close(ref: torch.Tensor, got: torch.Tensor, rtol: float) -> bool:
 
 def worker() -> dict:
     from diffusion_fuse.lowering import counters
-    from diffusion_fuse.lowering import fp8_quant as L
+    from diffusion_fuse.lowering.cat_quant import cat_quant
+    from diffusion_fuse.lowering.fp8 import FP8
+    from diffusion_fuse.lowering.gated_residual_norm_modulate import QUANT_SPEC as GATED_QUANT
+    from diffusion_fuse.lowering.norm_modulate import QUANT_SPEC as NORM_QUANT
+    from diffusion_fuse.lowering.static_quant import static_quant
 
     g = torch.Generator().manual_seed(0)
     rn = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
@@ -49,7 +53,7 @@ def worker() -> dict:
         res[name] = {
             "dtypes": [str(t.dtype) for t in got] == [str(t.dtype) for t in ref],
             "shapes": [list(t.shape) for t in got] == [list(t.shape) for t in ref],
-            "close": all(_close(r, t, 0.2 if r.dtype == L.FP8 else 2e-2) for r, t in zip(ref, got)),
+            "close": all(_close(r, t, 0.2 if r.dtype == FP8 else 2e-2) for r, t in zip(ref, got)),
             "counters": counts,
         }
 
@@ -61,46 +65,47 @@ def worker() -> dict:
     s = torch.tensor(0.11)
     x = (rn(2, 9, 200) * 20).to(torch.bfloat16)
     x[0, 0, :3] = torch.tensor([float("nan"), -float("nan"), -0.0])
-    run("static_div", ops.static_quant, L.quant_reference, x, s, L.Q_DIV, -448.0, 448.0)
-    run("static_mul", ops.static_quant, L.quant_reference, x, 1 / s, L.Q_MUL, -448.0, 448.0)
-    run("static_fp32_strided", ops.static_quant, L.quant_reference, (rn(7, 2, 300) * 40)[:, 1], s, L.Q_DIV,
-        -448.0, 448.0)
-    run("static_narrow_clamp", ops.static_quant, L.quant_reference, x, s, L.Q_DIV, -100.0, 50.0)
-    run("static_per_row_scale", ops.static_quant, L.quant_reference, x, torch.full((2, 1, 1), 0.1), L.Q_DIV,
-        -448.0, 448.0)
+    run("static_div", ops.static_quant, static_quant, x, s, "div", -448.0, 448.0)
+    run("static_mul", ops.static_quant, static_quant, x, 1 / s, "mul", -448.0, 448.0)
+    run("static_fp32_strided", ops.static_quant, static_quant, (rn(7, 2, 300) * 40)[:, 1], s, "div", -448.0, 448.0)
+    run("static_narrow_clamp", ops.static_quant, static_quant, x, s, "div", -100.0, 50.0)
+    run("static_per_row_scale", ops.static_quant, static_quant, x, torch.full((2, 1, 1), 0.1), "div", -448.0, 448.0)
     counters.reset()
-    q = ops.static_quant(x, s, L.Q_DIV, -448.0, 448.0).view(torch.uint8)[0, 0, :3].tolist()
-    res["nan_bits"] = {"kernel": q, "eager": L.quant_reference(x, s, L.Q_DIV, -448.0, 448.0).view(torch.uint8)[0, 0, :3]
+    q = ops.static_quant(x, s, "div", -448.0, 448.0).view(torch.uint8)[0, 0, :3].tolist()
+    res["nan_bits"] = {"kernel": q, "eager": static_quant(x, s, "div", -448.0, 448.0).view(torch.uint8)[0, 0, :3]
                        .tolist()}
 
     attn = rn(1, 2, 24, 32).to(torch.bfloat16).permute(0, 2, 1, 3).reshape(1, 24, 64)
     mlp = (rn(1, 24, 96) * 3).to(torch.bfloat16)
     for keep in (False, True):
-        run(f"cat_keep{keep}", ops.cat_quant, L.cat_quant_reference, attn, mlp, s, L.Q_DIV, -448.0, 448.0, keep)
+        run(f"cat_keep{keep}", ops.cat_quant, cat_quant, attn, mlp, s, "div", -448.0, 448.0, keep)
 
+    # the _quant twins take every argument of their base op (the second addends None here), then the quantizers'
     D = 96
     xin = (rn(1, 12, D) * 3 + 1).to(torch.bfloat16)
     sc, sh = (rn(1, 1, D).to(torch.bfloat16) for _ in range(2))
     scales = [torch.tensor(v) for v in (0.01, 0.05, 0.3, 1.7)]
     for n, keep in ((1, False), (3, True), (4, False)):
-        run(f"ln_n{n}_keep{keep}", ops.norm_modulate_quant, L.ln_modulate_quant_reference,
-            xin, None, None, 1e-6, sc, sh, None, None, scales[:n], L.Q_DIV, -448.0, 448.0, keep)
+        run(f"ln_n{n}_keep{keep}", ops.norm_modulate_quant, NORM_QUANT.reference,
+            xin, None, None, 1e-6, sc, sh, None, None, None, None, scales[:n], "div", -448.0, 448.0, keep)
     # Wan: fp32 LayerNorm and modulate, cast to bf16, then quantized
     scf, shf = (rn(1, 1, D) for _ in range(2))
-    run("ln_wan_fp32", ops.norm_modulate_quant, L.ln_modulate_quant_reference,
-        xin, None, None, 1e-6, scf, shf, torch.float32, torch.bfloat16, scales[:3], L.Q_MUL, -448.0, 448.0, False)
+    run("ln_wan_fp32", ops.norm_modulate_quant, NORM_QUANT.reference,
+        xin, None, None, 1e-6, scf, shf, torch.float32, torch.bfloat16, None, None, scales[:3], "mul", -448.0, 448.0,
+        False)
     res_in, gate = (rn(1, 12, D) * 4).to(torch.bfloat16), rn(1, 1, D).to(torch.bfloat16)
+    no_temb = (None, None, None, None, None)  # gate_temb, scale_temb, shift_temb, r_dtype, ln_dtype
     for keep in (False, True):
-        run(f"gated_keep{keep}", ops.gated_residual_norm_modulate_quant, L.gated_residual_norm_modulate_quant_reference,
-            res_in, xin, gate, None, None, 1e-6, sc, sh, None, scales[:2], L.Q_DIV, -448.0, 448.0, keep)
+        run(f"gated_keep{keep}", ops.gated_residual_norm_modulate_quant, GATED_QUANT.reference,
+            res_in, xin, gate, None, None, 1e-6, sc, sh, None, *no_temb, scales[:2], "div", -448.0, 448.0, keep)
     # D % 512 == 0: rows held in registers (the register tile, for ln and gated)
     D = 512
     xin, res_in = ((rn(1, 10, D) * 3 + 1).to(torch.bfloat16) for _ in range(2))
     sc, sh, gate = (rn(1, 1, D).to(torch.bfloat16) for _ in range(3))
-    run("ln_uniform", ops.norm_modulate_quant, L.ln_modulate_quant_reference,
-        xin, None, None, 1e-6, sc, sh, None, None, scales[:2], L.Q_DIV, -448.0, 448.0, False)
-    run("gated_uniform", ops.gated_residual_norm_modulate_quant, L.gated_residual_norm_modulate_quant_reference,
-        res_in, xin, gate, None, None, 1e-6, sc, sh, None, scales[1:4], L.Q_DIV, -448.0, 448.0, True)
+    run("ln_uniform", ops.norm_modulate_quant, NORM_QUANT.reference,
+        xin, None, None, 1e-6, sc, sh, None, None, None, None, scales[:2], "div", -448.0, 448.0, False)
+    run("gated_uniform", ops.gated_residual_norm_modulate_quant, GATED_QUANT.reference,
+        res_in, xin, gate, None, None, 1e-6, sc, sh, None, *no_temb, scales[1:4], "div", -448.0, 448.0, True)
     return res
 
 

@@ -66,7 +66,7 @@ def worker() -> dict:
     # device tables live with the process (a captured CUDA graph reads them), one set per set of members
     from diffusion_fuse.kernels import grouped_gemv as gg
 
-    res["tables_shared"] = gg._tables(x, [w], [b], [1], 64) is gg._tables(x, [w], [b], [1], 64)
+    res["tables_shared"] = gg._tables(x, [w], [b], [1]) is gg._tables(x, [w], [b], [1])
     cap, gg.MAX_TABLE_SETS = gg.MAX_TABLE_SETS, len(gg._live_tables)
     try:
         plan_grouped_gemv(x, [w.clone()], [b], [1])
@@ -121,8 +121,9 @@ def test_guard_names_what_it_rejects():
         del os.environ["TRITON_INTERPRET"]
 
 
-def _compile_sm90(block_n=64):
-    """Build the kernel for sm_90 as the launcher does (16-byte aligned tables and operands); its PTX."""
+def _compile_sm90():
+    """Build the kernel for sm_90 as the launcher does (its launch shape, 16-byte aligned tables and operands) at
+    FLUX's K; its PTX."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -132,7 +133,8 @@ def _compile_sm90(block_n=64):
 
     k = gg._grouped_gemv_kernel
     names = k.arg_names
-    const = {"K": 3072, "BLOCK_N": block_n, "BLOCK_K": 128, "BLOCK_M": 16, "INTERPRETED": False}
+    const = {"K": 3072, "BLOCK_N": gg.BLOCK_N, "BLOCK_K": gg.block_k(3072), "BLOCK_M": gg.MAX_ROWS,
+             "INTERPRETED": False}
     sig = {"X": "*bf16", "TILE_MEMBER": "*i32", "TILE_N0": "*i32", "W_PTRS": "*i64", "B_PTRS": "*i64",
            "N_OF": "*i32", "OUT_OF": "*i64", "FORM_OF": "*i32", "OUT": "*bf16", "M": "i32", "stride_xm": "i32",
            **{n: "constexpr" for n in const}}
@@ -140,15 +142,13 @@ def _compile_sm90(block_n=64):
     src = ASTSource(fn=k, signature=sig, constexprs={(names.index(n),): v for n, v in const.items()},
                     attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": 4, "num_stages": 4, **EAGER_NUMERICS}).asm["ptx"]
+                          options={"num_warps": gg.WARPS, "num_stages": gg.STAGES, **EAGER_NUMERICS}).asm["ptx"]
 
 
-@pytest.mark.parametrize("block_n", [32, 64])
-def test_sm90_build_reads_weights_in_16_byte_async_copies_into_mma(block_n):
+def test_sm90_build_reads_weights_in_16_byte_async_copies_into_mma():
     # the weights' addresses come from a table: without the alignment hint each load is one element
-    ptx = _compile_sm90(block_n)
-    # 64 rows a program fill a warpgroup's wgmma; 32 run as mma.sync (the same bits on the H200: bench_grouped_gemv)
-    assert ("wgmma.mma_async" if block_n == 64 else "mma.sync.aligned.m16n8k16") in ptx
+    ptx = _compile_sm90()
+    assert "wgmma.mma_async" in ptx  # 64 weight rows a program fill a warpgroup's wgmma
     assert "cp.async.cg.shared.global" in ptx
     assert not [ln for ln in ptx.splitlines() if "ld.global" in ln and ".b16 " in ln and "evict_first" in ln]
     assert all(", 0x10," in ln for ln in ptx.splitlines() if "cp.async.cg.shared.global" in ln)

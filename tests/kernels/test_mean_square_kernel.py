@@ -59,7 +59,7 @@ def _wide(rows, d, seed, dtype=torch.float32):
 
 
 def worker() -> dict:
-    from diffusion_fuse.kernels.mean_square import can_use_mean_square, plan_mean_square
+    from diffusion_fuse.kernels.mean_square import can_use_mean_square, eager_order, plan_mean_square, rows_of
 
     res = {}
     for rows, d in CASES:
@@ -78,16 +78,27 @@ def worker() -> dict:
                                                  for o in others),
                             "close_to_eager": bool(torch.allclose(got, x.float().pow(2).mean(-1, keepdim=True),
                                                                   rtol=1e-5, atol=0))}
-    # rows of a [1, S, H, D] view of a [S, H * D] projection (evenly strided rows), and a padded row stride
+    # rows of a [1, S, H, D] view of a [S, H * D] projection (evenly strided rows), a padded row stride, and rows
+    # of 2 and 3 strided dims: [B, S, H, D] projections transposed to [B, H, S, D] (SD3.5's QK norms), the leading
+    # tokens of each head; each row in the contract's order, the means contiguous as eager's
     base = _wide(40, 4 * 32, 7)
-    for name, x in {"heads_view": base.view(1, 40, 4, 32), "padded_rows": _wide(24, 80, 8)[:, :64]}.items():
+    strided = {"heads_view": base.view(1, 40, 4, 32), "padded_rows": _wide(24, 80, 8)[:, :64],
+               "heads_transposed_b1": _wide(80, 128, 9).view(1, 20, 4, 128).transpose(1, 2),
+               "heads_transposed": _wide(2 * 9 * 3, 128, 10, torch.bfloat16).view(2, 9, 3, 128).transpose(1, 2),
+               "heads_transposed_d64": _wide(2 * 11 * 3, 64, 11).view(2, 11, 3, 64).transpose(1, 2),
+               "every_other_token": _wide(2 * 3 * 10, 128, 12).view(2, 3, 10, 128)[:, :, ::2],
+               "leading_tokens": _wide(2 * 3 * 20, 32, 13).view(2, 3, 20, 32)[:, :, :7]}
+    for name, x in strided.items():
+        order = eager_order(x.device, x.shape[-1])
         got = plan_mean_square(x)(x)
-        res[name] = {"shape": list(got.shape), "equal": bool(np.array_equal(
-            got.reshape(-1).numpy().view(np.int32), emulate(x.contiguous(), (0, True)).view(np.int32)))}
+        res[name] = {"shape": list(got.shape), "ref_shape": list(x.shape[:-1]) + [1],
+                     "contiguous": got.is_contiguous(), "accepted": can_use_mean_square(x)[0],
+                     "row_dims": sum(n != 1 for n in rows_of(x)[0]), "equal": bool(np.array_equal(
+                         got.reshape(-1).numpy().view(np.int32), emulate(x.contiguous(), order).view(np.int32)))}
     res["guard"] = {name: can_use_mean_square(x)[1] for name, x in {
         "ok": torch.zeros(16, 128), "d96": torch.zeros(16, 96), "few_rows": torch.zeros(15, 128),
         "strided_d": torch.zeros(16, 256)[:, ::2], "int": torch.zeros(16, 128, dtype=torch.int32),
-        "uneven_rows": torch.zeros(4, 8, 128)[:, :5]}.items()}
+        "four_row_dims": torch.zeros(2, 3, 4, 5, 128).permute(3, 2, 1, 0, 4)}.items()}
     return res
 
 
@@ -107,10 +118,13 @@ def test_kernel_sums_in_the_contracts_order(results, case):
         assert r["other_differs"], "inputs too tame: another order gives the same bits"
 
 
-@pytest.mark.parametrize("case", ["heads_view", "padded_rows"])
-def test_evenly_strided_rows_are_read_in_place(results, case):
-    assert results[case]["equal"], results[case]
-    assert results[case]["shape"] == ([1, 40, 4, 1] if case == "heads_view" else [24, 1])
+@pytest.mark.parametrize("case, row_dims", [("heads_view", 1), ("padded_rows", 1), ("heads_transposed_b1", 2),
+                                            ("heads_transposed", 3), ("heads_transposed_d64", 3),
+                                            ("every_other_token", 1), ("leading_tokens", 2)])
+def test_strided_rows_are_read_in_place(results, case, row_dims):
+    r = results[case]
+    assert r["accepted"] and r["row_dims"] == row_dims, r
+    assert r["equal"] and r["shape"] == r["ref_shape"] and r["contiguous"], r
 
 
 def test_the_interpreter_takes_each_dims_first_candidate():
@@ -130,15 +144,22 @@ def test_eagers_forms_run_the_lane_kernels():
 
     x = torch.zeros(40, 128)
     assert kernel(x, (ms.VECTOR, True)) is ms.mean_square_lanes_kernel
-    assert {kernel(x, o) for o in ms.CANDIDATES[128][1:]} == {ms.mean_square_kernel, ms.mean_square_strided_lanes_kernel}
-    for d in (32, 64):  # eager's form there (strided lanes, descending) on the lane kernel; the other on the generic one
+    others = {kernel(x, o) for o in ms.CANDIDATES[128][1:]}
+    assert others == {ms.mean_square_kernel, ms.mean_square_strided_lanes_kernel}
+    # eager's form at 32 and 64 (strided lanes, descending) on the lane kernel; the other on the generic one
+    for d in (32, 64):
         assert kernel(torch.zeros(40, d), (ms.SEQUENTIAL, True)) is ms.mean_square_strided_lanes_kernel
         assert kernel(torch.zeros(40, d), (ms.SEQUENTIAL, False)) is ms.mean_square_kernel
 
 
-def test_lanes_kernel_compiles_for_sm90_with_vector_loads_and_lane_shuffles():
+ROW_STRIDES = ("L1", "L2", "x_s0", "x_s1", "x_s2")
+
+
+@pytest.mark.parametrize("row_dims", [1, 2, 3])
+def test_lanes_kernel_compiles_for_sm90_with_vector_loads_and_lane_shuffles(row_dims):
     """The sm_90 build of the D = 128 kernel: one 8-byte load per row a thread holds, all before the first
-    shuffle; no FMA (eager adds rounded squares); the shuffles' state has lane f in thread f % 128."""
+    shuffle; no FMA (eager adds rounded squares); the shuffles' state has lane f in thread f % 128; rows of 2 or 3
+    strided dims take 32-bit divisions only."""
     import re
 
     triton = pytest.importorskip("triton")
@@ -153,15 +174,18 @@ def test_lanes_kernel_compiles_for_sm90_with_vector_loads_and_lane_shuffles():
     k = ms.mean_square_lanes_kernel
     rows = ms.LANE_GROUPS * 128 // ms.LANES
     for dt in ("*bf16", "*fp32"):
-        sig = {"X": dt, "OUT": "*fp32", "n_rows": "i32", "row_stride": "i32", "factor": "fp32", "ROWS": "constexpr"}
-        src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index("ROWS"),): rows},
-                        attrs={(k.arg_names.index(n),): [["tt.divisibility", 16]] for n in ("X", "OUT", "row_stride")})
+        sig = {"X": dt, "OUT": "*fp32", "n_rows": "i32", **dict.fromkeys(ROW_STRIDES, "i32"), "factor": "fp32",
+               "ROWS": "constexpr", "ROW_DIMS": "constexpr"}
+        const = {"ROWS": rows, "ROW_DIMS": row_dims}
+        aligned = ("X", "OUT", "x_s0", "x_s1", "x_s2")
+        src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(c),): v for c, v in const.items()},
+                        attrs={(k.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned})
         ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, **EAGER_NUMERICS})
         ptx = ck.asm["ptx"]
         load = "ld.global.v2.b32" if dt == "*bf16" else "ld.global.v4.b32"
         first_shfl = ptx.index("shfl.sync.down")
         assert ptx[:first_shfl].count(load) == ms.LANE_GROUPS, (dt, ptx.count(load))
-        assert "fma.rn.f32" not in ptx
+        assert "fma.rn.f32" not in ptx and not re.search(r"\b(div|rem)\.[su]64\b", ptx)
         assert len(re.findall(r"shfl\.sync\.down", ptx)) == 5 * ms.LANE_GROUPS
         layouts = shuffle_layouts_any(ck.asm["ttgir"])
         assert layouts and layouts <= lane_layouts(ms.LANE_GROUPS), layouts
@@ -171,15 +195,12 @@ def test_guard_names_what_it_rejects(results):
     g = results["guard"]
     assert g["ok"] == ""
     assert "last dim" in g["d96"] and "rows" in g["few_rows"] and "contiguous" in g["strided_d"]
-    assert "dtype" in g["int"] and "evenly strided" in g["uneven_rows"]
+    assert "dtype" in g["int"] and "more than 3 strided dims" in g["four_row_dims"]
 
 
-if __name__ == "__main__":
-    worker_main(worker)
-
-
+@pytest.mark.parametrize("row_dims", [1, 3])
 @pytest.mark.parametrize("per", [1, 2])
-def test_strided_lanes_kernel_compiles_for_sm90_with_one_element_per_lane(per):
+def test_strided_lanes_kernel_compiles_for_sm90_with_one_element_per_lane(per, row_dims):
     """D = 32, 64: every lane's load is one element (a vector would hold several lanes in one thread), one per row
     group and element a lane owns; no FMA; the shuffles' state has lane f in thread f % 128, aligned x or not."""
     import re
@@ -194,10 +215,10 @@ def test_strided_lanes_kernel_compiles_for_sm90_with_one_element_per_lane(per):
     from diffusion_fuse.kernels.launch import EAGER_NUMERICS
 
     k = ms.mean_square_strided_lanes_kernel
-    const = {"ROWS": ms.LANE_GROUPS * 128 // ms.LANES, "PER": per, "SHUFFLE": True}
+    const = {"ROWS": ms.LANE_GROUPS * 128 // ms.LANES, "PER": per, "SHUFFLE": True, "ROW_DIMS": row_dims}
     for dt, load in (("*bf16", "ld.global.b16"), ("*fp32", "ld.global.b32")):
-        for aligned in (("X", "OUT", "row_stride"), ("OUT",)):
-            sig = {"X": dt, "OUT": "*fp32", "n_rows": "i32", "row_stride": "i32", "factor": "fp32",
+        for aligned in (("X", "OUT", "x_s0", "x_s1", "x_s2"), ("OUT",)):
+            sig = {"X": dt, "OUT": "*fp32", "n_rows": "i32", **dict.fromkeys(ROW_STRIDES, "i32"), "factor": "fp32",
                    **{c: "constexpr" for c in const}}
             src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(c),): v for c, v in const.items()},
                             attrs={(k.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned})
@@ -208,3 +229,7 @@ def test_strided_lanes_kernel_compiles_for_sm90_with_one_element_per_lane(per):
             assert ptx.count("shfl.sync.down") == 5 * ms.LANE_GROUPS
             layouts = shuffle_layouts_any(ck.asm["ttgir"])
             assert layouts and layouts <= lane_layouts(ms.LANE_GROUPS), layouts
+
+
+if __name__ == "__main__":
+    worker_main(worker)

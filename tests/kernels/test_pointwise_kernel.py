@@ -236,14 +236,11 @@ def random_layouts(n: int = 40) -> list:
 
 
 def worker() -> dict:
-    from diffusion_fuse.lowering import counters
-    from diffusion_fuse.testing.pointwise import fuse, site_ops
-
-    from diffusion_fuse.kernels.pointwise_ops import Variants
-    from diffusion_fuse.lowering.pointwise import generate_source
-    from diffusion_fuse.testing.pointwise import program_of
-
     from diffusion_fuse.fxpasses.pointwise import CONV_BIAS_DEVICES
+    from diffusion_fuse.kernels.pointwise_ops import Variants
+    from diffusion_fuse.lowering import counters
+    from diffusion_fuse.lowering.pointwise import generate_source
+    from diffusion_fuse.testing.pointwise import fuse, program_of, site_ops
 
     res = {}
     for name in CASES:

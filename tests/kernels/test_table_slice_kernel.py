@@ -22,7 +22,7 @@ import torch
 from _interp import run_worker, worker_main
 
 B, S = 2, 5
-DIMS = (96, 512)  # 512: a UNIFORM row (D % 512 == 0), held in registers; the norm_modulate op runs 4 rows a program
+DIMS = (96, 512)  # 512: a UNIFORM row (D % 512 == 0), held in registers
 
 
 def tables(D: int, per_token: bool, chunks: int = 6, temb_dtype=torch.bfloat16, seed=0):
@@ -49,7 +49,8 @@ def cases() -> dict:
         res = torch.randn(B, S, D, generator=g).bfloat16() * 4
         ff = torch.randn(B, S, D, generator=g).bfloat16()
         w, b = torch.randn(D, generator=g), torch.randn(D, generator=g)
-        sh, sc = (row(table, per_token, 0), row(temb, per_token, 0)), (row(table, per_token, 1), row(temb, per_token, 1))
+        sh = (row(table, per_token, 0), row(temb, per_token, 0))
+        sc = (row(table, per_token, 1), row(temb, per_token, 1))
         gate = (row(table, per_token, 2), row(temb, per_token, 2))
         # norm1: norm_modulate(x, ..., scale, shift, ln f32, out fp32 here (bf16 in the model), scale_t, shift_t)
         out[f"ln_modulate_{tag}"] = ("ln", (x, None, None, 1e-6, sc[0], sh[0], torch.float32, None, sc[1], sh[1]))
@@ -71,16 +72,16 @@ def cases() -> dict:
 
 def worker() -> dict:
     import diffusion_fuse  # noqa: F401  (registers the ops)
-    from diffusion_fuse.kernels.gated_residual_norm_modulate import gated_residual_norm_modulate_triton, gated_residual_triton
-    from diffusion_fuse.kernels.norm_modulate import ln_modulate_triton
     from diffusion_fuse.lowering import counters
+    from diffusion_fuse.lowering import gated_residual as gr
+    from diffusion_fuse.lowering import gated_residual_norm_modulate as grl
+    from diffusion_fuse.lowering import norm_modulate as ln
     from diffusion_fuse.lowering.gated_residual import gated_residual
-    from diffusion_fuse.lowering.gated_residual_norm_modulate import gated_residual_norm_modulate
     from diffusion_fuse.lowering.norm_modulate import norm_modulate
 
-    fns = {"ln": (norm_modulate, ln_modulate_triton),
-           "grl": (gated_residual_norm_modulate, gated_residual_norm_modulate_triton),
-           "gr": (gated_residual, gated_residual_triton)}
+    fns = {"ln": (ln.norm_modulate, ln.SPEC.run_kernel),
+           "grl": (grl.gated_residual_norm_modulate, grl.SPEC.run_kernel),
+           "gr": (gr.gated_residual, gr.SPEC.run_kernel)}
 
     def rel(a, b):
         return float((a.double() - b.double()).norm() / a.double().norm())
