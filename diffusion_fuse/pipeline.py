@@ -22,7 +22,7 @@ from .log import artifact_logger, get_logger, trace_artifact
 from .patterns.match_utils import describe, source_location
 from .patterns.registry import REGISTRY, Site
 from .verify.agree import Agreement, collectives
-from .verify.graph_diff import graph_data, value_str
+from .verify.graph_diff import graph_data, op_counts, value_str
 from .verify.report import GraphReport, NearMissRecord, Report, SiteRecord
 from .verify.verifier import VerifiedGraph
 
@@ -107,9 +107,9 @@ def prepare(ref: fx.GraphModule, options: Options, graph_report: GraphReport, re
             graph_report.sites[s.id].reason = "the rewrite changed the graph's collectives"
         fused, sites = ref, []
     if not sites:
-        graph_report.final_code = ref.code
+        graph_report.final_code, graph_report.final_ops = ref.code, op_counts(ref)
     elif not options.verify:
-        graph_report.final_code = fused.code
+        graph_report.final_code, graph_report.final_ops = fused.code, op_counts(fused)
     _log.info("graph %d: %d site(s) rewritten, %d near miss(es)", graph_report.graph_id, len(ctx.sites),
               len(ctx.near_misses))
     if _graphs.isEnabledFor(logging.DEBUG):

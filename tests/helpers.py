@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+
 import torch
+import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
 
 import diffusion_fuse
@@ -93,3 +96,24 @@ def rewrite_high(model, *args, **kwargs):
         torch.compile(model, backend=aot_autograd(fw_compiler=compiler, inference_compiler=compiler),
                       fullgraph=True)(*args, **kwargs)
     return got["ctx"], got["ref"], got["out"], got["fused"]
+
+
+def capture_graphs(model: torch.nn.Module, kwargs: dict) -> list[fx.GraphModule]:
+    """Compile with an aot_autograd backend (no decompositions) and return the captured ATen inference graph(s)."""
+    from functorch.compile import make_boxed_func
+
+    graphs: list[fx.GraphModule] = []
+
+    def capture(gm: fx.GraphModule, example_inputs):
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    backend = aot_autograd(fw_compiler=capture, inference_compiler=capture)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        ref = model(**kwargs)[0]
+        out = torch.compile(model, backend=backend, fullgraph=True)(**kwargs)[0]
+    torch._dynamo.reset()
+    if not torch.equal(ref, out):
+        print("WARNING: captured graph output differs from eager", file=sys.stderr)
+    return graphs

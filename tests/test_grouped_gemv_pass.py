@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.fx as fx
-from helpers import bitwise_equal, compile_and_run
+from helpers import bitwise_equal, capture_graphs, compile_and_run
 
 from diffusion_fuse.lowering.grouped_gemv import grouped_gemv
 from diffusion_fuse.testing.tiny_models import build
@@ -153,8 +153,6 @@ def test_scalars_equal_by_value_but_not_by_bits_are_not_merged():
 
 
 def _rewritten_graph(model, kwargs) -> fx.Graph:
-    from census_sites import capture_graphs
-
     from diffusion_fuse.config import Options
     from diffusion_fuse.fxpasses.pass_manager import PassManager
 

@@ -1,6 +1,6 @@
 """Acceptance: tiny diffusers models compiled with the lossless tier equal eager, every AdaLN site matched.
 
-Expected counts are those of tests/SITE_CENSUS.md (read off the ATen graphs); a LayerNorm whose
+Expected counts are those of ``python -m diffusion_fuse census``; a LayerNorm whose
 input is a gated residual ``residual + gate * x`` goes to family gated_residual_norm_modulate:
 - flux: 2 AdaLayerNormZero (img/txt) + 2 norm2 modulates (gated) + 1 single-block + 1 norm_out = 6
 - flux2: same places = 6
@@ -36,7 +36,7 @@ EXPECTED_BY_FAMILY = {
     "sana": {N: 2, G: 1}, "qwen_image": {N: 2, G: 2}, "sd35": {N: 2, G: 6},
 }
 FP32_EXPECTED_BY_FAMILY = {**EXPECTED_BY_FAMILY, "sana": {N: 2, G: 1, R: 1}}
-# the AdaLN families' (tier high too)
+# the AdaLN families' sites (tier high too)
 EXPECTED_SITES = {name: sum(c.values()) for name, c in EXPECTED_BY_FAMILY.items()}
 # Family pointwise (fxpasses/pointwise.py): the groups of pointwise ops the other families left
 # (timestep embeddings, silu of temb, the QK-RMSNorm tails with RoPE, gated residual adds,

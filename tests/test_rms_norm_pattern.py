@@ -21,7 +21,7 @@ from diffusion_fuse.testing.tiny_models import build
 
 R, C, RR, RCR = "rms_norm", "rms_norm_chain", "rms_norm_rope", "rms_norm_cat_rope"
 # torch.nn.RMSNorm QK norms (FLUX/FLUX.2: norm_q/k and norm_added_q/k of the double block, norm_q/k
-# of the single block; Wan: attn1 and attn2 norm_q/k) and diffusers RMSNorm chains (tests/SITE_CENSUS.md).
+# of the single block; Wan: attn1 and attn2 norm_q/k) and diffusers RMSNorm chains (`python -m diffusion_fuse census`).
 FUSED_SITES = {"flux": 6, "flux2": 6, "wan21": 4, "wan22_ti2v": 4}
 # of which RoPE follows the norm directly (family rms_norm_rope): the single block's q and k; and of which the
 # double block's text and image norms are cat, then RoPE'd (family rms_norm_cat_rope: one site per two norms)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from .match_utils import aten, cast_dtype, dtype_of, fold_upcast, is_op, single_user, val
 from .registry import Example, NearMiss, PatternFamily, Site, example_tensor, register_family
@@ -55,6 +56,11 @@ class GatedResidualForm:
         return [self.residual, self.x, *self.gate.inputs]
 
 
+def _same_shape(a, b) -> bool:
+    """Shape equality that is False, not an error, where a size is data-dependent (an unbacked symbol)."""
+    return len(a) == len(b) and all(guard_or_false(x == y) for x, y in zip(a, b))
+
+
 def match_gated_residual(r: object) -> GatedResidualForm | None:
     """``r`` as ``residual + gate * x`` (any operand order) with widening casts folded, else None."""
     if not is_op(r, aten.add.Tensor) or r.kwargs.get("alpha", 1) != 1 or len(r.args) != 2:
@@ -71,8 +77,8 @@ def match_gated_residual(r: object) -> GatedResidualForm | None:
             if temb_slice(a) is not None or temb_slice(b) is not None:
                 gate, x = (a, b) if temb_slice(a) is not None else (b, a)
             else:
-                gate, x = (a, b) if tuple(vb.shape) == tuple(vr.shape) else (b, a)
-            if tuple(val(x).shape) != tuple(vr.shape) or tuple(val(residual).shape) != tuple(vr.shape):
+                gate, x = (a, b) if _same_shape(vb.shape, vr.shape) else (b, a)
+            if not (_same_shape(val(x).shape, vr.shape) and _same_shape(val(residual).shape, vr.shape)):
                 continue
             x, x_cast = fold_upcast(x, dtype_of(gate))
             residual, res_cast = fold_upcast(residual, dtype_of(mul))

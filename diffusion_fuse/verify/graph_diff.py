@@ -17,6 +17,7 @@ graph: the reference ATen graph and the graph with every matched site rewritten.
 
 from __future__ import annotations
 
+import collections
 import difflib
 import operator
 from collections.abc import Iterable, Mapping
@@ -42,6 +43,11 @@ def target_name(node: fx.Node) -> str:
     if isinstance(t, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return str(t)
     return getattr(t, "__qualname__", None) or getattr(t, "__name__", None) or str(t)
+
+
+def op_counts(gm: fx.GraphModule) -> dict[str, int]:
+    """Calls per op (``target_name``) in ``gm``: the census reads them from ``GraphReport.final_ops``."""
+    return dict(collections.Counter(target_name(n) for n in gm.graph.nodes if n.op == "call_function"))
 
 
 def value_str(v: Any) -> str:

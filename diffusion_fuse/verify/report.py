@@ -78,6 +78,7 @@ class GraphReport:
     ref_code: str = ""
     fused_code: str = ""
     final_code: str = ""  # the graph that runs after the verifier put back rejected sites ("" until judged)
+    final_ops: dict[str, int] = dataclasses.field(default_factory=dict)  # that graph's calls per op (target_name)
     cudagraphs: str = ""  # "" (not asked for) | "on" | "not applied: <torch's reason>" (diffusion_fuse/cudagraphs.py)
     compile_id: str = ""  # torch's compile id ("0/1"), as TORCH_LOGS and tlparse show it
     kernel_sources: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # op -> its kernels' source files

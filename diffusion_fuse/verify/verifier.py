@@ -45,6 +45,7 @@ from ..lowering.dispatch import capturing
 from . import warm_start
 from .agree import Agreement
 from .compare import Verdict, compare_bitwise, compare_close, compare_layout
+from .graph_diff import op_counts
 from .report import GraphReport, Report
 from .runtime_graph import publish
 
@@ -401,7 +402,7 @@ class VerifiedGraph:
 
     def _chose(self, sig: tuple, gm: fx.GraphModule, run: Callable[..., Any], entry: dict, out: Any) -> Any:
         """Record what runs for ``sig`` from now on, publish it (log, trace, dump) and save the report."""
-        self.greport.final_code = gm.code
+        self.greport.final_code, self.greport.final_ops = gm.code, op_counts(gm)
         self.greport.verifications.append(entry)
         self._chosen[sig] = run
         publish(gm, self.greport)
