@@ -33,10 +33,6 @@ ERROR_MARKERS = ("raised", "failed", "did not build", "put back", "differs")
 
 # Known failures, each with its reason; strict: one that starts passing fails until it is taken off this list.
 XFAIL = {
-    ("ace_step", "fp32"): "gated_residual sites (ace_step_transformer.py:410/:423) pass alone but the graph differs "
-                          "end to end, so the verifier puts every site back: eager's residual add keeps the strided "
-                          "layout of its residual (a transposed conv output), the op writes r contiguous, and the "
-                          "RMSNorm mean reading r sums in another order",
     ("sana_wm", "bf16"): "eager SANA-WM fails on the CPU in bf16 (its camera geometry needs fp32 there; "
                          "with fp32 cameras a bf16 einsum meets an fp32 operand)",
 }
