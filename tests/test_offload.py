@@ -45,7 +45,7 @@ def generate(pipe) -> torch.Tensor:
 
 def compiled_graphs(run) -> tuple[object, list]:
     """``run()``'s result and the graphs the backend compiled meanwhile."""
-    report = diffusion_fuse.last_report()
+    report = diffusion_fuse.process_report()  # every compile's graphs (last_report() is one compile's)
     n = len(report.graphs)
     out = run()
     return out, report.graphs[n:]

@@ -16,9 +16,12 @@ from .spec import OpSpec, register_op
 
 
 def gated_residual(residual: Tensor, x: Tensor, gate: Tensor, gate_temb: Tensor | None = None,
-                   r_dtype: torch.dtype | None = None) -> Tensor:
-    # eager's layout too: the add follows a permuted residual's (a patch embedding); the verifier judges strides
-    r = residual + with_addend(gate, gate_temb) * x
+                   r_dtype: torch.dtype | None = None, mul_first: bool | None = None) -> Tensor:
+    # Eager's layout too, which the verifier judges: an add of differently laid out operands (a permuted patch
+    # embedding as the residual) follows its first operand's order, so the add keeps the traced operand order
+    # (mul_first: ``gate * x + residual``). The values do not depend on it.
+    gx = with_addend(gate, gate_temb) * x
+    r = gx + residual if mul_first else residual + gx
     return r if r_dtype is None else r.to(r_dtype)
 
 

@@ -34,8 +34,9 @@ def gated_residual_norm_modulate(residual: Tensor, x: Tensor, gate: Tensor, weig
                                  out_dtype: torch.dtype | None, gate_temb: Tensor | None = None,
                                  scale_temb: Tensor | None = None, shift_temb: Tensor | None = None,
                                  r_dtype: torch.dtype | None = None,
-                                 ln_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
-    r = gated_residual(residual, x, gate, gate_temb, r_dtype)
+                                 ln_dtype: torch.dtype | None = None,
+                                 mul_first: bool | None = None) -> tuple[Tensor, Tensor]:
+    r = gated_residual(residual, x, gate, gate_temb, r_dtype, mul_first)
     return r, layer_norm_modulate(r, weight, bias, eps, scale, shift, ln_dtype, out_dtype, scale_temb, shift_temb)
 
 

@@ -37,6 +37,8 @@ class GatedResidualForm:
     def __init__(self, add: fx.Node, mul: fx.Node, residual: fx.Node, gate: fx.Node, x: fx.Node,
                  casts: list[fx.Node], residual_widened: bool) -> None:
         self.add, self.mul, self.residual, self.x, self.casts = add, mul, residual, x, casts
+        # the add's operand order (``gate * x + residual``): its output's layout follows the first operand's
+        self.mul_first = True if add.args[0] is mul else None
         self.residual_widened = residual_widened  # the graph reads residual.float() (folded into the op)
         self.gate = ModOperand(gate)
         self.r_cast: fx.Node | None = None  # Wan's .type_as(residual)
@@ -137,7 +139,7 @@ class GatedResidual(PatternFamily):
             it = iter(ins)
             res_n, x_n = next(it), next(it)
             gate_n, gate_t = gated.gate.emit(graph, it)
-            args = trim_defaults(res_n, x_n, gate_n, gate_t, gated.r_dtype, required=3)
+            args = trim_defaults(res_n, x_n, gate_n, gate_t, gated.r_dtype, gated.mul_first, required=3)
             return [graph.call_function(torch.ops.diffusion_fuse.gated_residual.default, args)]
 
         return Site(

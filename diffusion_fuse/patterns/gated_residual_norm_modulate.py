@@ -124,7 +124,7 @@ class GatedResidualNormModulate(PatternFamily):
             if chain is not None:
                 scale_n, scale_t, shift_n, shift_t = chain.emit_operands(graph, it)
             base = (res_n, x_n, gate_n, w_n, b_n, float(eps), scale_n, shift_n, out_dtype)
-            tail = (gate_t, scale_t, shift_t, gated.r_dtype, ln_dtype)
+            tail = (gate_t, scale_t, shift_t, gated.r_dtype, ln_dtype, gated.mul_first)
             if quants:
                 return emit_quant_op(graph, torch.ops.diffusion_fuse.gated_residual_norm_modulate_quant.default,
                                      (*base, *tail, list(it)), 1, others > 0, quants)
