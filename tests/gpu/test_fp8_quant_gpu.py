@@ -134,9 +134,9 @@ def test_gated_residual_norm_modulate_quant_matrix(D):
                 res = (torch.randn(B, S, D, device="cuda", generator=g) * amp * 4).bfloat16()
                 gate, sc, sh = (torch.randn(B, 1, D, device="cuda", generator=g).bfloat16() for _ in range(3))
                 scales = [scale_tensor(v * amp, "mul") for v in SCALES[-n_q:]]
-                # the base op's arguments (no second addends, no casts), then the quantizers'
-                args = (res, x, gate, None, None, 1e-6, sc, sh, None, None, None, None, None, None, scales, "mul",
-                        -448.0, 448.0, keep_out)
+                # the base op's arguments (no second addends, no casts, residual first), then the quantizers'
+                args = (res, x, gate, None, None, 1e-6, sc, sh, None, None, None, None, None, None, None, scales,
+                        "mul", -448.0, 448.0, keep_out)
                 assert GATED_QUANT.guard(GATED_QUANT.bind(args))[0]
                 got = torch.ops.diffusion_fuse.gated_residual_norm_modulate_quant(*args)
                 n = ndiff(GATED_QUANT.reference(*args), got)

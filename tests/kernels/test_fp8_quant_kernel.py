@@ -94,7 +94,7 @@ def worker() -> dict:
         xin, None, None, 1e-6, scf, shf, torch.float32, torch.bfloat16, None, None, scales[:3], "mul", -448.0, 448.0,
         False)
     res_in, gate = (rn(1, 12, D) * 4).to(torch.bfloat16), rn(1, 1, D).to(torch.bfloat16)
-    no_temb = (None, None, None, None, None)  # gate_temb, scale_temb, shift_temb, r_dtype, ln_dtype
+    no_temb = (None, None, None, None, None, None)  # gate_temb, scale_temb, shift_temb, r_dtype, ln_dtype, mul_first
     for keep in (False, True):
         run(f"gated_keep{keep}", ops.gated_residual_norm_modulate_quant, GATED_QUANT.reference,
             res_in, xin, gate, None, None, 1e-6, sc, sh, None, *no_temb, scales[:2], "div", -448.0, 448.0, keep)
