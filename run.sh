@@ -39,7 +39,7 @@ if [ "$cmd" = newest ]; then
   PATH="$venv/bin:$PATH" exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "${NEWEST_TESTS[@]}" "$@"
 fi
 
-if [ ! -x .venv/bin/tlparse ] || [ ! -x .venv/bin/ruff ] || ! .venv/bin/python -c "import diffusion_fuse, diffusers, peft, pytest" 2>/dev/null; then
+if [ ! -x .venv/bin/tlparse ] || [ ! -x .venv/bin/ruff ] || ! .venv/bin/python -c "import diffusion_fuse, diffusers, peft, pytest, xdist" 2>/dev/null; then
   "$PY" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q "torch==2.13.0"
@@ -52,6 +52,7 @@ if [ ! -d .venv/torchao/torchao ]; then
 fi
 case "$cmd" in
   demo) exec .venv/bin/python examples/flux_pipeline.py "$@" ;;
-  test) exec .venv/bin/python -m pytest -q tests "$@" ;;
+  # two workers, a test file each (its module fixtures run once): the CI machine has two cores
+  test) exec .venv/bin/python -m pytest -q -n 2 --dist loadfile tests "$@" ;;
   *) echo "usage: ./run.sh demo|test|newest [args]" >&2; exit 2 ;;
 esac
