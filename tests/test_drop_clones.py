@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.fx as fx
@@ -153,5 +155,15 @@ def test_flux_block_drops_its_to_out_dropout_and_equals_eager():
     model, kwargs = build("flux")
     ref, out, report = compile_and_run(model, kwargs)
     assert bitwise_equal(ref, out)
-    notes = [n for g in report.graphs for n in g.notes if n.startswith("drop_clones")]
-    assert notes and "1 clone(s)" in notes[0], notes
+    # torch <= 2.13 traces eval-mode Dropout as a plain clone (attn.to_out[1], the FF's dropout), 2.14 as nothing:
+    # either way none is left. The contiguous_format clones of RoPE's expands are real copies and stay.
+    (g,) = report.graphs
+    dropout_clones = lambda code: re.findall(r"(\w+) = torch\.ops\.aten\.clone\.default\(\w+\)", code)  # noqa: E731
+    traced = dropout_clones(g.ref_code)
+    notes = [n for n in g.notes if n.startswith("drop_clones")]
+    if traced:
+        (note,) = notes
+        assert f"{len(traced)} clone(s)" in note and note.endswith(", ".join(traced)), (traced, note)
+    else:
+        assert not notes, notes
+    assert not dropout_clones(g.final_code)

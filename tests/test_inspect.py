@@ -38,7 +38,7 @@ FLUX = {"matched": 6, "kept": 6, "rejected": 0, "unverified": 0, "kernel hits": 
 WAN21 = {"matched": 4, "kept": 4, "rejected": 0, "unverified": 0, "kernel hits": 0, "guard fallbacks": 8,
          "kernel errors": 0}
 # tests/test_models_lossless.py POINTWISE_SITES: tiny FLUX bf16, tiny Wan 2.1 fp32
-FLUX_POINTWISE, WAN21_POINTWISE = 17, 6
+FLUX_POINTWISE, WAN21_POINTWISE = 15, 4
 # tests/test_models_lossless.py LINEAR_CAT_SITES: FLUX's joint-attention value cat; its op runs the GEMMs on the CPU too
 FLUX_LINEAR_CAT = 1
 # tests/test_grouped_gemv_pass.py: FLUX's modulation linears as one launch (the reference path on the CPU)
@@ -172,14 +172,17 @@ def test_cli_flux_html_and_json(cli):
     diffs = select(els, "pre", "site-diff")
     assert len(diffs) == n_sites
     assert all(any(ln.startswith("+") and "diffusion_fuse." in ln for ln in d.text.splitlines()) for d in diffs)
-    # plus one group no site accounts for: drop_clones' dropped Dropout clone (fxpasses/drop_clones.py)
-    (unattributed,) = select(els, "section", "unattributed")
-    assert "clone" in unattributed.text
-    assert len(select(els, "ul", "removed")) == n_sites + 1 and len(select(els, "ul", "added")) == n_sites + 1
+    # plus one group no site accounts for where the trace has eval-mode Dropout's clones (torch <= 2.13):
+    # drop_clones' dropped clones (fxpasses/drop_clones.py)
+    data = json.loads((run["dir"] / "flux.json").read_text())
+    dropped = int("aten.clone" in data["graphs"][0]["ref_code"])
+    unattributed = select(els, "section", "unattributed")
+    assert len(unattributed) == dropped and all("clone" in u.text for u in unattributed)
+    assert len(select(els, "ul", "removed")) == n_sites + dropped
+    assert len(select(els, "ul", "added")) == n_sites + dropped
     (code,) = select(els, "pre", "code-diff")
     assert "diffusion_fuse.norm_modulate.default" in code.text and "-    native_layer_norm" in code.text
     assert only_small_head_dim_near_misses(els)
-    data = json.loads((run["dir"] / "flux.json").read_text())
     assert {c: sum(r[c] for r in data["summary"] if r["family"] not in OWN_ROWS) for c in SUMMARY_COLUMNS} == FLUX
     (g,) = data["graphs"]
     assert len(g["sites"]) == n_sites and g["ref_code"] and g["final_code"] and g["ref_graph"]["edges"]

@@ -40,10 +40,11 @@ FP32_EXPECTED_BY_FAMILY = {**EXPECTED_BY_FAMILY, "sana": {N: 2, G: 1, R: 1}}
 EXPECTED_SITES = {name: sum(c.values()) for name, c in EXPECTED_BY_FAMILY.items()}
 # Family pointwise (fxpasses/pointwise.py): the groups of pointwise ops the other families left
 # (timestep embeddings, silu of temb, the QK-RMSNorm tails with RoPE, gated residual adds,
-# gelu + clone/cat, casts); fp32 graphs have fewer (no casts to group).
+# gelu + cat, casts); fp32 graphs have fewer (no casts to group). The same on every torch: eval-mode Dropout's
+# clone (traced up to torch 2.13) is dropped before the pointwise pass groups.
 P = "pointwise"
-POINTWISE_SITES = {"flux": 17, "flux2": 17, "wan21": 11, "wan22_ti2v": 11, "sana": 11, "qwen_image": 10, "sd35": 23}
-FP32_POINTWISE_SITES = {"flux": 11, "flux2": 11, "wan21": 6, "wan22_ti2v": 6, "sana": 7, "qwen_image": 5, "sd35": 13}
+POINTWISE_SITES = {"flux": 15, "flux2": 17, "wan21": 9, "wan22_ti2v": 9, "sana": 11, "qwen_image": 9, "sd35": 20}
+FP32_POINTWISE_SITES = {"flux": 9, "flux2": 11, "wan21": 4, "wan22_ti2v": 4, "sana": 6, "qwen_image": 4, "sd35": 10}
 # Family linear_cat: the joint attention's value cat of the text and image projections
 # (batch 1); SD3.5 cats [B, heads, S, D] along S, not contiguous rows
 L = "linear_cat"

@@ -346,8 +346,8 @@ def test_site_keys_ops_and_programs_in_the_report():
     sites = [s for s in report.sites() if s.pattern == "pointwise"]
     assert sites and all(s.status == "kept" and s.verdict == "bitwise equal" for s in sites)
     assert all(s.after == "diffusion_fuse::pointwise" and s.ops == 1 for s in sites)
-    # the site lists the ATen ops it replaced, e.g. FLUX's FF: gelu then the Dropout(p=0) clone
-    assert any(s.before == ["gelu", "clone"] for s in sites), [s.before for s in sites]
+    # the site lists the ATen ops it replaced, e.g. FLUX's single block: the MLP's gelu, then the cat with attention
+    assert any(s.before == ["gelu", "cat"] for s in sites), [s.before for s in sites]
     row = next(r for r in report.summary() if r["family"] == "pointwise")
     assert row["guard fallbacks"] == 2 * len(sites)  # CPU: the verifier's check and the run, per site
     # the program of a site is the group's own ATen subgraph

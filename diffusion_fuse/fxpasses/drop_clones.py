@@ -1,10 +1,11 @@
 """Pass: a ``clone`` of a contiguous intermediate that nothing writes to is that intermediate.
 
 Eager's ``nn.Dropout(p)`` in eval mode (``attn.to_out[1]`` in every diffusers attention, the FF's dropout)
-returns its input: no kernel. AOTAutograd traces it as ``aten.clone``, so the graph copies the tensor
-(FLUX's image ``to_out``: a 25 MB copy of [1, 4096, 3072] bf16 per double block, ~12 µs on an H200, eager
-has none). The pointwise
-pass absorbs a clone into the kernel of the chain it ends; the clones left standalone are dropped here.
+returns its input: no kernel. AOTAutograd up to torch 2.13 traces it as ``aten.clone``, so the graph copies
+the tensor (FLUX's image ``to_out``: a 25 MB copy of [1, 4096, 3072] bf16 per double block, ~12 µs on an
+H200, eager has none); torch 2.14 traces no clone. Running before interleave_scatter (whose result clone
+carries a reference value's name) and the pointwise pass, this gives those passes the same graph on every
+torch; the clones left (not droppable) pointwise absorbs into the kernel of their chain.
 
 Rewrites ``y = aten.clone(x)`` to ``x`` when:
 
@@ -85,7 +86,7 @@ def droppable(n: fx.Node) -> bool:
 @register_pass
 class DropClonesPass(GraphPass):
     name = "drop_clones"
-    after = ("pointwise",)
+    after = ("grouped_gemv",)
 
     def __call__(self, graph: fx.Graph, ctx: PassContext) -> None:
         if ctx.options.quality != "lossless" or not _writes_only_inputs(graph):

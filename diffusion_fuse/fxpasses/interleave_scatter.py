@@ -117,7 +117,7 @@ def match(empty: fx.Node):
 @register_pass
 class InterleaveScatterPass(GraphPass):
     name = "interleave_scatter"
-    after = ("fuse_patterns",)
+    after = ("drop_clones",)  # its result clone carries a reference name: not dropped
 
     def __call__(self, graph: fx.Graph, ctx: PassContext) -> None:
         if ctx.options.quality != "lossless":

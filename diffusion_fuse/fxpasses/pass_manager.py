@@ -4,9 +4,10 @@ order).
 
 lossless: cat_of_slices (a cat that rebuilds the tensor its inputs were sliced from is that tensor; exact by
           construction, noted in the report) → fuse_patterns (the anchored families) → grouped_gemv (linears of
-          one short input as one launch) and interleave_scatter (even/odd halves written into ``empty_like`` are
-          their stack; exact by construction) → pointwise (groups what the families left) → drop_clones
-          (standalone clones of contiguous intermediates are their input) → cleanup. What runs after
+          one short input as one launch) → drop_clones (clones of contiguous intermediates are their input:
+          eval-mode Dropout, traced as a clone up to torch 2.13) → interleave_scatter (even/odd halves written
+          into ``empty_like`` are their stack; exact by construction) → pointwise (groups what the families
+          left) → cleanup. What runs after
           verification is that graph with runtime rewrites that change no kernel, only what the host does to
           issue them (``PassManager.runtime``): recompose_linear (view → t → addmm → view back to one
           ``aten.linear``), python_bindings (ATen ops through torch's generated bindings, as eager calls them)

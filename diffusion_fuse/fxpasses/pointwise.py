@@ -185,7 +185,7 @@ class _Group:
 @register_pass
 class PointwiseFusionPass(GraphPass):
     name = "pointwise"
-    after = ("grouped_gemv", "interleave_scatter")
+    after = ("interleave_scatter",)
 
     def config_key(self) -> str:
         # The grouping rules live in this module's functions and the op table: both key the uuid.
