@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import torch
@@ -43,6 +44,12 @@ class AdaLN(torch.nn.Module):
     def forward(self, x, emb):
         scale, shift = self.proj(emb).chunk(2, dim=-1)
         return self.out(self.norm(x) * (1 + scale[:, None]) + shift[:, None])
+
+
+def dropout_clones(code: str) -> list[str]:
+    """The plain clones in a graph's code: eval-mode Dropout's, as torch <= 2.13 traces it (2.14 traces none);
+    the ``contiguous_format`` clones of expands (RoPE's) are real copies and not among them."""
+    return re.findall(r"(\w+) = torch\.ops\.aten\.clone\.default\(\w+\)", code)
 
 
 def adaln_inputs(dim: int = 32, seq: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

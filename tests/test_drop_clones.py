@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 import torch.fx as fx
-from helpers import bitwise_equal, compile_and_run
+from helpers import bitwise_equal, compile_and_run, dropout_clones
 
 from diffusion_fuse.config import Options
 from diffusion_fuse.fxpasses.base import PassContext
@@ -158,7 +156,6 @@ def test_flux_block_drops_its_to_out_dropout_and_equals_eager():
     # torch <= 2.13 traces eval-mode Dropout as a plain clone (attn.to_out[1], the FF's dropout), 2.14 as nothing:
     # either way none is left. The contiguous_format clones of RoPE's expands are real copies and stay.
     (g,) = report.graphs
-    dropout_clones = lambda code: re.findall(r"(\w+) = torch\.ops\.aten\.clone\.default\(\w+\)", code)  # noqa: E731
     traced = dropout_clones(g.ref_code)
     notes = [n for n in g.notes if n.startswith("drop_clones")]
     if traced:
