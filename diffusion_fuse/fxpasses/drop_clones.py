@@ -2,10 +2,10 @@
 
 Eager's ``nn.Dropout(p)`` in eval mode (``attn.to_out[1]`` in every diffusers attention, the FF's dropout)
 returns its input: no kernel. AOTAutograd up to torch 2.13 traces it as ``aten.clone``, so the graph copies
-the tensor (FLUX's image ``to_out``: a 25 MB copy of [1, 4096, 3072] bf16 per double block, ~12 µs on an
-H200, eager has none); torch 2.14 traces no clone. Running before interleave_scatter (whose result clone
-carries a reference value's name) and the pointwise pass, this gives those passes the same graph on every
-torch; the clones left (not droppable) pointwise absorbs into the kernel of their chain.
+the tensor (FLUX's image ``to_out``: a 25 MB copy of [1, 4096, 3072] bf16 per double block; eager has none);
+torch 2.14 traces no clone. Running before interleave_scatter (whose result clone carries a reference value's
+name) and the pointwise pass, this gives those passes the same graph on every torch; the clones left (not
+droppable) pointwise absorbs into the kernel of their chain.
 
 Rewrites ``y = aten.clone(x)`` to ``x`` when:
 
