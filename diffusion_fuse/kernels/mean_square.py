@@ -8,21 +8,25 @@ the squares alone are 57 MB written and read again, 240 times a forward.
 
 Numerics contract (what the result must equal bitwise, for the rows ``can_use_mean_square`` accepts):
 ATen's ``mean_kernel_cuda`` launches ``gpu_reduce_kernel`` with ``MeanOps`` (``reduce``/``combine``: ``a + b``
-in fp32; ``project``: ``a * factor``, ``factor = float(outputs) / numel``) over the contiguous last dim.
-``ReduceConfig`` for a reduced dim of D in {32, 64, 128} elements and at least 16 rows gives blocks of 32 x 16
-threads, a row per warp. Lane t's part of a row, then the warp:
+in fp32; ``project``: ``a * factor``, ``factor = float(outputs) / numel``) over the contiguous last dim of the
+squares (a fresh fp32 tensor: rows start 16-byte aligned when D % 4 == 0). ``ReduceConfig`` for a reduced dim of
+D elements and at least 16 rows gives one row to ``LPR`` lanes of a warp (``block_width``: the largest power of two
+<= D, or <= D / 4 when it vectorizes the input, at most 32) and 16 rows of 32 lanes a block, as long as a lane
+holds fewer than 256 values (D < 32768; the guard takes D <= ``MAX_D``). Lane t's part of a row, then the warp:
 
-- **strided lanes** (D = 32, 64): lane t reads elements t, t + 32, ..., each into its own of ``vt0 = 4``
-  accumulators ``a0 .. a3``, combined in order ``((a0 + a1) + a2) + a3`` (unused ones hold 0, which adds
-  exactly: at D <= 64 any combination order gives the same bits);
-- the 32 lanes by ``warp_shfl_down``, offsets descending (16, 8, 4, 2, 1: torch since its warp reductions
+- **strided lanes** (no vectorized input): lane t reads elements t, t + LPR, ... (at most 4 of them when D <= 128,
+  ``vt0 = 4`` accumulators of one element each, combined in order ``((a0 + a1) + a2) + a3``, which is the
+  sequential sum: unused accumulators hold 0, which adds exactly);
+- **vector lanes** (ATen vectorizes the input, 4 fp32 a load, when D % 4 == 0 and D is large enough): lane t reads
+  the vectors t, t + LPR, ... (elements 4 (t + LPR k) + i), accumulator i takes element i of each vector in order,
+  and the four are combined in order ``((a0 + a1) + a2) + a3``; at D = 128 every accumulator holds one element
+  and this is the 4 elements summed in order;
+- the LPR lanes by ``warp_shfl_down``, offsets descending (LPR/2, ..., 2, 1: torch since its warp reductions
   were made to match Triton's) or ascending (1, 2, ..., 16: earlier releases).
 
-At D = 128 every accumulator holds a value and the combination order shows. The sequential form above is not
-eager's there (measured, below); the candidates (``LANE_FORMS``) are the accumulators combined as a tree
-``(a0 + a1) + (a2 + a3)`` or by halves ``(a0 + a2) + (a1 + a3)`` (what a 64- or 128-lane block's shared-memory
-step gives), and vectorized lanes (lane t reads 4t .. 4t + 3 as one vector, combined in order; ATen vectorizes
-the input from D > 128).
+At D = 128 the sequential strided form is not eager's (measured, below); the D = 128 candidates (``LANE_FORMS``)
+also include the accumulators combined as a tree ``(a0 + a1) + (a2 + a3)`` or by halves ``(a0 + a2) + (a1 + a3)``
+(what a 64- or 128-lane block's shared-memory step gives).
 
 Rows: x's leading dims, merged where they step evenly, as up to 3 strided dims (``rows_of``; a transposed
 [B, H, S, D] view of a [B, S, H, D] projection, SD3.5's QK norms, is three), read in place. Eager's ``pow`` writes
@@ -31,8 +35,8 @@ rows' order (``ReduceConfig`` reads the row count and D, not the strides; tests/
 transposed and strided rows bitwise); the mean is contiguous [..., 1] either way.
 
 Each square is ``x * x`` in fp32 of the exactly converted input, as eager's ``pow(x, 2)`` computes it; there
-are no other roundings. Which lane form and warp order eager uses is found per device and D on first use
-(``eager_order``: every candidate of ``CANDIDATES[D]`` against eager's mean of one wide-range [64, D] fp32
+are no other roundings. Which form and warp order eager uses is found per device and D on first use
+(``eager_order``: every candidate of ``candidates(D)`` against eager's mean of one wide-range [64, D] fp32
 draw); the guard refuses a D for which none matches, and the verifier still checks every site.
 
 Measured (H200, torch 2.11, ``tests/gpu/test_mean_square_gpu.py`` prints the differing rows per candidate):
@@ -40,17 +44,16 @@ strided lanes with descending offsets are eager's bits at D = 32 and 64 (bf16, f
 decades, 4097 and 4800 rows: no row differs; ascending: ~40% differ). At D = 128 **vectorized lanes with
 descending offsets** are (no row differs at Qwen-Image's image and text q shapes, all three dtypes); every other
 form differs in ~42% of rows. Fewer than 16 rows change the block shape (and the order): the reference path runs
-them.
+them. Every other D is decided on first use on the device itself, as above.
 
-Three kernels. ``mean_square_kernel`` takes every form: a program's 16 rows as a [16, 32] lane tensor, the warp
-tree as reshapes (Triton lays them out through shared memory). Eager's forms run on lane kernels, with each thread
-holding a lane of ``LANE_GROUPS`` rows so that their loads are in flight together (as the QK RMSNorm does) and the
-tree as warp shuffles on a state whose lane f is thread f % 128 (tests/kernels/test_mean_square_kernel.py checks that in
-the sm_90 build):
+Three kernels. ``mean_square_kernel`` takes the D = 32, 64, 128 forms the lane kernels do not run: a program's 16
+rows as a [16, 32] lane tensor, the warp tree as reshapes (Triton lays them out through shared memory). Eager's
+descending forms run on lane kernels, with each thread holding a lane of several rows so that their loads are in
+flight together (as the QK RMSNorm does) and the tree as warp shuffles on a state whose lane f is thread f % 128
+(tests/kernels/test_mean_square_kernel.py checks that in the sm_90 build):
 
-- ``mean_square_lanes_kernel``, D = 128: ``kernels/rms_norm.rms_row_sum_squares`` without its FMA push is the
-  vectorized form exactly (lane t holds elements 4t .. 4t + 3, one 8-byte load, summed in order from 0.0);
-- ``mean_square_strided_lanes_kernel``, D = 32 and 64: lane t loads elements t, t + 32 one at a time (a load that
+- ``mean_square_lanes_kernel``: vector lanes, one 4-element load a lane and iteration into four fp32 accumulators;
+- ``mean_square_strided_lanes_kernel``: strided lanes; lane t loads elements t, t + LPR one at a time (a load that
   Triton vectorized would put several lanes in one thread).
 
 The sums are the same bits as the generic kernel's (the tests check every kernel against one numpy model); the
@@ -66,25 +69,53 @@ from . import triton_interpret
 from .launch import CachedLaunch
 from .layer_norm_stats import USE_SHUFFLES
 from .optional_triton import tl, triton
-from .rms_norm import _lane_group_leaders, _row_offsets, _shfl_sum, _sum_level, rms_row_sum_squares, row_dims
+from .rms_norm import _lane_group_leaders, _row_offsets, _shfl_sum, _sum_level, row_dims
 from .rows import row_layout
 
-LANES = 32  # a row is one warp in ATen's config
-ROWS = 16  # rows per program (ATen's block: 16 rows of one warp each)
-HEAD_DIMS = (32, 64, 128)  # the reduced sizes whose order the contract above describes
+LANES = 32  # a warp
+ROWS = 16  # rows per program of mean_square_kernel (ATen's block: 16 rows of one warp each)
+HEAD_DIMS = (32, 64, 128)  # the row sizes of mean_square_kernel's other forms (CANDIDATES)
+MIN_D = 32  # rows shorter than a warp occur in tiny test models only; their squares stay eager's
+MAX_D = 16384  # a lane holds at most 128 vectors, well under ATen's 256 values before it splits a row across warps
 MIN_ROWS = 16  # below this ATen's block is wider than a warp (another order)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# How lane t sums its part of a row (module docstring): its elements t + 32 i combined in order, as a tree, by halves;
-# or its vector of elements PER t + i, in order
+# How lane t sums its part of a row (module docstring): its elements t + LPR i combined in order, as a tree, by
+# halves; or its vectors t + LPR k, one accumulator per vector element, combined in order
 SEQUENTIAL, TREE, HALVES, VECTOR = 0, 1, 2, 3
 LANE_FORMS = {SEQUENTIAL: "sequential", TREE: "tree", HALVES: "halves", VECTOR: "vector"}
-# (lane form, descending warp offsets): the orders eager_order tries per row size, the first the default where no
-# GPU can be asked (Triton's interpreter), measured at D = 32, 64 (sequential) and 128 (vector), module docstring
+# (lane form, descending warp offsets): the orders eager_order tries at D = 32, 64, 128, the first the default where
+# no GPU can be asked (Triton's interpreter), measured at D = 32, 64 (sequential) and 128 (vector), module docstring
 CANDIDATES = {32: ((SEQUENTIAL, True), (SEQUENTIAL, False)), 64: ((SEQUENTIAL, True), (SEQUENTIAL, False)),
               128: ((VECTOR, True), (TREE, True), (HALVES, True), (SEQUENTIAL, True),
                     (TREE, False), (HALVES, False), (VECTOR, False), (SEQUENTIAL, False))}
-LANE_GROUPS = 4  # mean_square_lanes_kernel: rows of 32 lanes per thread (4 warps: 4 rows a group, 16 a program)
+LANE_GROUPS = 4  # lane kernels: rows of a 4-warp group per thread, loaded before the first shuffle
 _orders: dict[tuple, tuple[int, bool] | None] = {}
+
+
+def _last_pow2(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+def lanes_per_row(form: int, d: int) -> int:
+    """ATen's ``block_width`` for rows of ``d``: the largest power of two <= d (<= d / 4 for vector lanes), at
+    most a warp."""
+    return min(_last_pow2(d // 4 if form == VECTOR else d), LANES)
+
+
+def candidates(d: int) -> tuple[tuple[int, bool], ...]:
+    """The (lane form, descending) orders ``eager_order`` tries for rows of ``d``, the likeliest first: the
+    measured table at 32, 64 and 128; elsewhere strided lanes while a lane holds at most 4 elements, vector lanes
+    for D % 4 == 0 (ATen vectorizes such rows from some size on: the device says which), descending offsets only
+    (every torch this package supports)."""
+    if d in CANDIDATES:
+        return CANDIDATES[d]
+    if d < MIN_D or d > MAX_D:
+        return ()
+    vector = ((VECTOR, True),) if d % 4 == 0 else ()
+    return ((SEQUENTIAL, True), *vector) if d <= 4 * LANES else vector
+
+
+ROW_SIZES = f"the kernel takes rows of {MIN_D} to 128 elements, or up to {MAX_D} in multiples of 4"
 
 
 @triton.jit
@@ -98,7 +129,7 @@ def _halve(s, W: tl.constexpr, R: tl.constexpr, DESC: tl.constexpr):
 
 
 @triton.jit
-def mean_square_kernel(X, OUT, n_rows, L1, L2, x_s0, x_s1, x_s2, factor, PER: tl.constexpr, R: tl.constexpr,
+def mean_square_kernel(X, OUT, n_rows, N, L1, L2, x_s0, x_s1, x_s2, factor, PER: tl.constexpr, R: tl.constexpr,
                        FORM: tl.constexpr, DESC: tl.constexpr, ROW_DIMS: tl.constexpr):
     rows = tl.program_id(0) * R + tl.arange(0, R)
     rmask = rows < n_rows
@@ -130,47 +161,93 @@ def mean_square_kernel(X, OUT, n_rows, L1, L2, x_s0, x_s1, x_s2, factor, PER: tl
 
 
 @triton.jit
-def mean_square_lanes_kernel(X, OUT, n_rows, L1, L2, x_s0, x_s1, x_s2, factor, ROWS: tl.constexpr,
-                             ROW_DIMS: tl.constexpr):
-    # Vectorized lanes, descending offsets, D = 128 (module docstring): lane f = r * 32 + t is lane t of row r
+def _push_vectors(a, x_lanes, ok, lane, it, N, LPR: tl.constexpr, UNIFORM: tl.constexpr):
+    # one iteration of vector lanes: lane t's vector t + LPR * it, element i squared into accumulator i
+    v = it * LPR + lane
+    c = v[:, None] * 4 + tl.arange(0, 4)[None, :]
+    # a vector is whole or absent (D % 4 == 0): masked per vector, so the load stays one vector wide
+    m = ok[:, None] if UNIFORM else (ok & (v < N // 4))[:, None]
+    xv = tl.load(x_lanes[:, None] + c, mask=m, other=0.0).to(tl.float32)
+    return a + xv * xv
+
+
+@triton.jit
+def _row_tree(s, ROWS: tl.constexpr, LPR: tl.constexpr, SHUFFLE: tl.constexpr):
+    # [ROWS * LPR] lane sums -> [ROWS]: the shfl_down levels LPR/2 .. 1 inside each row's lanes, lane 0's result
+    if SHUFFLE:
+        if LPR >= 32:
+            s = _shfl_sum(s, 16)
+        if LPR >= 16:
+            s = _shfl_sum(s, 8)
+        if LPR >= 8:
+            s = _shfl_sum(s, 4)
+        if LPR >= 4:
+            s = _shfl_sum(s, 2)
+        if LPR >= 2:
+            s = _shfl_sum(s, 1)
+        return _lane_group_leaders(s, ROWS, LPR)
+    else:  # the interpreter: the same levels as reshapes
+        if LPR >= 32:
+            s = _sum_level(s, ROWS, 16)
+        if LPR >= 16:
+            s = _sum_level(s, ROWS, 8)
+        if LPR >= 8:
+            s = _sum_level(s, ROWS, 4)
+        if LPR >= 4:
+            s = _sum_level(s, ROWS, 2)
+        if LPR >= 2:
+            s = _sum_level(s, ROWS, 1)
+        return s
+
+
+@triton.jit
+def mean_square_lanes_kernel(X, OUT, n_rows, N, L1, L2, x_s0, x_s1, x_s2, factor, ROWS: tl.constexpr,
+                             LPR: tl.constexpr, N_ITERS: tl.constexpr, UNIFORM: tl.constexpr,
+                             SHUFFLE: tl.constexpr, ROW_DIMS: tl.constexpr):
+    # Vector lanes, descending offsets (module docstring): lane f = r * LPR + t is lane t of row r, its four
+    # accumulators a [.., 4] fp32, combined in order after the last vector
+    L: tl.constexpr = ROWS * LPR
     first = tl.program_id(0) * ROWS
-    lane_row = first + tl.arange(0, ROWS * 32) // 32
+    f = tl.arange(0, L)
+    lane_row = first + f // LPR
+    lane = f % LPR if ROWS > 1 else f
     x_lanes = X + _row_offsets(lane_row, L1, L2, x_s0, x_s1, x_s2, ROW_DIMS)
-    s = rms_row_sum_squares(x_lanes=x_lanes, lane_ok=lane_row < n_rows, N=128, stride_d=1, N_ITERS=1, ROWS=ROWS,
-                            LPR=32, VEC=4, PUSH_FMA=False, UNIFORM=True)
+    ok = lane_row < n_rows
+    a = tl.zeros([L, 4], tl.float32)
+    if N_ITERS <= 4:  # every row group's loads in flight before the first add
+        for it in tl.static_range(N_ITERS):
+            a = _push_vectors(a, x_lanes, ok, lane, it, N, LPR, UNIFORM)
+    else:
+        for it in tl.range(N_ITERS):
+            a = _push_vectors(a, x_lanes, ok, lane, it, N, LPR, UNIFORM)
+    # [L, 4] -> accumulators 0..3 without arithmetic: (p, q) = column 2p + q
+    even, odd = tl.split(tl.reshape(a, [L, 2, 2]))
+    a0, a2 = tl.split(even)
+    a1, a3 = tl.split(odd)
+    s = _row_tree(((a0 + a1) + a2) + a3, ROWS, LPR, SHUFFLE)
     r = first + tl.arange(0, ROWS)
     tl.store(OUT + r, s * factor, mask=r < n_rows)
 
 
 @triton.jit
-def mean_square_strided_lanes_kernel(X, OUT, n_rows, L1, L2, x_s0, x_s1, x_s2, factor, ROWS: tl.constexpr,
-                                     PER: tl.constexpr, SHUFFLE: tl.constexpr, ROW_DIMS: tl.constexpr):
-    # Strided lanes, descending offsets, D = 32 PER (module docstring): lane f = r * 32 + t of the flat state holds
-    # row r's elements t, t + 32, ..., squared and added in order; then shfl_down 16 .. 1 inside each row's warp
+def mean_square_strided_lanes_kernel(X, OUT, n_rows, N, L1, L2, x_s0, x_s1, x_s2, factor, ROWS: tl.constexpr,
+                                     PER: tl.constexpr, UNIFORM: tl.constexpr, SHUFFLE: tl.constexpr,
+                                     ROW_DIMS: tl.constexpr):
+    # Strided lanes, descending offsets, 32 < D <= 32 PER (module docstring): lane f = r * 32 + t of the flat state
+    # holds row r's elements t, t + 32, ..., squared and added in order; then shfl_down 16 .. 1 inside the row's warp
     first = tl.program_id(0) * ROWS
     f = tl.arange(0, ROWS * 32)
     lane_row = first + f // 32
+    t = tl.max_contiguous(f % 32, 1)
     # one element per lane and load: contiguity 1, so the loads keep lane f in thread f % 128 (no vector spans lanes)
-    ptr = X + _row_offsets(lane_row, L1, L2, x_s0, x_s1, x_s2, ROW_DIMS) + tl.max_contiguous(f % 32, 1)
+    ptr = X + _row_offsets(lane_row, L1, L2, x_s0, x_s1, x_s2, ROW_DIMS) + t
     ok = lane_row < n_rows
-    v = tl.load(ptr, mask=ok, other=0).to(tl.float32)
+    v = tl.load(ptr, mask=ok if UNIFORM else ok & (t < N), other=0).to(tl.float32)
     s = v * v
     for i in tl.static_range(1, PER):
-        v = tl.load(ptr + 32 * i, mask=ok, other=0).to(tl.float32)
+        v = tl.load(ptr + 32 * i, mask=ok if UNIFORM else ok & (t + 32 * i < N), other=0).to(tl.float32)
         s = s + v * v
-    if SHUFFLE:
-        s = _shfl_sum(s, 16)
-        s = _shfl_sum(s, 8)
-        s = _shfl_sum(s, 4)
-        s = _shfl_sum(s, 2)
-        s = _shfl_sum(s, 1)
-        s = _lane_group_leaders(s, ROWS, 32)
-    else:  # the interpreter: the same levels as reshapes
-        s = _sum_level(s, ROWS, 16)
-        s = _sum_level(s, ROWS, 8)
-        s = _sum_level(s, ROWS, 4)
-        s = _sum_level(s, ROWS, 2)
-        s = _sum_level(s, ROWS, 1)
+    s = _row_tree(s, ROWS, 32, SHUFFLE)
     r = first + tl.arange(0, ROWS)
     tl.store(OUT + r, s * factor, mask=r < n_rows)
 
@@ -184,17 +261,19 @@ def rows_of(x: torch.Tensor) -> tuple[tuple[int, int, int], tuple[int, int, int]
 
 def eager_order(device: torch.device, d: int) -> tuple[int, bool] | None:
     """(lane form, descending warp offsets) of eager's mean over rows of ``d`` on ``device``: the first of
-    ``CANDIDATES[d]`` that gives eager's bits on one wide-range [64, d] draw, where the forms differ; None when
+    ``candidates(d)`` that gives eager's bits on one wide-range [64, d] draw, where the forms differ; None when
     none does. Cached per device and d; the interpreter (CPU) takes the first candidate."""
+    if not candidates(d):
+        return None
     if device.type != "cuda":
-        return CANDIDATES[d][0]
+        return candidates(d)[0]
     key = (device, d)
     if key not in _orders:
         g = torch.Generator(device=device).manual_seed(0)
         amp = torch.logspace(-3, 3, d, device=device)[torch.randperm(d, device=device, generator=g)]
         x = torch.randn(64, d, device=device, generator=g) * amp
         want = x.pow(2).mean(-1, keepdim=True).view(torch.int32)
-        found = [c for c in CANDIDATES[d] if torch.equal(plan_mean_square(x, c)(x).view(torch.int32), want)]
+        found = [c for c in candidates(d) if torch.equal(plan_mean_square(x, c)(x).view(torch.int32), want)]
         _orders[key] = found[0] if found else None
     return _orders[key]
 
@@ -205,8 +284,8 @@ def can_use_mean_square(x: torch.Tensor) -> tuple[bool, str]:
         return False, f"device is {x.device.type}"
     if x.dtype not in DTYPES:
         return False, f"dtype {x.dtype} (kernel takes {[str(d) for d in DTYPES]})"
-    if x.dim() == 0 or x.shape[-1] not in HEAD_DIMS:
-        return False, f"last dim {tuple(x.shape)[-1:]} (kernel takes {list(HEAD_DIMS)}: ATen's order differs elsewhere)"
+    if x.dim() == 0 or not candidates(x.shape[-1]):
+        return False, f"last dim {tuple(x.shape)[-1:]} ({ROW_SIZES})"
     if x.stride(-1) != 1:
         return False, "last dim not contiguous (eager's reduction then walks another order)"
     if rows_of(x) is None:
@@ -231,26 +310,30 @@ def plan_mean_square(x: torch.Tensor, order: tuple[int, bool] | None = None):
     (lane form, descending warp offsets), None for eager's on x's device (``eager_order``)."""
     d = x.shape[-1]
     form, desc = eager_order(x.device, d) if order is None else order
-    if form in (TREE, HALVES) and d != 128:
-        raise ValueError(f"lane form {LANE_FORMS[form]} takes rows of 128, not {d}")
     (L0, L1, L2), strides = rows_of(x)
     rows, dims = L0 * L1 * L2, row_dims(L0, L1)
-    n = LANE_GROUPS * 128 // LANES  # rows per program of the lane kernels
-    if form == VECTOR and desc and d == 128:
-        kernel = CachedLaunch(mean_square_lanes_kernel, (triton.cdiv(rows, n),), {"ROWS": n, "ROW_DIMS": dims},
-                              num_warps=4)
-    elif form == SEQUENTIAL and desc:
+    if form == VECTOR and desc and d % 4 == 0:
+        lpr = lanes_per_row(VECTOR, d)
+        n, iters = LANE_GROUPS * 128 // lpr, triton.cdiv(d, 4 * lpr)
+        kernel = CachedLaunch(mean_square_lanes_kernel, (triton.cdiv(rows, n),),
+                              {"ROWS": n, "LPR": lpr, "N_ITERS": iters, "UNIFORM": d == 4 * lpr * iters,
+                               "SHUFFLE": USE_SHUFFLES, "ROW_DIMS": dims}, num_warps=4)
+    elif form == SEQUENTIAL and desc and LANES <= d <= 4 * LANES:
+        n, per = LANE_GROUPS * 128 // LANES, triton.cdiv(d, LANES)
         kernel = CachedLaunch(mean_square_strided_lanes_kernel, (triton.cdiv(rows, n),),
-                              {"ROWS": n, "PER": d // LANES, "SHUFFLE": USE_SHUFFLES, "ROW_DIMS": dims}, num_warps=4)
-    else:
+                              {"ROWS": n, "PER": per, "UNIFORM": d == LANES * per, "SHUFFLE": USE_SHUFFLES,
+                               "ROW_DIMS": dims}, num_warps=4)
+    elif d in HEAD_DIMS and (form in (SEQUENTIAL, VECTOR) or d == 128):
         kernel = CachedLaunch(mean_square_kernel, (triton.cdiv(rows, ROWS),),
                               {"PER": d // LANES, "R": ROWS, "FORM": form, "DESC": desc, "ROW_DIMS": dims})
+    else:
+        raise ValueError(f"no kernel sums rows of {d} as {LANE_FORMS[form]} lanes, {'de' if desc else 'a'}scending")
     factor = mean_factor(rows, d)
     out_shape = (*x.shape[:-1], 1)
 
     def launch(x):
         out = torch.empty(out_shape, dtype=torch.float32, device=x.device)
-        kernel(x, out, rows, L1, L2, *strides, factor)
+        kernel(x, out, rows, d, L1, L2, *strides, factor)
         return out
 
     return launch

@@ -5,7 +5,8 @@ and read back. Exact: the kernel sums in the order of ATen's reduce kernel (kern
 verifier checks every site. The rest of the norm (``x * rsqrt(var + eps)``, the cast, the weight) stays for
 the pointwise pass, which on Qwen-Image joins it with the RoPE and the text/image cat.
 
-Covered ATen forms (diffusers ``RMSNorm.forward``; Qwen-Image, SD3.5 and SANA QK norms)::
+Covered ATen forms (diffusers ``RMSNorm.forward``: QK norms over a head, as Qwen-Image's and SD3.5's, and norms over
+the hidden size, as LTX's and Lumina's)::
 
     mean.dim(pow.Tensor_Scalar(_to_copy(x, dtype=float32), 2), [-1], True)   # x bf16/fp16
     mean.dim(pow.Tensor_Scalar(x, 2), [-1], True)                              # x fp32
@@ -54,7 +55,7 @@ class MeanSquare(PatternFamily):
         return variance, (example_tensor(2, 8, 4, 64),)
 
     def near_miss_example(self) -> Example:
-        def variance(x):  # a row of 16: no kernel reproduces ATen's order there
+        def variance(x):  # a row of 16, shorter than a warp: the kernel leaves it to eager
             return x.to(torch.float32).pow(2).mean(-1, keepdim=True)
 
         return variance, (example_tensor(2, 8, 4, 16),)

@@ -21,31 +21,49 @@ import pytest
 import torch
 from _interp import run_worker, worker_main
 
-CASES = [(16, 128), (37, 128), (16, 64), (21, 32)]  # (rows, D)
+CASES = [(16, 128), (37, 128), (16, 64), (21, 32), (37, 96), (16, 48), (21, 100), (37, 160), (16, 2432),
+         (19, 1156)]  # (rows, D): the measured head dims, then rows of other sizes (strided and vector lanes)
 ORDERS = {f"{form}_{'desc' if desc else 'asc'}": (k, desc) for k, form in
           {0: "sequential", 1: "tree", 2: "halves", 3: "vector"}.items() for desc in (True, False)}
-D128_ONLY = {1, 2, 3}  # forms that only the 128-element rows try (CANDIDATES)
+
+
+def orders_of(d: int) -> dict[str, tuple[int, bool]]:
+    """The orders a row of ``d`` can be summed in by some kernel: every candidate of ``candidates(d)``, and at the
+    measured head dims every form of the generic kernel."""
+    from diffusion_fuse.kernels.mean_square import CANDIDATES, candidates
+
+    return {n: o for n, o in ORDERS.items() if o in candidates(d) or o in CANDIDATES.get(d, ())}
 
 
 def emulate(x: torch.Tensor, order: tuple[int, bool]) -> np.ndarray:
-    """The contract's order: lane t sums its squares a_i (t + 32 i; or PER t + i for vector lanes) in order, as
-    a tree or by halves; the warp tree halves (descending) or pairs neighbours (ascending); then the factor."""
-    from diffusion_fuse.kernels.mean_square import mean_factor
+    """The contract's order in numpy: lane t of LPR sums its squares (elements t + LPR i in order; or vectors
+    t + LPR k into four accumulators, combined in order; or at D = 128 as a tree or by halves); the warp tree
+    halves (descending) or pairs neighbours (ascending); then the factor."""
+    from diffusion_fuse.kernels.mean_square import VECTOR, lanes_per_row, mean_factor
 
     form, descending = order
     sq = x.reshape(-1, x.shape[-1]).float().numpy()
     sq = sq * sq
     rows, d = sq.shape
-    per = d // 32
-    a = sq.reshape(rows, 32, per) if form == 3 else sq.reshape(rows, per, 32).transpose(0, 2, 1)  # [rows, lane, i]
-    if form == 1:
-        s = (a[:, :, 0] + a[:, :, 1]) + (a[:, :, 2] + a[:, :, 3])
-    elif form == 2:
-        s = (a[:, :, 0] + a[:, :, 2]) + (a[:, :, 1] + a[:, :, 3])
+    lpr = lanes_per_row(form, d)
+    step = 4 * lpr if form == VECTOR else lpr
+    padded = np.zeros((rows, -(-d // step) * step), np.float32)  # absent elements add +0.0: exact
+    padded[:, :d] = sq
+    if form == VECTOR:
+        acc = np.zeros((rows, lpr, 4), np.float32)
+        for k in range(padded.shape[1] // step):
+            acc = acc + padded.reshape(rows, -1, lpr, 4)[:, k]
+        s = ((acc[..., 0] + acc[..., 1]) + acc[..., 2]) + acc[..., 3]
     else:
-        s = a[:, :, 0].copy()
-        for i in range(1, per):
-            s = s + a[:, :, i]
+        a = padded.reshape(rows, -1, lpr).transpose(0, 2, 1)  # [rows, lane, i]
+        if form == 1:
+            s = (a[:, :, 0] + a[:, :, 1]) + (a[:, :, 2] + a[:, :, 3])
+        elif form == 2:
+            s = (a[:, :, 0] + a[:, :, 2]) + (a[:, :, 1] + a[:, :, 3])
+        else:
+            s = a[:, :, 0].copy()
+            for i in range(1, a.shape[2]):
+                s = s + a[:, :, i]
     while s.shape[1] > 1:
         w = s.shape[1] // 2
         s = s[:, :w] + s[:, w:] if descending else s[:, 0::2] + s[:, 1::2]
@@ -65,12 +83,10 @@ def worker() -> dict:
     for rows, d in CASES:
         for dtype in (torch.float32, torch.bfloat16):
             x = _wide(rows, d, rows * d, dtype)
-            for oname, order in ORDERS.items():
-                if order[0] in D128_ONLY and d != 128:
-                    continue
+            for oname, order in orders_of(d).items():
                 got = plan_mean_square(x, order)(x)
                 want = emulate(x, order)
-                others = [emulate(x, o) for o in ORDERS.values() if o != order and (o[0] not in D128_ONLY or d == 128)]
+                others = [emulate(x, o) for o in orders_of(d).values() if o != order]
                 key = f"{rows}x{d}:{str(dtype)[6:]}:{oname}"
                 res[key] = {"shape": list(got.shape), "equal": bool(np.array_equal(got.numpy().view(np.int32).ravel(),
                                                                               want.view(np.int32))),
@@ -96,7 +112,9 @@ def worker() -> dict:
                      "row_dims": sum(n != 1 for n in rows_of(x)[0]), "equal": bool(np.array_equal(
                          got.reshape(-1).numpy().view(np.int32), emulate(x.contiguous(), order).view(np.int32)))}
     res["guard"] = {name: can_use_mean_square(x)[1] for name, x in {
-        "ok": torch.zeros(16, 128), "d96": torch.zeros(16, 96), "few_rows": torch.zeros(15, 128),
+        "ok": torch.zeros(16, 128), "d96": torch.zeros(16, 96), "d2048": torch.zeros(16, 2048),
+        "d16": torch.zeros(16, 16), "d130": torch.zeros(16, 130), "d32768": torch.zeros(16, 32768),
+        "few_rows": torch.zeros(15, 128),
         "strided_d": torch.zeros(16, 256)[:, ::2], "int": torch.zeros(16, 128, dtype=torch.int32),
         "four_row_dims": torch.zeros(2, 3, 4, 5, 128).permute(3, 2, 1, 0, 4)}.items()}
     return res
@@ -108,7 +126,7 @@ def results():
 
 
 @pytest.mark.parametrize("case", [f"{r}x{d}:{t}:{o}" for r, d in CASES for t in ("float32", "bfloat16")
-                                  for o, (form, _) in ORDERS.items() if form not in D128_ONLY or d == 128])
+                                  for o in orders_of(d)])
 def test_kernel_sums_in_the_contracts_order(results, case):
     r = results[case]
     rows = int(case.split("x")[0])
@@ -156,10 +174,12 @@ ROW_STRIDES = ("L1", "L2", "x_s0", "x_s1", "x_s2")
 
 
 @pytest.mark.parametrize("row_dims", [1, 2, 3])
-def test_lanes_kernel_compiles_for_sm90_with_vector_loads_and_lane_shuffles(row_dims):
-    """The sm_90 build of the D = 128 kernel: one 8-byte load per row a thread holds, all before the first
-    shuffle; no FMA (eager adds rounded squares); the shuffles' state has lane f in thread f % 128; rows of 2 or 3
-    strided dims take 32-bit divisions only."""
+@pytest.mark.parametrize("lpr, iters, uniform", [(32, 1, True), (32, 16, True), (32, 2, False), (16, 1, False)])
+def test_lanes_kernel_compiles_for_sm90_with_vector_loads_and_lane_shuffles(row_dims, lpr, iters, uniform):
+    """The sm_90 build of the vector-lane kernel (D = 128; 2048, a loop; 160 and 96, vectors masked whole): one
+    vector load per row a thread holds and iteration, all before the first shuffle; no FMA (eager adds rounded
+    squares); the shuffles' state has lane f in thread f % 128; rows of 2 or 3 strided dims take 32-bit divisions
+    only."""
     import re
 
     triton = pytest.importorskip("triton")
@@ -172,11 +192,11 @@ def test_lanes_kernel_compiles_for_sm90_with_vector_loads_and_lane_shuffles(row_
     from diffusion_fuse.kernels.launch import EAGER_NUMERICS
 
     k = ms.mean_square_lanes_kernel
-    rows = ms.LANE_GROUPS * 128 // ms.LANES
+    const = {"ROWS": ms.LANE_GROUPS * 128 // lpr, "LPR": lpr, "N_ITERS": iters, "UNIFORM": uniform,
+             "SHUFFLE": True, "ROW_DIMS": row_dims}
     for dt in ("*bf16", "*fp32"):
-        sig = {"X": dt, "OUT": "*fp32", "n_rows": "i32", **dict.fromkeys(ROW_STRIDES, "i32"), "factor": "fp32",
-               "ROWS": "constexpr", "ROW_DIMS": "constexpr"}
-        const = {"ROWS": rows, "ROW_DIMS": row_dims}
+        sig = {"X": dt, "OUT": "*fp32", "n_rows": "i32", "N": "i32", **dict.fromkeys(ROW_STRIDES, "i32"),
+               "factor": "fp32", **{c: "constexpr" for c in const}}
         aligned = ("X", "OUT", "x_s0", "x_s1", "x_s2")
         src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(c),): v for c, v in const.items()},
                         attrs={(k.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned})
@@ -184,17 +204,21 @@ def test_lanes_kernel_compiles_for_sm90_with_vector_loads_and_lane_shuffles(row_
         ptx = ck.asm["ptx"]
         load = "ld.global.v2.b32" if dt == "*bf16" else "ld.global.v4.b32"
         first_shfl = ptx.index("shfl.sync.down")
-        assert ptx[:first_shfl].count(load) == ms.LANE_GROUPS, (dt, ptx.count(load))
+        unrolled = iters if iters <= 4 else 1  # a longer row loops: one load a group in the loop's body
+        assert set(re.findall(r"ld\.global[.\w]*", ptx)) == {load}, dt
+        assert ptx[:first_shfl].count(load) == ms.LANE_GROUPS * unrolled, (dt, ptx.count(load))
         assert "fma.rn.f32" not in ptx and not re.search(r"\b(div|rem)\.[su]64\b", ptx)
-        assert len(re.findall(r"shfl\.sync\.down", ptx)) == 5 * ms.LANE_GROUPS
+        levels = lpr.bit_length() - 1
+        assert len(re.findall(r"shfl\.sync\.down", ptx)) == levels * ms.LANE_GROUPS
         layouts = shuffle_layouts_any(ck.asm["ttgir"])
         assert layouts and layouts <= lane_layouts(ms.LANE_GROUPS), layouts
 
 
 def test_guard_names_what_it_rejects(results):
     g = results["guard"]
-    assert g["ok"] == ""
-    assert "last dim" in g["d96"] and "rows" in g["few_rows"] and "contiguous" in g["strided_d"]
+    assert g["ok"] == g["d96"] == g["d2048"] == ""
+    assert all("last dim" in g[k] for k in ("d16", "d130", "d32768")), g
+    assert "rows" in g["few_rows"] and "contiguous" in g["strided_d"]
     assert "dtype" in g["int"] and "more than 3 strided dims" in g["four_row_dims"]
 
 
@@ -215,10 +239,12 @@ def test_strided_lanes_kernel_compiles_for_sm90_with_one_element_per_lane(per, r
     from diffusion_fuse.kernels.launch import EAGER_NUMERICS
 
     k = ms.mean_square_strided_lanes_kernel
-    const = {"ROWS": ms.LANE_GROUPS * 128 // ms.LANES, "PER": per, "SHUFFLE": True, "ROW_DIMS": row_dims}
+    const = {"ROWS": ms.LANE_GROUPS * 128 // ms.LANES, "PER": per, "UNIFORM": per == 2, "SHUFFLE": True,
+             "ROW_DIMS": row_dims}
     for dt, load in (("*bf16", "ld.global.b16"), ("*fp32", "ld.global.b32")):
         for aligned in (("X", "OUT", "x_s0", "x_s1", "x_s2"), ("OUT",)):
-            sig = {"X": dt, "OUT": "*fp32", "n_rows": "i32", **dict.fromkeys(ROW_STRIDES, "i32"), "factor": "fp32",
+            sig = {"X": dt, "OUT": "*fp32", "n_rows": "i32", "N": "i32", **dict.fromkeys(ROW_STRIDES, "i32"),
+                   "factor": "fp32",
                    **{c: "constexpr" for c in const}}
             src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(c),): v for c, v in const.items()},
                             attrs={(k.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned})
