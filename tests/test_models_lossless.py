@@ -16,6 +16,9 @@ input is a gated residual ``residual + gate * x`` goes to family gated_residual_
   residual, not directly) becomes a ``gated_residual`` site (the family takes table gates)
 - qwen_image: img_norm1, txt_norm1, img_norm2 + norm_out = 4; the last block's txt_norm2 feeds
   only the (unused) text stream and is dead code in the graph
+- plain_dit (a DiT in plain PyTorch): the first block's norm1 reads the patch embedding (norm_modulate); the other
+  three block LayerNorms and the final one read a gated residual (4); its QK norms
+  (``nn.RMSNorm``, composite on the CPU: pow → mean → rsqrt) give four mean_square sites at head dim 32
 - sd35: 8 LayerNorms with 9 modulates: the dual-attention block's SD35AdaLayerNormZeroX
   normalizes once for two modulates (one site, two ops); 6 LayerNorms read a gated residual
   (norm2 and norm2_context of both blocks, and block 1's norm1/norm1_context)
@@ -33,7 +36,7 @@ from diffusion_fuse.testing.tiny_models import MODEL_NAMES, build
 N, G, R = "norm_modulate", "gated_residual_norm_modulate", "gated_residual"
 EXPECTED_BY_FAMILY = {
     "flux": {N: 4, G: 2}, "flux2": {N: 4, G: 2}, "wan21": {N: 2, G: 2}, "wan22_ti2v": {N: 2, G: 2},
-    "sana": {N: 2, G: 1}, "qwen_image": {N: 2, G: 2}, "sd35": {N: 2, G: 6},
+    "sana": {N: 2, G: 1}, "qwen_image": {N: 2, G: 2}, "sd35": {N: 2, G: 6}, "plain_dit": {N: 1, G: 4},
 }
 FP32_EXPECTED_BY_FAMILY = {**EXPECTED_BY_FAMILY, "sana": {N: 2, G: 1, R: 1}}
 # the AdaLN families' sites (tier high too)
@@ -43,8 +46,10 @@ EXPECTED_SITES = {name: sum(c.values()) for name, c in EXPECTED_BY_FAMILY.items(
 # gelu + cat, casts); fp32 graphs have fewer (no casts to group). The same on every torch: eval-mode Dropout's
 # clone (traced up to torch 2.13) is dropped before the pointwise pass groups.
 P = "pointwise"
-POINTWISE_SITES = {"flux": 15, "flux2": 17, "wan21": 9, "wan22_ti2v": 9, "sana": 11, "qwen_image": 9, "sd35": 20}
-FP32_POINTWISE_SITES = {"flux": 9, "flux2": 11, "wan21": 4, "wan22_ti2v": 4, "sana": 6, "qwen_image": 4, "sd35": 10}
+POINTWISE_SITES = {"flux": 15, "flux2": 17, "wan21": 9, "wan22_ti2v": 9, "sana": 11, "qwen_image": 9, "sd35": 20,
+                   "plain_dit": 4}
+FP32_POINTWISE_SITES = {"flux": 9, "flux2": 11, "wan21": 4, "wan22_ti2v": 4, "sana": 6, "qwen_image": 4, "sd35": 10,
+                        "plain_dit": 4}
 # Family linear_cat: the joint attention's value cat of the text and image projections
 # (batch 1); SD3.5 cats [B, heads, S, D] along S, not contiguous rows
 L = "linear_cat"
@@ -52,7 +57,11 @@ LINEAR_CAT_SITES = {"flux": 1, "flux2": 1, "qwen_image": 1}
 # Family grouped_gemv: the modulation linears of silu(temb), bf16 / fp16 only (Wan and SANA modulate from one
 # linear: no group)
 GG = "grouped_gemv"
-GROUPED_GEMV_SITES = {"flux": 1, "flux2": 1, "qwen_image": 1, "sd35": 1}
+GROUPED_GEMV_SITES = {"flux": 1, "flux2": 1, "qwen_image": 1, "sd35": 1, "plain_dit": 1}
+# Family mean_square: RMSNorm variances over rows the kernel takes (the diffusers models' head dims of 16 are not)
+MS = "mean_square"
+MEAN_SQUARE_SITES = {"plain_dit": 4}
+FAMILIES = (N, G, R, P, L, GG, MS)
 
 
 def expected(name, dtype):
@@ -60,10 +69,11 @@ def expected(name, dtype):
     fp32 = dtype == torch.float32
     fams = {**(FP32_EXPECTED_BY_FAMILY if fp32 else EXPECTED_BY_FAMILY)[name],
             P: (FP32_POINTWISE_SITES if fp32 else POINTWISE_SITES)[name], L: LINEAR_CAT_SITES.get(name, 0),
-            GG: 0 if fp32 else GROUPED_GEMV_SITES.get(name, 0)}
+            GG: 0 if fp32 else GROUPED_GEMV_SITES.get(name, 0), MS: MEAN_SQUARE_SITES.get(name, 0)}
     # an SD3.5 AdaLayerNormZeroX site is two norm_modulate calls; a pointwise site is one call
     calls = {"norm_modulate": fams.get(N, 0) + (name == "sd35"), "gated_residual_norm_modulate": fams.get(G, 0),
-             "gated_residual": fams.get(R, 0), "pointwise": fams[P], "linear_cat": fams[L], "grouped_gemv": fams[GG]}
+             "gated_residual": fams.get(R, 0), "pointwise": fams[P], "linear_cat": fams[L], "grouped_gemv": fams[GG],
+             "mean_square": fams[MS]}
     return fams, calls
 
 
@@ -76,8 +86,7 @@ def test_lossless_equals_eager_and_matches_every_site(name, dtype):
     fams, calls = expected(name, dtype)
     sites = report.sites()
     assert len(sites) == sum(fams.values()), report.table()
-    assert {f: report.count(f) for f in (N, G, R, P, L, GG)} == {f: fams.get(f, 0) for f in (N, G, R, P, L, GG)}, \
-        report.table()
+    assert {f: report.count(f) for f in FAMILIES} == {f: fams.get(f, 0) for f in FAMILIES}, report.table()
     assert sum(s.ops for s in sites) == sum(calls.values())
     assert all(s.status == "kept" for s in sites), report.table()
     assert "rms_norm_chain" not in report.graphs[0].families  # tier high only

@@ -6,7 +6,8 @@ Importable helper (no pytest dependency)::
     model, kwargs = build("flux", dtype=torch.bfloat16)
     out = model(**kwargs)[0]
 
-Every model is built from the tiny configs listed in ../shared/REFERENCE.md section 2, with random weights
+Every diffusers model is built from the tiny configs listed in ../shared/REFERENCE.md section 2 (``plain_dit``: a DiT
+written in plain PyTorch, testing/plain_dit.py, at head dim 32), with random weights
 drawn after ``torch.manual_seed(seed)``, in eval mode, and takes well under a second to build on CPU.
 
 Dtype handling mirrors ``ModelMixin.from_pretrained(torch_dtype=dtype)`` (diffusers 0.42.1,
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-MODEL_NAMES = ["flux", "flux2", "wan21", "wan22_ti2v", "sana", "qwen_image", "sd35"]
+MODEL_NAMES = ["flux", "flux2", "wan21", "wan22_ti2v", "sana", "qwen_image", "sd35", "plain_dit"]
 
 __all__ = ["MODEL_NAMES", "build", "cast_like_from_pretrained", "wider"]
 
@@ -270,6 +271,19 @@ def _sd35():
     return model, kwargs
 
 
+def _plain_dit():
+    from .plain_dit import PlainDiT
+
+    model = PlainDiT(in_channels=4, patch=2, dim=64, heads=2, depth=2)
+
+    def kwargs(dtype, device, gen):
+        # 16x16 latents in patches of 2: 64 tokens
+        return dict(x=_randn(gen, 1, 4, 16, 16).to(device, dtype),
+                    t=torch.tensor([500.0], device=device, dtype=dtype))
+
+    return model, kwargs
+
+
 _BUILDERS = {
     "flux": _flux,
     "flux2": _flux2,
@@ -278,6 +292,7 @@ _BUILDERS = {
     "sana": _sana,
     "qwen_image": _qwen_image,
     "sd35": _sd35,
+    "plain_dit": _plain_dit,
 }
 
 
