@@ -80,7 +80,7 @@ class _Records(logging.Handler):
         self.lines.append(f"{record.name}: {record.getMessage()}")
 
 
-def run_case(name: str, dtype: str) -> dict:
+def run_case(name: str, dtype: str, device: str = "cpu") -> dict:
     """Compile and run one zoo model; the verdicts as plain data (this runs in a worker process)."""
     torch.set_num_threads(1)
     torch._dynamo.reset()
@@ -91,7 +91,7 @@ def run_case(name: str, dtype: str) -> dict:
     logging.getLogger("diffusion_fuse").propagate = False
     try:
         entry = ZOO[name]
-        model, kwargs = entry.build(DTYPES[dtype])
+        model, kwargs = entry.build(DTYPES[dtype], device=device)
         ref, out, report = compile_and_run(model, kwargs, fullgraph=entry.fullgraph)
         refs = _tensors(ref)
         errors = [f"near miss {m.pattern} at {m.location}: {m.reason}" for g in report.graphs for m in g.near_misses
@@ -103,6 +103,8 @@ def run_case(name: str, dtype: str) -> dict:
             bitwise=bitwise_equal(ref, out),
             graphs=len(report.graphs),
             not_kept=[(s.id, s.status, s.reason) for s in report.sites() if s.status != "kept"],
+            sites=len(report.sites()),
+            kernel_calls=sum(report.counters()["kernel"].values()),
             errors=errors,
             table=report.table(),
             log=records.lines,
