@@ -69,7 +69,7 @@ from . import triton_interpret
 from .launch import CachedLaunch
 from .layer_norm_stats import USE_SHUFFLES
 from .optional_triton import tl, triton
-from .rms_norm import _lane_group_leaders, _row_offsets, _shfl_sum, _sum_level, row_dims
+from .rms_norm import _row_offsets, _row_tree, row_dims
 from .rows import row_layout
 
 LANES = 32  # a warp
@@ -169,35 +169,6 @@ def _push_vectors(a, x_lanes, ok, lane, it, N, LPR: tl.constexpr, UNIFORM: tl.co
     m = ok[:, None] if UNIFORM else (ok & (v < N // 4))[:, None]
     xv = tl.load(x_lanes[:, None] + c, mask=m, other=0.0).to(tl.float32)
     return a + xv * xv
-
-
-@triton.jit
-def _row_tree(s, ROWS: tl.constexpr, LPR: tl.constexpr, SHUFFLE: tl.constexpr):
-    # [ROWS * LPR] lane sums -> [ROWS]: the shfl_down levels LPR/2 .. 1 inside each row's lanes, lane 0's result
-    if SHUFFLE:
-        if LPR >= 32:
-            s = _shfl_sum(s, 16)
-        if LPR >= 16:
-            s = _shfl_sum(s, 8)
-        if LPR >= 8:
-            s = _shfl_sum(s, 4)
-        if LPR >= 4:
-            s = _shfl_sum(s, 2)
-        if LPR >= 2:
-            s = _shfl_sum(s, 1)
-        return _lane_group_leaders(s, ROWS, LPR)
-    else:  # the interpreter: the same levels as reshapes
-        if LPR >= 32:
-            s = _sum_level(s, ROWS, 16)
-        if LPR >= 16:
-            s = _sum_level(s, ROWS, 8)
-        if LPR >= 8:
-            s = _sum_level(s, ROWS, 4)
-        if LPR >= 4:
-            s = _sum_level(s, ROWS, 2)
-        if LPR >= 2:
-            s = _sum_level(s, ROWS, 1)
-        return s
 
 
 @triton.jit

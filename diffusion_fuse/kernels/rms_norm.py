@@ -176,6 +176,35 @@ def _lane_group_leaders(v, GROUPS: tl.constexpr, G: tl.constexpr):
 
 
 @triton.jit
+def _row_tree(s, ROWS: tl.constexpr, LPR: tl.constexpr, SHUFFLE: tl.constexpr):
+    # [ROWS * LPR] lane sums -> [ROWS]: the shfl_down levels LPR/2 .. 1 inside each row's lanes, lane 0's result
+    if SHUFFLE:
+        if LPR >= 32:
+            s = _shfl_sum(s, 16)
+        if LPR >= 16:
+            s = _shfl_sum(s, 8)
+        if LPR >= 8:
+            s = _shfl_sum(s, 4)
+        if LPR >= 4:
+            s = _shfl_sum(s, 2)
+        if LPR >= 2:
+            s = _shfl_sum(s, 1)
+        return _lane_group_leaders(s, ROWS, LPR)
+    else:  # the interpreter: the same levels as reshapes
+        if LPR >= 32:
+            s = _sum_level(s, ROWS, 16)
+        if LPR >= 16:
+            s = _sum_level(s, ROWS, 8)
+        if LPR >= 8:
+            s = _sum_level(s, ROWS, 4)
+        if LPR >= 4:
+            s = _sum_level(s, ROWS, 2)
+        if LPR >= 2:
+            s = _sum_level(s, ROWS, 1)
+        return s
+
+
+@triton.jit
 def _shfl_bfly_sum(s, HALF: tl.constexpr):
     # One level as a butterfly: lane l takes s[l] + s[l ^ HALF]. For l < HALF that is shfl_down's pair
     # (l, l + HALF); lane l + HALF adds the same two values the other way round, and an fp32 add is
@@ -284,29 +313,7 @@ def rms_row_sum_squares(
             s = s + c2 * c2
             s = s + c3 * c3
     # intra-warp shfl_down levels that stay inside a row: lane l < off takes (l, l+off)
-    if SHUFFLE:
-        if W_LANES >= 32:
-            s = _shfl_sum(s, 16)
-        if W_LANES >= 16:
-            s = _shfl_sum(s, 8)
-        if W_LANES >= 8:
-            s = _shfl_sum(s, 4)
-        if W_LANES >= 4:
-            s = _shfl_sum(s, 2)
-        if W_LANES >= 2:
-            s = _shfl_sum(s, 1)
-        s = _lane_group_leaders(s, ROWS * NWR, W_LANES)
-    else:
-        if W_LANES >= 32:
-            s = _sum_level(s, ROWS * NWR, 16)
-        if W_LANES >= 16:
-            s = _sum_level(s, ROWS * NWR, 8)
-        if W_LANES >= 8:
-            s = _sum_level(s, ROWS * NWR, 4)
-        if W_LANES >= 4:
-            s = _sum_level(s, ROWS * NWR, 2)
-        if W_LANES >= 2:
-            s = _sum_level(s, ROWS * NWR, 1)
+    s = _row_tree(s, ROWS * NWR, W_LANES, SHUFFLE)
     # cross-warp through shared memory: warp y < off takes (y, y+off)
     if NWR >= 4:
         s = _sum_level(s, ROWS, 2)
