@@ -249,16 +249,7 @@ def rms_lane_row_sums(xv, ROWS: tl.constexpr, LPR: tl.constexpr, PUSH_FMA: tl.co
             s = _shfl_bfly_sum(s, 1)
         return s
     else:  # the interpreter: the same levels by relayout down to one value a row, then broadcast to its lanes
-        if LPR >= 32:
-            s = _sum_level(s, ROWS, 16)
-        if LPR >= 16:
-            s = _sum_level(s, ROWS, 8)
-        if LPR >= 8:
-            s = _sum_level(s, ROWS, 4)
-        if LPR >= 4:
-            s = _sum_level(s, ROWS, 2)
-        if LPR >= 2:
-            s = _sum_level(s, ROWS, 1)
+        s = _row_tree(s, ROWS, LPR, False)
         return tl.reshape(tl.broadcast_to(s[:, None], [ROWS, LPR]), [L])
 
 
