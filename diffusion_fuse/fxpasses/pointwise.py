@@ -154,13 +154,21 @@ LONE_OP_MIN_NUMEL = 1 << 16  # below this a lone op's kernel is launch-bound eit
 
 
 def lone_op_worth_fusing(n: fx.Node) -> bool:
-    """Whether one op alone is worth a generated kernel: large, and run by eager's strided (unvectorized) loop."""
+    """Whether one op alone is worth a generated kernel: large, and run by eager's strided (unvectorized) loop,
+    or a ``cat``/``stack`` of inputs that are not contiguous."""
     v = n.meta.get("val")
-    if n.target in STRUCTURAL_OPS or not isinstance(v, torch.Tensor) or not _static(v) or v.numel() < LONE_OP_MIN_NUMEL:
-        return False  # (a lone cat or stack: eager's own kernel is a batched copy)
+    if not isinstance(v, torch.Tensor) or not _static(v) or v.numel() < LONE_OP_MIN_NUMEL:
+        return False
     ins = [a.meta["val"] for a in n.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
     if not all(_static(a) for a in ins):
         return False  # symbolic sizes or strides: comparing them would add guards
+    if n.target in (torch.ops.aten.cat.default, torch.ops.aten.stack.default):
+        # eager's batched copy runs at copy speed on contiguous inputs only; strided ones (a joint attention's
+        # value cat of [B, S, H, D] projections viewed as [B, H, S, D], SD3's) take its slow indexed path: at
+        # SD3.5-large's shapes 4.8x the bytes' floor on an H100, where a generated kernel reads runs of D
+        return any(not a.is_contiguous() for a in ins)
+    if n.target in STRUCTURAL_OPS:
+        return False
     if any(_layout(a.expand(v.shape)) != _layout(v) for a in ins):
         return True  # broadcast, or laid out unlike the output
     return n.target is torch.ops.aten._to_copy.default and any(a.dtype != v.dtype and not a.is_contiguous()

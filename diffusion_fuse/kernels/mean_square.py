@@ -62,6 +62,8 @@ lane kernels run eager's forms because they are faster (``benchmarks/bench_rms_n
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -89,6 +91,9 @@ CANDIDATES = {32: ((SEQUENTIAL, True), (SEQUENTIAL, False)), 64: ((SEQUENTIAL, T
               128: ((VECTOR, True), (TREE, True), (HALVES, True), (SEQUENTIAL, True),
                     (TREE, False), (HALVES, False), (VECTOR, False), (SEQUENTIAL, False))}
 LANE_GROUPS = 4  # lane kernels: rows of a 4-warp group per thread, loaded before the first shuffle
+# vector lanes over rows of more than 4 vectors a lane: one row group a program, every vector unrolled up to
+# MAX_UNROLLED a lane, else chunks of UNROLL in a loop
+MAX_UNROLLED, UNROLL = 16, 8
 _orders: dict[tuple, tuple[int, bool] | None] = {}
 
 
@@ -129,13 +134,14 @@ def _halve(s, W: tl.constexpr, R: tl.constexpr, DESC: tl.constexpr):
 
 
 @triton.jit
-def mean_square_kernel(X, OUT, n_rows, N, L1, L2, x_s0, x_s1, x_s2, factor, PER: tl.constexpr, R: tl.constexpr,
-                       FORM: tl.constexpr, DESC: tl.constexpr, ROW_DIMS: tl.constexpr):
+def mean_square_kernel(X, OUT, n_rows, N, L1, L2, x_s0, x_s1, x_s2, o_s0, o_s1, o_s2, factor, PER: tl.constexpr,
+                       R: tl.constexpr, FORM: tl.constexpr, DESC: tl.constexpr, ROW_DIMS: tl.constexpr,
+                       X_FLAT: tl.constexpr):
     rows = tl.program_id(0) * R + tl.arange(0, R)
     rmask = rows < n_rows
     lane = tl.arange(0, 32)
     # lane t's i-th element: t + 32 i, or PER t + i (vectorized lanes)
-    row_off = _row_offsets(rows, L1, L2, x_s0, x_s1, x_s2, ROW_DIMS)
+    row_off = _row_offsets(rows, L1, L2, x_s0, x_s1, x_s2, 1 if X_FLAT else ROW_DIMS)
     base = X + row_off[:, None] + lane[None, :] * (PER if FORM == 3 else 1)
     m = rmask[:, None]
     v = tl.load(base, mask=m, other=0).to(tl.float32)
@@ -157,7 +163,7 @@ def mean_square_kernel(X, OUT, n_rows, N, L1, L2, x_s0, x_s1, x_s2, factor, PER:
     s = _halve(s, 4, R, DESC)
     s = _halve(s, 2, R, DESC)
     s = _halve(s, 1, R, DESC)
-    tl.store(OUT + rows, tl.reshape(s, [R]) * factor, mask=rmask)
+    tl.store(OUT + _row_offsets(rows, L1, L2, o_s0, o_s1, o_s2, ROW_DIMS), tl.reshape(s, [R]) * factor, mask=rmask)
 
 
 @triton.jit
@@ -172,9 +178,10 @@ def _push_vectors(a, x_lanes, ok, lane, it, N, LPR: tl.constexpr, UNIFORM: tl.co
 
 
 @triton.jit
-def mean_square_lanes_kernel(X, OUT, n_rows, N, L1, L2, x_s0, x_s1, x_s2, factor, ROWS: tl.constexpr,
-                             LPR: tl.constexpr, N_ITERS: tl.constexpr, UNIFORM: tl.constexpr,
-                             SHUFFLE: tl.constexpr, ROW_DIMS: tl.constexpr):
+def mean_square_lanes_kernel(X, OUT, n_rows, N, L1, L2, x_s0, x_s1, x_s2, o_s0, o_s1, o_s2, factor,
+                             ROWS: tl.constexpr, LPR: tl.constexpr, N_ITERS: tl.constexpr, UNIFORM: tl.constexpr,
+                             SHUFFLE: tl.constexpr, ROW_DIMS: tl.constexpr, X_FLAT: tl.constexpr,
+                             MAX_UNROLLED: tl.constexpr, UNROLL: tl.constexpr):
     # Vector lanes, descending offsets (module docstring): lane f = r * LPR + t is lane t of row r, its four
     # accumulators a [.., 4] fp32, combined in order after the last vector
     L: tl.constexpr = ROWS * LPR
@@ -182,28 +189,31 @@ def mean_square_lanes_kernel(X, OUT, n_rows, N, L1, L2, x_s0, x_s1, x_s2, factor
     f = tl.arange(0, L)
     lane_row = first + f // LPR
     lane = f % LPR if ROWS > 1 else f
-    x_lanes = X + _row_offsets(lane_row, L1, L2, x_s0, x_s1, x_s2, ROW_DIMS)
+    x_lanes = X + _row_offsets(lane_row, L1, L2, x_s0, x_s1, x_s2, 1 if X_FLAT else ROW_DIMS)
     ok = lane_row < n_rows
     a = tl.zeros([L, 4], tl.float32)
-    if N_ITERS <= 4:  # every row group's loads in flight before the first add
+    # every load of a row unrolled (in flight before the first add), or chunks of UNROLL: a loop that waits on
+    # each vector is latency-bound (a row of 2048 ran at 2.2x the floor)
+    if N_ITERS <= MAX_UNROLLED:
         for it in tl.static_range(N_ITERS):
             a = _push_vectors(a, x_lanes, ok, lane, it, N, LPR, UNIFORM)
     else:
-        for it in tl.range(N_ITERS):
-            a = _push_vectors(a, x_lanes, ok, lane, it, N, LPR, UNIFORM)
+        for c in tl.range(tl.cdiv(N_ITERS, UNROLL)):
+            for j in tl.static_range(UNROLL):  # vectors past the row are masked (UNIFORM is off)
+                a = _push_vectors(a, x_lanes, ok, lane, c * UNROLL + j, N, LPR, UNIFORM)
     # [L, 4] -> accumulators 0..3 without arithmetic: (p, q) = column 2p + q
     even, odd = tl.split(tl.reshape(a, [L, 2, 2]))
     a0, a2 = tl.split(even)
     a1, a3 = tl.split(odd)
     s = _row_tree(((a0 + a1) + a2) + a3, ROWS, LPR, SHUFFLE)
     r = first + tl.arange(0, ROWS)
-    tl.store(OUT + r, s * factor, mask=r < n_rows)
+    tl.store(OUT + _row_offsets(r, L1, L2, o_s0, o_s1, o_s2, ROW_DIMS), s * factor, mask=r < n_rows)
 
 
 @triton.jit
-def mean_square_strided_lanes_kernel(X, OUT, n_rows, N, L1, L2, x_s0, x_s1, x_s2, factor, ROWS: tl.constexpr,
-                                     PER: tl.constexpr, UNIFORM: tl.constexpr, SHUFFLE: tl.constexpr,
-                                     ROW_DIMS: tl.constexpr):
+def mean_square_strided_lanes_kernel(X, OUT, n_rows, N, L1, L2, x_s0, x_s1, x_s2, o_s0, o_s1, o_s2, factor,
+                                     ROWS: tl.constexpr, PER: tl.constexpr, UNIFORM: tl.constexpr,
+                                     SHUFFLE: tl.constexpr, ROW_DIMS: tl.constexpr, X_FLAT: tl.constexpr):
     # Strided lanes, descending offsets, 32 < D <= 32 PER (module docstring): lane f = r * 32 + t of the flat state
     # holds row r's elements t, t + 32, ..., squared and added in order; then shfl_down 16 .. 1 inside the row's warp
     first = tl.program_id(0) * ROWS
@@ -211,7 +221,7 @@ def mean_square_strided_lanes_kernel(X, OUT, n_rows, N, L1, L2, x_s0, x_s1, x_s2
     lane_row = first + f // 32
     t = tl.max_contiguous(f % 32, 1)
     # one element per lane and load: contiguity 1, so the loads keep lane f in thread f % 128 (no vector spans lanes)
-    ptr = X + _row_offsets(lane_row, L1, L2, x_s0, x_s1, x_s2, ROW_DIMS) + t
+    ptr = X + _row_offsets(lane_row, L1, L2, x_s0, x_s1, x_s2, 1 if X_FLAT else ROW_DIMS) + t
     ok = lane_row < n_rows
     v = tl.load(ptr, mask=ok if UNIFORM else ok & (t < N), other=0).to(tl.float32)
     s = v * v
@@ -220,7 +230,7 @@ def mean_square_strided_lanes_kernel(X, OUT, n_rows, N, L1, L2, x_s0, x_s1, x_s2
         s = s + v * v
     s = _row_tree(s, ROWS, 32, SHUFFLE)
     r = first + tl.arange(0, ROWS)
-    tl.store(OUT + r, s * factor, mask=r < n_rows)
+    tl.store(OUT + _row_offsets(r, L1, L2, o_s0, o_s1, o_s2, ROW_DIMS), s * factor, mask=r < n_rows)
 
 
 def rows_of(x: torch.Tensor) -> tuple[tuple[int, int, int], tuple[int, int, int]] | None:
@@ -228,6 +238,23 @@ def rows_of(x: torch.Tensor) -> tuple[tuple[int, int, int], tuple[int, int, int]
     merged where they step evenly, padded in front), as ``_row_offsets`` walks them; None if more remain."""
     layout = row_layout(tuple(x.shape), tuple(x.stride())) if x.dim() else None
     return None if layout is None else (layout[0], layout[1][0])
+
+
+def memory_rows(x: torch.Tensor) -> tuple[tuple[int, int, int], tuple[int, int, int], tuple[int, int, int], bool]:
+    """The rows as the kernels walk them: x's row dims (``rows_of``) in x's memory order, with x's strides and the
+    means' (the contiguous [..., 1] output's, in x's order of rows), and whether x's rows then lie evenly strided
+    (one offset a row, no division a lane). A [B, S, H, D] projection viewed as [B, H, S, D] is read as it lies in
+    memory, [B, S, H]: consecutive programs read adjacent bytes, where the view's order jumps a token's H * D
+    elements from row to row (the means' stores jump instead: one value a row)."""
+    sizes, xs = rows_of(x)
+    out = (sizes[1] * sizes[2], sizes[2], 1)
+    order = sorted(range(3), key=lambda i: (sizes[i] > 1, xs[i]), reverse=True)
+    order = [i for i in order if sizes[i] == 1] + [i for i in order if sizes[i] > 1]
+    sizes, xs, out = (tuple(v[i] for i in order) for v in (sizes, xs, out))
+    layout = row_layout((*sizes, 1), (*xs, 1), (*out, 1))
+    sizes, (xs, out) = layout
+    flat = all(n == 1 or st == xs[2] * math.prod(sizes[j + 1:]) for j, (n, st) in enumerate(zip(sizes, xs)))
+    return sizes, xs, out, flat
 
 
 def eager_order(device: torch.device, d: int) -> tuple[int, bool] | None:
@@ -281,22 +308,25 @@ def plan_mean_square(x: torch.Tensor, order: tuple[int, bool] | None = None):
     (lane form, descending warp offsets), None for eager's on x's device (``eager_order``)."""
     d = x.shape[-1]
     form, desc = eager_order(x.device, d) if order is None else order
-    (L0, L1, L2), strides = rows_of(x)
+    (L0, L1, L2), x_strides, out_strides, x_flat = memory_rows(x)
     rows, dims = L0 * L1 * L2, row_dims(L0, L1)
     if form == VECTOR and desc and d % 4 == 0:
-        lpr = lanes_per_row(VECTOR, d)
-        n, iters = LANE_GROUPS * 128 // lpr, triton.cdiv(d, 4 * lpr)
+        lpr, iters = lanes_per_row(VECTOR, d), triton.cdiv(d, 4 * lanes_per_row(VECTOR, d))
+        n = (LANE_GROUPS if iters <= 4 else 1) * 128 // lpr
+        uniform = d == 4 * lpr * iters and (iters <= MAX_UNROLLED or iters % UNROLL == 0)
         kernel = CachedLaunch(mean_square_lanes_kernel, (triton.cdiv(rows, n),),
-                              {"ROWS": n, "LPR": lpr, "N_ITERS": iters, "UNIFORM": d == 4 * lpr * iters,
-                               "SHUFFLE": USE_SHUFFLES, "ROW_DIMS": dims}, num_warps=4)
+                              {"ROWS": n, "LPR": lpr, "N_ITERS": iters, "UNIFORM": uniform,
+                               "SHUFFLE": USE_SHUFFLES, "ROW_DIMS": dims, "X_FLAT": x_flat,
+                               "MAX_UNROLLED": MAX_UNROLLED, "UNROLL": UNROLL}, num_warps=4)
     elif form == SEQUENTIAL and desc and LANES <= d <= 4 * LANES:
         n, per = LANE_GROUPS * 128 // LANES, triton.cdiv(d, LANES)
         kernel = CachedLaunch(mean_square_strided_lanes_kernel, (triton.cdiv(rows, n),),
                               {"ROWS": n, "PER": per, "UNIFORM": d == LANES * per, "SHUFFLE": USE_SHUFFLES,
-                               "ROW_DIMS": dims}, num_warps=4)
+                               "ROW_DIMS": dims, "X_FLAT": x_flat}, num_warps=4)
     elif d in HEAD_DIMS and (form in (SEQUENTIAL, VECTOR) or d == 128):
         kernel = CachedLaunch(mean_square_kernel, (triton.cdiv(rows, ROWS),),
-                              {"PER": d // LANES, "R": ROWS, "FORM": form, "DESC": desc, "ROW_DIMS": dims})
+                              {"PER": d // LANES, "R": ROWS, "FORM": form, "DESC": desc, "ROW_DIMS": dims,
+                               "X_FLAT": x_flat})
     else:
         raise ValueError(f"no kernel sums rows of {d} as {LANE_FORMS[form]} lanes, {'de' if desc else 'a'}scending")
     factor = mean_factor(rows, d)
@@ -304,7 +334,7 @@ def plan_mean_square(x: torch.Tensor, order: tuple[int, bool] | None = None):
 
     def launch(x):
         out = torch.empty(out_shape, dtype=torch.float32, device=x.device)
-        kernel(x, out, rows, d, L1, L2, *strides, factor)
+        kernel(x, out, rows, d, L1, L2, *x_strides, *out_strides, factor)
         return out
 
     return launch

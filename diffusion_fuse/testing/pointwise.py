@@ -173,6 +173,13 @@ def rope_into_slice(q, cos, sin):  # ``q[:, :, text:] = rope(q[:, :, text:])``: 
     return q
 
 
+def joint_value_cat(v_img, v_txt, heads: int):  # SD3: [B, S, H*D] projections as [B, H, S, D], cat along S
+    def heads_first(v):
+        return v.view(v.shape[0], -1, heads, v.shape[-1] // heads).transpose(1, 2)
+
+    return torch.cat([heads_first(v_img), heads_first(v_txt)], dim=2)
+
+
 def tokens_as_image(x, height: int):  # SANA's GLUMBConv input: [B, N, C] tokens as an NCHW view (NHWC memory)
     return x.unflatten(1, (height, x.shape[1] // height)).permute(0, 3, 1, 2)
 
@@ -189,7 +196,7 @@ def conv_glu(h, w, b):  # GLUMBConv: the depthwise 3x3 conv (bias), chunked in t
 CHAINS = ("flux_rope_single", "flux_rope_double", "flux_gated_residual", "flux_gelu_cat", "flux_residual_split_cat",
           "flux_gelu_clone", "swiglu", "wan_fp32_residual", "sana_query_relu", "sana_key_relu", "sana_value_float",
           "sana_attn_out", "sana_bias_add", "sana_conv_silu", "sana_conv_glu", "wan_rope", "sana_value_pad",
-          "qwen_rope_cat", "rope_into_slice")
+          "qwen_rope_cat", "rope_into_slice", "sd35_value_cat")
 
 
 # Unary ops a bf16 table of eager's outputs can stand for (kernels/lut16.py): the lookup tests and the probe
@@ -235,6 +242,8 @@ def chain(name: str, device="cuda", seed: int = 0):
                                           rope_freqs(256, 64, device, g), rope_freqs(4096, 64, device, g))),
         # a write into a slice, functionalized as slice + copy + slice_scatter: 256 text and 4096 image tokens
         "rope_into_slice": (rope_into_slice, (rn(1, 4352, 24, 64), cos[:4096, :, :64], sin[:4096, :, :64])),
+        # SD3.5-large at 1024², batch 2: the joint attention's value cat, 4096 image and 333 text tokens, 38 heads of 64
+        "sd35_value_cat": (functools.partial(joint_value_cat, heads=38), (rn(2, 4096, 2432), rn(2, 333, 2432))),
         "sana_attn_out": (sana_attn_out, (rn(2, 70, 33, 1024, dtype=f32),)),
         "sana_bias_add": (bias_add, (rn(2, 1024, 2240), rn(2240))),
         # GLUMBConv (mlp ratio 2.5: 2 x 5600 channels), its convs' biases added in the kernel

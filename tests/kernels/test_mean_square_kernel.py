@@ -170,16 +170,17 @@ def test_eagers_forms_run_the_lane_kernels():
         assert kernel(torch.zeros(40, d), (ms.SEQUENTIAL, False)) is ms.mean_square_kernel
 
 
-ROW_STRIDES = ("L1", "L2", "x_s0", "x_s1", "x_s2")
+ROW_STRIDES = ("L1", "L2", "x_s0", "x_s1", "x_s2", "o_s0", "o_s1", "o_s2")
 
 
 @pytest.mark.parametrize("row_dims", [1, 2, 3])
-@pytest.mark.parametrize("lpr, iters, uniform", [(32, 1, True), (32, 16, True), (32, 2, False), (16, 1, False)])
+@pytest.mark.parametrize("lpr, iters, uniform", [(32, 1, True), (32, 16, True), (32, 19, False), (32, 2, False),
+                                                 (16, 1, False)])
 def test_lanes_kernel_compiles_for_sm90_with_vector_loads_and_lane_shuffles(row_dims, lpr, iters, uniform):
-    """The sm_90 build of the vector-lane kernel (D = 128; 2048, a loop; 160 and 96, vectors masked whole): one
-    vector load per row a thread holds and iteration, all before the first shuffle; no FMA (eager adds rounded
-    squares); the shuffles' state has lane f in thread f % 128; rows of 2 or 3 strided dims take 32-bit divisions
-    only."""
+    """The sm_90 build of the vector-lane kernel (D = 128; 2048, unrolled; 2432, chunks in a loop; 160 and 96,
+    vectors masked whole): one vector load per row a thread holds and vector, all before the first shuffle; no FMA
+    (eager adds rounded squares); the shuffles' state has lane f in thread f % 128; rows of 2 or 3 strided dims
+    take 32-bit divisions only."""
     import re
 
     triton = pytest.importorskip("triton")
@@ -192,8 +193,9 @@ def test_lanes_kernel_compiles_for_sm90_with_vector_loads_and_lane_shuffles(row_
     from diffusion_fuse.kernels.launch import EAGER_NUMERICS
 
     k = ms.mean_square_lanes_kernel
-    const = {"ROWS": ms.LANE_GROUPS * 128 // lpr, "LPR": lpr, "N_ITERS": iters, "UNIFORM": uniform,
-             "SHUFFLE": True, "ROW_DIMS": row_dims}
+    groups = ms.LANE_GROUPS if iters <= 4 else 1
+    const = {"ROWS": groups * 128 // lpr, "LPR": lpr, "N_ITERS": iters, "UNIFORM": uniform, "SHUFFLE": True,
+             "ROW_DIMS": row_dims, "X_FLAT": False, "MAX_UNROLLED": ms.MAX_UNROLLED, "UNROLL": ms.UNROLL}
     for dt in ("*bf16", "*fp32"):
         sig = {"X": dt, "OUT": "*fp32", "n_rows": "i32", "N": "i32", **dict.fromkeys(ROW_STRIDES, "i32"),
                "factor": "fp32", **{c: "constexpr" for c in const}}
@@ -204,12 +206,12 @@ def test_lanes_kernel_compiles_for_sm90_with_vector_loads_and_lane_shuffles(row_
         ptx = ck.asm["ptx"]
         load = "ld.global.v2.b32" if dt == "*bf16" else "ld.global.v4.b32"
         first_shfl = ptx.index("shfl.sync.down")
-        unrolled = iters if iters <= 4 else 1  # a longer row loops: one load a group in the loop's body
+        unrolled = iters if iters <= ms.MAX_UNROLLED else ms.UNROLL  # a longer row: a chunk in the loop's body
         assert set(re.findall(r"ld\.global[.\w]*", ptx)) == {load}, dt
-        assert ptx[:first_shfl].count(load) == ms.LANE_GROUPS * unrolled, (dt, ptx.count(load))
+        assert ptx[:first_shfl].count(load) == groups * unrolled, (dt, ptx.count(load))
         assert "fma.rn.f32" not in ptx and not re.search(r"\b(div|rem)\.[su]64\b", ptx)
         levels = lpr.bit_length() - 1
-        assert len(re.findall(r"shfl\.sync\.down", ptx)) == levels * ms.LANE_GROUPS
+        assert len(re.findall(r"shfl\.sync\.down", ptx)) == levels * groups
         layouts = shuffle_layouts_any(ck.asm["ttgir"])
         assert layouts and layouts <= lane_layouts(ms.LANE_GROUPS), layouts
 
@@ -240,7 +242,7 @@ def test_strided_lanes_kernel_compiles_for_sm90_with_one_element_per_lane(per, r
 
     k = ms.mean_square_strided_lanes_kernel
     const = {"ROWS": ms.LANE_GROUPS * 128 // ms.LANES, "PER": per, "UNIFORM": per == 2, "SHUFFLE": True,
-             "ROW_DIMS": row_dims}
+             "ROW_DIMS": row_dims, "X_FLAT": False}
     for dt, load in (("*bf16", "ld.global.b16"), ("*fp32", "ld.global.b32")):
         for aligned in (("X", "OUT", "x_s0", "x_s1", "x_s2"), ("OUT",)):
             sig = {"X": dt, "OUT": "*fp32", "n_rows": "i32", "N": "i32", **dict.fromkeys(ROW_STRIDES, "i32"),
@@ -259,3 +261,15 @@ def test_strided_lanes_kernel_compiles_for_sm90_with_one_element_per_lane(per, r
 
 if __name__ == "__main__":
     worker_main(worker)
+
+
+def test_transposed_heads_are_walked_in_memory_order():
+    """SD3's QK norm rows ([B, S, H, D] viewed as [B, H, S, D]) are read as they lie: [B, S, H] rows, x's offset
+    one stride a row (no division a lane); the means keep the view's order through the output strides."""
+    from diffusion_fuse.kernels.mean_square import memory_rows
+
+    x = torch.zeros(2, 4096, 38, 64).transpose(1, 2)
+    sizes, xs, out, flat = memory_rows(x)
+    assert sizes == (2, 4096, 38) and xs == (4096 * 38 * 64, 38 * 64, 64) and flat
+    assert out == (38 * 4096, 1, 4096)  # mean[b, h, s] at b * H * S + h * S + s
+    assert memory_rows(torch.zeros(16, 128))[3] and memory_rows(torch.zeros(2, 8, 600, 128)[:, :, :300])[3] is False

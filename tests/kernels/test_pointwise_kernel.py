@@ -150,6 +150,8 @@ def make(name, seed=0):
         "wan_rope": (pw.wan_rope, (rn(1, 12, 3, 16), rn(1, 12, 1, 16, dtype=f32), rn(1, 12, 1, 16, dtype=f32))),
         "wan_rope_fp32": (pw.wan_rope, (rn(1, 12, 3, 16, dtype=f32), rn(1, 12, 1, 16, dtype=f32),
                                         rn(1, 12, 1, 16, dtype=f32))),
+        # SD3's joint value cat of transposed [B, S, H, D] views alone (eager's cat takes its slow indexed path)
+        "joint_value_cat": (functools.partial(pw.joint_value_cat, heads=4), (rn(2, 512, 64), rn(2, 33, 64))),
         "conv_glu": (pw.conv_glu, (pw.tokens_as_image(rn(2, 36, 40), 6), rn(40, 1, 3, 3) * 0.3, rn(40))),
     }[name]
 
@@ -159,7 +161,8 @@ CASES = ["rope", "rope_cat", "gated_residual", "gelu_cat", "swiglu", "wan_residu
          "activations", "sana_query_relu", "sana_key_relu", "sana_value_float", "sana_attn_out", "sana_attn_out_odd",
          "sana_key_relu_fp32", "bias_add", "cat_per_program", "gelu_cat_branches", "cat_three_chains", "cat_rows",
          "gelu_cat_rows", "cat_three_with_gelu", "conv_silu", "conv_glu", "wan_rope",
-         "wan_rope_fp32", "sana_value_pad", "pad_both_sides", "qwen_rope", "qwen_rope_cat", "qwen_rope_cat_branches"]
+         "wan_rope_fp32", "sana_value_pad", "pad_both_sides", "qwen_rope", "qwen_rope_cat", "qwen_rope_cat_branches",
+         "joint_value_cat"]
 CONV_BIAS_CASES = {"conv_silu": "convolution,silu", "conv_glu": "convolution,silu,mul"}
 # cats whose kernel branches once per program on the input its BLOCK lies in (number of branches)
 BRANCHES = {"gelu_cat_branches": 2, "cat_three_chains": 3, "cat_rows": 2, "gelu_cat": 0, "gelu_cat_rows": 2,
@@ -177,7 +180,7 @@ LUT_CASES = {"gelu_cat": (1, 1, None), "gelu_clone": (1, 1, None), "gelu_cat_bra
 # round exactly (x 2, a sign flip, a lookup of CPU eager's gelu): bitwise
 EXACT = {"fp32_chain", "where_mask", "strided_in", "permuted_out", "sana_query_relu", "sana_key_relu",
          "sana_value_float", "sana_key_relu_fp32", "cat_per_program", "cat_three_chains", "cat_rows",
-         "cat_three_with_gelu", "wan_rope_fp32", "sana_value_pad", "pad_both_sides"}
+         "cat_three_with_gelu", "wan_rope_fp32", "sana_value_pad", "pad_both_sides", "joint_value_cat"}
 # the layouts choose_layout must pick: (x dim, y dim) of the outputs' shape, None for the flat kernel
 # (SANA's key: both sides contiguous along the head dim, 16 or 32 elements: flat)
 TILES = {"sana_query_relu": (3, 2), "sana_key_relu": None, "sana_value_float": (2, 3), "sana_attn_out": (2, 1),
