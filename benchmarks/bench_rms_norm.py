@@ -78,6 +78,8 @@ def workloads():
     yield "Qwen-Image q variance [1,4096,24,128]", "mean_square", (rn(1, 4096, 24, 128),)
     yield "Qwen-Image text q variance [1,512,24,128]", "mean_square", (rn(1, 512, 24, 128),)
     yield "SD3.5 q variance [2,4096,24,64]", "mean_square", (rn(2, 4096, 24, 64),)
+    # SD3.5-large's q as its attention normalizes it: the [B, S, H, D] projection viewed as [B, H, S, D]
+    yield "SD3.5-large q variance, heads view [2,38,4096,64]", "mean_square", (rn(2, 4096, 38, 64).transpose(1, 2),)
     # over the hidden size (vector lanes, several vectors a lane): LTX's norms at 768x512, 121 frames
     yield "LTX hidden variance [1,6144,2048]", "mean_square", (rn(1, 6144, 2048),)
     yield "LTX RMS+mod [1,8192,2048]", "rms_norm_chain", (rn(1, 8192, 2048), 1e-6, torch.bfloat16, None, None, None,

@@ -11,13 +11,13 @@ ATen's ``mean_kernel_cuda`` launches ``gpu_reduce_kernel`` with ``MeanOps`` (``r
 in fp32; ``project``: ``a * factor``, ``factor = float(outputs) / numel``) over the contiguous last dim of the
 squares (a fresh fp32 tensor: rows start 16-byte aligned when D % 4 == 0). ``ReduceConfig`` for a reduced dim of
 D elements and at least 16 rows gives one row to ``LPR`` lanes of a warp (``block_width``: the largest power of two
-<= D, or <= D / 4 when it vectorizes the input, at most 32) and 16 rows of 32 lanes a block, as long as a lane
-holds fewer than 256 values (D < 32768; the guard takes D <= ``MAX_D``). Lane t's part of a row, then the warp:
+<= D, or <= D / 4 when it vectorizes the input, at most 32) and 16 rows of 32 lanes a block, as long as
+``values_per_thread`` (D / 32) stays under 256 (D < 8192, ``MAX_D``). Lane t's part of a row, then the warp:
 
 - **strided lanes** (no vectorized input): lane t reads elements t, t + LPR, ... (at most 4 of them when D <= 128,
   ``vt0 = 4`` accumulators of one element each, combined in order ``((a0 + a1) + a2) + a3``, which is the
   sequential sum: unused accumulators hold 0, which adds exactly);
-- **vector lanes** (ATen vectorizes the input, 4 fp32 a load, when D % 4 == 0 and D is large enough): lane t reads
+- **vector lanes** (ATen vectorizes the input, 4 fp32 a load, when D % 4 == 0 and D >= 128): lane t reads
   the vectors t, t + LPR, ... (elements 4 (t + LPR k) + i), accumulator i takes element i of each vector in order,
   and the four are combined in order ``((a0 + a1) + a2) + a3``; at D = 128 every accumulator holds one element
   and this is the 4 elements summed in order;
@@ -44,7 +44,14 @@ strided lanes with descending offsets are eager's bits at D = 32 and 64 (bf16, f
 decades, 4097 and 4800 rows: no row differs; ascending: ~40% differ). At D = 128 **vectorized lanes with
 descending offsets** are (no row differs at Qwen-Image's image and text q shapes, all three dtypes); every other
 form differs in ~42% of rows. Fewer than 16 rows change the block shape (and the order): the reference path runs
-them. Every other D is decided on first use on the device itself, as above.
+them. On an H100 (same torch; ``tests/gpu/test_mean_square_gpu.py`` at D = 48, 96, 160, 1152, 2048, 2304, 2432,
+5120, and a probe of torch emulations over 16 to 4608 rows): strided lanes are eager's below 128 (down to D = 8),
+vector lanes from 128 through 6144 in multiples of 4; at 8192 and above no form is, nor at D % 4 != 0 above 128
+(ATen sums a misaligned row's head apart). Every D is still decided on first use on the device itself.
+
+Rows are walked in x's memory order (``memory_rows``): the sums do not depend on which program takes a row, and
+SD3's [B, H, S, D] view of a [B, S, H, D] projection then streams through memory instead of jumping H * D elements
+from row to row (the means are stored through the output's strides).
 
 Three kernels. ``mean_square_kernel`` takes the D = 32, 64, 128 forms the lane kernels do not run: a program's 16
 rows as a [16, 32] lane tensor, the warp tree as reshapes (Triton lays them out through shared memory). Eager's
@@ -78,7 +85,7 @@ LANES = 32  # a warp
 ROWS = 16  # rows per program of mean_square_kernel (ATen's block: 16 rows of one warp each)
 HEAD_DIMS = (32, 64, 128)  # the row sizes of mean_square_kernel's other forms (CANDIDATES)
 MIN_D = 32  # rows shorter than a warp occur in tiny test models only; their squares stay eager's
-MAX_D = 16384  # a lane holds at most 128 vectors, well under ATen's 256 values before it splits a row across warps
+MAX_D = 8188  # from 8192 ATen counts 256 values a lane (D / 32) and splits a row across warps: another order
 MIN_ROWS = 16  # below this ATen's block is wider than a warp (another order)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # How lane t sums its part of a row (module docstring): its elements t + LPR i combined in order, as a tree, by
