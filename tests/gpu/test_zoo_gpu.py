@@ -23,8 +23,11 @@ from test_zoo import FULL, XFAIL, run_case  # noqa: E402
 from diffusion_fuse.testing.zoo import ZOO  # noqa: E402
 
 DTYPES = ("bf16", "fp32") if FULL else ("bf16",)
-# the CPU's known failures that are the CPU's alone
-CPU_ONLY = {("sana_wm", "bf16")}
+# known failures before the backend runs, each with its reason (strict: one that starts passing fails)
+GPU_XFAIL = {**XFAIL}
+if torch.__version__ < "2.12":
+    GPU_XFAIL["ace_step", "bf16"] = GPU_XFAIL["ace_step", "fp32"] = (
+        "Dynamo 2.11 cannot trace diffusers' AttentionBackendName(...) in ACE-Step's forward (sourceless builder)")
 SUMMARY: dict = {}
 
 
@@ -41,8 +44,8 @@ def results():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", list(ZOO))
 def test_zoo_model_is_bitwise_eager_on_cuda(name, dtype, results, request):
-    if (name, dtype) in XFAIL and (name, dtype) not in CPU_ONLY:
-        request.applymarker(pytest.mark.xfail(reason=XFAIL[name, dtype], strict=True))
+    if (name, dtype) in GPU_XFAIL:
+        request.applymarker(pytest.mark.xfail(reason=GPU_XFAIL[name, dtype], strict=True))
     r = results[name, dtype]
     SUMMARY[name, dtype] = r
     assert "raised" not in r, r["raised"]
