@@ -25,7 +25,7 @@ from diffusion_fuse.testing.zoo import ZOO  # noqa: E402
 DTYPES = ("bf16", "fp32") if FULL else ("bf16",)
 # known failures before the backend runs, each with its reason (strict: one that starts passing fails)
 GPU_XFAIL = {**XFAIL}
-if torch.__version__ < "2.12":
+if torch.__version__ < (2, 12):  # a TorchVersion: compared as a version
     GPU_XFAIL["ace_step", "bf16"] = GPU_XFAIL["ace_step", "fp32"] = (
         "Dynamo 2.11 cannot trace diffusers' AttentionBackendName(...) in ACE-Step's forward (sourceless builder)")
 SUMMARY: dict = {}
