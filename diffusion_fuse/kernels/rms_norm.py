@@ -176,20 +176,39 @@ def _lane_group_leaders(v, GROUPS: tl.constexpr, G: tl.constexpr):
 
 
 @triton.jit
+def _shfl_bfly_sum(s, HALF: tl.constexpr):
+    # One level as a butterfly: lane l takes s[l] + s[l ^ HALF]. For l < HALF that is shfl_down's pair
+    # (l, l + HALF); lane l + HALF adds the same two values the other way round, and an fp32 add is
+    # commutative, so after the last level every lane of the row holds what shfl_down leaves in its lane 0.
+    bits = tl.inline_asm_elementwise(
+        "shfl.sync.bfly.b32 $0, $1, $2, 0x1f, -1;", "=r,r,r",
+        [s.to(tl.int32, bitcast=True), tl.full(s.shape, HALF, tl.int32)],
+        dtype=tl.int32, is_pure=True, pack=1)
+    return s + bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _warp_levels(s, LPR: tl.constexpr, BFLY: tl.constexpr):
+    # the shfl_down levels LPR/2 .. 1 inside each row's LPR lanes: as shfl_down (lane 0 of a row ends with its
+    # sum) or as butterflies (every lane does, _shfl_bfly_sum)
+    if LPR >= 32:
+        s = _shfl_bfly_sum(s, 16) if BFLY else _shfl_sum(s, 16)
+    if LPR >= 16:
+        s = _shfl_bfly_sum(s, 8) if BFLY else _shfl_sum(s, 8)
+    if LPR >= 8:
+        s = _shfl_bfly_sum(s, 4) if BFLY else _shfl_sum(s, 4)
+    if LPR >= 4:
+        s = _shfl_bfly_sum(s, 2) if BFLY else _shfl_sum(s, 2)
+    if LPR >= 2:
+        s = _shfl_bfly_sum(s, 1) if BFLY else _shfl_sum(s, 1)
+    return s
+
+
+@triton.jit
 def _row_tree(s, ROWS: tl.constexpr, LPR: tl.constexpr, SHUFFLE: tl.constexpr):
     # [ROWS * LPR] lane sums -> [ROWS]: the shfl_down levels LPR/2 .. 1 inside each row's lanes, lane 0's result
     if SHUFFLE:
-        if LPR >= 32:
-            s = _shfl_sum(s, 16)
-        if LPR >= 16:
-            s = _shfl_sum(s, 8)
-        if LPR >= 8:
-            s = _shfl_sum(s, 4)
-        if LPR >= 4:
-            s = _shfl_sum(s, 2)
-        if LPR >= 2:
-            s = _shfl_sum(s, 1)
-        return _lane_group_leaders(s, ROWS, LPR)
+        return _lane_group_leaders(_warp_levels(s, LPR, False), ROWS, LPR)
     else:  # the interpreter: the same levels as reshapes
         if LPR >= 32:
             s = _sum_level(s, ROWS, 16)
@@ -202,18 +221,6 @@ def _row_tree(s, ROWS: tl.constexpr, LPR: tl.constexpr, SHUFFLE: tl.constexpr):
         if LPR >= 2:
             s = _sum_level(s, ROWS, 1)
         return s
-
-
-@triton.jit
-def _shfl_bfly_sum(s, HALF: tl.constexpr):
-    # One level as a butterfly: lane l takes s[l] + s[l ^ HALF]. For l < HALF that is shfl_down's pair
-    # (l, l + HALF); lane l + HALF adds the same two values the other way round, and an fp32 add is
-    # commutative, so after the last level every lane of the row holds what shfl_down leaves in its lane 0.
-    bits = tl.inline_asm_elementwise(
-        "shfl.sync.bfly.b32 $0, $1, $2, 0x1f, -1;", "=r,r,r",
-        [s.to(tl.int32, bitcast=True), tl.full(s.shape, HALF, tl.int32)],
-        dtype=tl.int32, is_pure=True, pack=1)
-    return s + bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -237,17 +244,7 @@ def rms_lane_row_sums(xv, ROWS: tl.constexpr, LPR: tl.constexpr, PUSH_FMA: tl.co
         s = s + c2 * c2
         s = s + c3 * c3
     if SHUFFLE:
-        if LPR >= 32:
-            s = _shfl_bfly_sum(s, 16)
-        if LPR >= 16:
-            s = _shfl_bfly_sum(s, 8)
-        if LPR >= 8:
-            s = _shfl_bfly_sum(s, 4)
-        if LPR >= 4:
-            s = _shfl_bfly_sum(s, 2)
-        if LPR >= 2:
-            s = _shfl_bfly_sum(s, 1)
-        return s
+        return _warp_levels(s, LPR, True)
     else:  # the interpreter: the same levels by relayout down to one value a row, then broadcast to its lanes
         s = _row_tree(s, ROWS, LPR, False)
         return tl.reshape(tl.broadcast_to(s[:, None], [ROWS, LPR]), [L])
