@@ -255,8 +255,7 @@ def memory_rows(x: torch.Tensor) -> tuple[tuple[int, int, int], tuple[int, int, 
     elements from row to row (the means' stores jump instead: one value a row)."""
     sizes, xs = rows_of(x)
     out = (sizes[1] * sizes[2], sizes[2], 1)
-    order = sorted(range(3), key=lambda i: (sizes[i] > 1, xs[i]), reverse=True)
-    order = [i for i in order if sizes[i] == 1] + [i for i in order if sizes[i] > 1]
+    order = sorted(range(3), key=lambda i: (sizes[i] > 1, -xs[i]))  # size-1 dims in front, then by stride
     sizes, xs, out = (tuple(v[i] for i in order) for v in (sizes, xs, out))
     layout = row_layout((*sizes, 1), (*xs, 1), (*out, 1))
     sizes, (xs, out) = layout
