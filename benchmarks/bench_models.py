@@ -579,6 +579,7 @@ def markdown(runs: list[dict]) -> str:
         notes.append(f"{rec['label']}: {rec['shape']}; {rec['params_B']:.2f} B parameters; config from "
                      f"{rec['config_source']}; {rec['wall_s']:.0f} s for the whole model's run")
         notes += [f"{rec['label']}: {n}" for n in rec["notes"] if not n.startswith("compiled variants")]
+        variants_of: dict[str, list[str]] = {}  # a note the variants share is listed once, naming them all
         for v, vr in rec["variants"].items():
             graph_notes = [n for n in vr.get("graph_notes", []) if not n.startswith("CUDA graphs")]
             cats = [n for n in graph_notes if n.startswith("cat_of_slices: cat_") and " rebuilt " in n]
@@ -586,7 +587,9 @@ def markdown(runs: list[dict]) -> str:
                 graph_notes = [n for n in graph_notes if n not in cats] + [
                     f"cat_of_slices: {len(cats)} cats that rebuild the tensor their inputs were sliced from use it "
                     "instead (no copy)"]
-            notes += [f"{rec['label']}, {v}: {n}" for n in graph_notes]
+            for n in graph_notes:
+                variants_of.setdefault(n, []).append(v)
+        notes += [f"{rec['label']}, {' and '.join(vs)}: {n}" for n, vs in variants_of.items()]
     lines += [""] + [f"- {n}" for n in notes]
     return "\n".join(lines).rstrip() + "\n"
 
