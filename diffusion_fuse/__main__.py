@@ -4,6 +4,7 @@
     python -m diffusion_fuse inspect my_models:build_model      (or path/to/my_models.py:build_model)
     python -m diffusion_fuse inspect --script my_pipeline.py [script args...]
     python -m diffusion_fuse profile --model flux [--dtype bf16|fp32] [--forwards N] [--html p.html] [--json p.json]
+    python -m diffusion_fuse profile my_models:build_model
     python -m diffusion_fuse profile --script my_model.py [script args...]
     python -m diffusion_fuse census [--models a,b] [--dtype bf16|fp32] [--json F]
     diffusion-fuse inspect ...                      (the same, as an installed console script)
@@ -25,7 +26,8 @@ HTML file; ``--fault op:kind[:index]`` injects a fault (see lowering/faults.py).
 (lossless, with and without CUDA graphs on a GPU) and by Inductor, under torch.profiler, and prints where each
 variant's time goes per class (GEMM, attention, convolution, our families, eager ATen ops left unfused per op and
 per source line with what Inductor made of that line, copies, host gaps), each memory-bound class with its HBM
-floor, sorted by the time above it. ``--model NAME`` profiles a tiny model; ``--script PATH`` runs a script (as
+floor, sorted by the time above it. ``--model NAME`` profiles a tiny model, ``MODULE:CALLABLE`` your own (as for
+``inspect``); ``--script PATH`` runs a script (as
 ``__main__``, with the arguments that follow it) that calls ``diffusion_fuse.profile`` and prints every report it
 made; ``--html`` and ``--json`` write the last one.
 
@@ -72,6 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     prof = sub.add_parser("profile", help="where a forward's time goes: eager, diffusion_fuse and Inductor, per class",
                           description=__doc__.split("\n\n")[3].replace("\n", " ").replace("``", ""))
     what = prof.add_mutually_exclusive_group(required=True)
+    what.add_argument("target", nargs="?", metavar="MODULE:CALLABLE",
+                      help="your model: CALLABLE() returns (model, kwargs) or (model, args, kwargs), as for inspect")
     what.add_argument("--model", choices=MODEL_NAMES, help="a tiny random-weight model")
     what.add_argument("--script", nargs=argparse.REMAINDER, metavar="PATH [ARGS]",
                       help="run a Python script that calls diffusion_fuse.profile (put every other option before "
@@ -131,11 +135,11 @@ def load_callable(target: str) -> Any:
 
     module_name, sep, attr = target.rpartition(":")
     if not sep or not module_name or not attr:
-        raise SystemExit(f"diffusion-fuse inspect: {target!r} is not MODULE:CALLABLE")
+        raise SystemExit(f"diffusion-fuse: {target!r} is not MODULE:CALLABLE")
     if module_name.endswith(".py") or os.path.sep in module_name:
         path = os.path.abspath(module_name)
         if not os.path.isfile(path):
-            raise SystemExit(f"diffusion-fuse inspect: no file {module_name}")
+            raise SystemExit(f"diffusion-fuse: no file {module_name}")
         sys.path.insert(0, os.path.dirname(path))  # the file's own imports resolve as when it runs as a script
         spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
         module = importlib.util.module_from_spec(spec)
@@ -147,10 +151,10 @@ def load_callable(target: str) -> Any:
     fn = module
     for part in attr.split("."):
         if not hasattr(fn, part):
-            raise SystemExit(f"diffusion-fuse inspect: {module_name} has no {attr}")
+            raise SystemExit(f"diffusion-fuse: {module_name} has no {attr}")
         fn = getattr(fn, part)
     if not callable(fn):
-        raise SystemExit(f"diffusion-fuse inspect: {target} is not callable")
+        raise SystemExit(f"diffusion-fuse: {target} is not callable")
     return fn
 
 
@@ -159,13 +163,13 @@ def model_and_inputs(built: Any, target: str) -> tuple[Any, tuple, dict]:
     kwargs)``."""
     shape = "(model, kwargs) or (model, args, kwargs)"
     if not isinstance(built, (tuple, list)) or len(built) not in (2, 3):
-        raise SystemExit(f"diffusion-fuse inspect: {target} returned {type(built).__name__}, not {shape}")
+        raise SystemExit(f"diffusion-fuse: {target} returned {type(built).__name__}, not {shape}")
     model, *inputs = built
     args, kwargs = ((), inputs[0]) if len(inputs) == 1 else inputs
     if not callable(model):
-        raise SystemExit(f"diffusion-fuse inspect: {target} returned a {type(model).__name__} as its model")
+        raise SystemExit(f"diffusion-fuse: {target} returned a {type(model).__name__} as its model")
     if not isinstance(args, (tuple, list)) or not isinstance(kwargs, dict):
-        raise SystemExit(f"diffusion-fuse inspect: {target} returned args {type(args).__name__} and kwargs "
+        raise SystemExit(f"diffusion-fuse: {target} returned args {type(args).__name__} and kwargs "
                          f"{type(kwargs).__name__}; {shape} takes a tuple and a dict")
     return model, tuple(args), kwargs
 
@@ -277,6 +281,10 @@ def profile(args: argparse.Namespace) -> int:
         reports = [run_profile(model, forwards=args.forwards, warmup=args.warmup, **kwargs)]
         head = [f"diffusion_fuse profile: tiny {args.model} ({args.dtype}, random weights, seed {args.seed})", ""]
         code = 0
+    elif args.target:
+        model, inputs, kwargs = model_and_inputs(load_callable(args.target)(), args.target)
+        reports = [run_profile(model, *inputs, forwards=args.forwards, warmup=args.warmup, **kwargs)]
+        head, code = [f"diffusion_fuse profile: {args.target}", ""], 0
     else:
         if not args.script:
             raise SystemExit("diffusion-fuse profile: --script needs a path")

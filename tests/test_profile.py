@@ -191,6 +191,24 @@ def test_cli_script(tmp_path, capsys):
     assert "made no diffusion_fuse.profile report" in capsys.readouterr().out
 
 
+def test_cli_module_callable(tmp_path, monkeypatch, capsys):
+    """``profile MODULE:CALLABLE`` takes the user's own model as ``inspect`` does: CALLABLE() returns (model, args,
+    kwargs)."""
+    (tmp_path / "prof_user.py").write_text(textwrap.dedent("""
+        from helpers import AdaLN, adaln_inputs
+
+        def build():
+            return AdaLN(32).eval(), adaln_inputs(dim=32, seq=8), {}
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = main(["profile", "--forwards", "1", "--warmup", "1", f"{tmp_path / 'prof_user.py'}:build"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "prof_user.py:build" in out and "ours: norm_modulate" in out and "left unfused" in out
+    with pytest.raises(SystemExit, match="has no missing"):
+        main(["profile", f"{tmp_path / 'prof_user.py'}:missing"])
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # the GPU path on a synthetic trace (no GPU here): the profiler's event tree and kineto events, faked
 # ------------------------------------------------------------------------------------------------------------------
