@@ -40,6 +40,33 @@ def test_diffusers_rms_norm_variance_is_one_site(dtype, head_dim):
     assert counts["pointwise"] == 1, report.table()
 
 
+class UpcastRMSNorm(torch.nn.Module):
+    """The norm as Llama-style code spells it: one fp32 copy of x read by the squares and by the scaling."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, d))
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x) * self.weight.to(x.dtype)
+
+
+@pytest.mark.parametrize("d", [64, 2048])
+def test_a_cast_the_tail_also_reads_is_read_by_no_one(d):
+    """The variance reads x in bf16 and the pointwise pass folds the shared cast into the tail: no fp32 copy of x
+    is left to run eagerly."""
+    x = torch.randn(2, 20, d).bfloat16()
+    ref, out, report = _compile(UpcastRMSNorm(d).bfloat16().eval(), x)
+    assert bitwise_equal(ref, out)
+    (ms,) = [s for s in report.sites("kept") if s.pattern == "mean_square"]
+    assert ms.input_shapes == [f"bfloat16[2, 20, {d}]"] and ms.before == ["pow.Tensor_Scalar", "mean.dim"], ms
+    (pw,) = [s for s in report.sites("kept") if s.pattern == "pointwise"]
+    assert "_to_copy" in pw.before, pw.before
+    left = [op for g in report.graphs for op in g.final_ops if "_to_copy" in op]
+    assert not left, left
+
+
 @pytest.mark.parametrize("head_dim", [16, 130])  # shorter than a warp; not vectorized, longer than 128
 def test_a_head_dim_the_kernel_cannot_take_is_left_to_the_pointwise_pass(head_dim):
     model = QKNorm(2, head_dim).to(torch.bfloat16)

@@ -8,7 +8,8 @@ the pointwise pass, which on Qwen-Image joins it with the RoPE and the text/imag
 Covered ATen forms (diffusers ``RMSNorm.forward``: QK norms over a head, as Qwen-Image's and SD3.5's, and norms over
 the hidden size, as LTX's and Lumina's)::
 
-    mean.dim(pow.Tensor_Scalar(_to_copy(x, dtype=float32), 2), [-1], True)   # x bf16/fp16
+    mean.dim(pow.Tensor_Scalar(_to_copy(x, dtype=float32), 2), [-1], True)   # x bf16/fp16 (the cast may have
+                                                                               # other users: the op reads x)
     mean.dim(pow.Tensor_Scalar(x, 2), [-1], True)                              # x fp32
 
 The op's static guard (lowering/mean_square.py) keeps the rows its kernel can take. Searched in tier lossless only:
@@ -66,8 +67,11 @@ class MeanSquare(PatternFamily):
                 and single_user(sq) is node and dtype_of(node) == torch.float32):
             return None
         x, nodes = sq.args[0], [sq, node]
-        if cast_dtype(x) == torch.float32 and dtype_of(x.args[0]) in _SOURCE_DTYPES and single_user(x) is sq:
-            x, nodes = x.args[0], [x, sq, node]
+        if cast_dtype(x) == torch.float32 and dtype_of(x.args[0]) in _SOURCE_DTYPES:
+            # the kernel converts x on load, as the cast does; a cast the norm's tail also reads
+            # (``xf = x.float(); xf * rsqrt(xf.pow(2).mean(...))``) stays for it, and the pointwise pass folds it
+            # into that tail: the fp32 copy of x is neither written nor read
+            x, nodes = x.args[0], ([x, sq, node] if single_user(x) is sq else nodes)
         elif dtype_of(x) != torch.float32:
             return None
 
