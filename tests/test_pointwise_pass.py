@@ -197,6 +197,19 @@ def test_erf_gelu_stays_eager_and_says_why():
     run(gm, f, args)
 
 
+def test_addcmul_joins_a_group_only_with_value_one():
+    def f(x, g, y):  # a gated residual and a modulate spelled with addcmul; value 0.5 rounds alpha's product
+        return torch.addcmul(x, g, y) * 2, torch.addcmul(x, g, y, value=0.5) + 1
+
+    args = (rn(4, 64), rn(4, 64, seed=1), rn(4, 64, seed=2))
+    gm, sites = pw.fuse(f, *args)
+    fused = [op for s in sites for op in ops_of(s)]
+    assert fused.count("addcmul") == 1, fused
+    left = [n for n in gm.graph.nodes if n.target is torch.ops.aten.addcmul.default]
+    assert [n.kwargs.get("value") for n in left] == [0.5]
+    run(gm, f, args)
+
+
 # --- generated code ---------------------------------------------------------------------------
 def test_index_of_a_view_of_contiguous_data_simplifies_to_the_flat_offset():
     gen = Generator(torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph()), {}, [])

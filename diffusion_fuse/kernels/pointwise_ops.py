@@ -29,6 +29,9 @@ op                          fp32 expression (source: aten/src/ATen/native/cuda/.
 add / sub (alpha 1)         ``a + b`` / ``a - b``; ``a + alpha*b`` with alpha 1 is exact either
                             way (BinaryAddSubKernel: AddFunctor, opmath)
 rsub.Scalar (alpha 1)       ``s - x``
+addcmul (value 1)           ``a + (b * c)``: eager's ``a + alpha * (b * c)`` in opmath, the product
+                            rounded; nvcc's FMA of alpha and the product is exact at alpha 1
+                            (PointwiseOpsKernel.cu: addcmul_cuda_kernel)
 mul                         ``a * b`` (BinaryMulKernel)
 div (tensor divisor)        ``div_rn(a, b)`` (BinaryDivTrueKernel: DivFunctor)
 div (Python scalar divisor) ``a * r`` with ``r = fp32(1) / fp32(s)`` computed on the host
@@ -59,7 +62,8 @@ mul (complex64 tensors)     ``fma(a, c, -(b*d))`` + ``fma(a, d, b*c)`` i (``comp
 cat, stack                  the selected input, converted to the output dtype
 =========================== =================================================================
 
-Not reproduced (the op stays an eager op): integer and fp64 tensors, ``alpha != 1``, ``pow`` with
+Not reproduced (the op stays an eager op): integer and fp64 tensors, ``alpha != 1``, addcmul's ``value != 1``
+(its FMA rounds alpha's product once), ``pow`` with
 other exponents (bf16 ``x*x*x`` rounds between the products), division with a rounding mode,
 non-finite scalars. Which libdevice function equals eager's on the GPU, and whether nvcc
 contracted gelu-tanh's inner product, is decided by ``tests/gpu/test_pointwise_gpu.py`` (the
@@ -89,6 +93,7 @@ class Variants:
     """Candidate numerics where the source alone does not settle what nvcc emitted."""
 
     gelu_tanh_fma: bool = True  # x + kKappa*x^3 contracted to one FMA
+    addcmul_fma: bool = False  # addcmul as fma(b, c, a), the product unrounded (not what the source reads)
     # fp32 negation: "asm" is PTX ``neg.f32``, what nvcc emits for C++ ``-a`` (ptxas then picks the
     # instruction); "xor" flips the sign bit, which keeps a NaN's payload where the H200's eager
     # neg does not (3 of 3 NaNs differ). (Triton's own ``-x`` and even ``-0.0 - x`` are ``0 - x``:
@@ -186,6 +191,11 @@ class Recipe:
 def _alpha_one(n: fx.Node) -> str:
     alpha = n.kwargs.get("alpha", 1)
     return "" if alpha == 1 else f"alpha={alpha!r} (only 1 is reproduced)"
+
+
+def _value_one(n: fx.Node) -> str:
+    value = n.kwargs.get("value", 1)
+    return "" if value == 1 else f"value={value!r} (only 1 is reproduced)"
 
 
 def _div_check(n: fx.Node) -> str:
@@ -326,6 +336,12 @@ def _div(em: Emit, n: fx.Node, a: list[str], var: Variants) -> str:
     return f"tl.math.div_rn({a[0]}, {a[1]})"
 
 
+def _addcmul(em: Emit, n: fx.Node, a: list[str], var: Variants) -> str:
+    if var.addcmul_fma:
+        return f"tl.fma({a[1]}, {a[2]}, {a[0]})"
+    return f"{a[0]} + {em.tmp(f'{a[1]} * {a[2]}')}"
+
+
 def _binary(sym: str) -> Callable[[Emit, fx.Node, list[str], Variants], str]:
     return lambda em, n, a, var: f"{a[0]} {sym} {a[1]}"
 
@@ -363,6 +379,7 @@ RECIPES: dict[object, Recipe] = {
     aten.sub.Tensor: Recipe("sub", (0, 1), _binary("-"), _BIN),
     aten.sub.Scalar: Recipe("sub", (0, 1), _binary("-"), _BIN),
     aten.rsub.Scalar: Recipe("rsub", (0, 1), lambda em, n, a, v: f"{a[1]} - {a[0]}", _BIN),
+    aten.addcmul.default: Recipe("addcmul", (0, 1, 2), _addcmul, _value_one),
     aten.mul.Tensor: Recipe("mul", (0, 1), _binary("*"), _finite_scalars),
     aten.mul.Scalar: Recipe("mul", (0, 1), _binary("*"), _finite_scalars),
     aten.div.Tensor: Recipe("div", (0, 1), _div, _div_check),

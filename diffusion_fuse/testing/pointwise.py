@@ -180,6 +180,17 @@ def joint_value_cat(v_img, v_txt, heads: int):  # SD3: [B, S, H*D] projections a
     return torch.cat([heads_first(v_img), heads_first(v_txt)], dim=2)
 
 
+def split_rope(x, cos, sin):  # LTX-2's split RoPE: x [B, T, H*D], cos/sin [B, H, T, D/2] fp32, halves by addcmul_
+    b, h, t, r = cos.shape
+    x = x.reshape(b, t, h, -1).swapaxes(1, 2)
+    split_x = x.reshape(*x.shape[:-1], 2, r).float()
+    cos_u, sin_u = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    out = split_x * cos_u
+    out[..., :1, :].addcmul_(-sin_u, split_x[..., 1:, :])
+    out[..., 1:, :].addcmul_(sin_u, split_x[..., :1, :])
+    return out.reshape(*out.shape[:-2], 2 * r).swapaxes(1, 2).reshape(b, t, -1).to(x.dtype)
+
+
 def tokens_as_image(x, height: int):  # SANA's GLUMBConv input: [B, N, C] tokens as an NCHW view (NHWC memory)
     return x.unflatten(1, (height, x.shape[1] // height)).permute(0, 3, 1, 2)
 
@@ -196,7 +207,7 @@ def conv_glu(h, w, b):  # GLUMBConv: the depthwise 3x3 conv (bias), chunked in t
 CHAINS = ("flux_rope_single", "flux_rope_double", "flux_gated_residual", "flux_gelu_cat", "flux_residual_split_cat",
           "flux_gelu_clone", "swiglu", "wan_fp32_residual", "sana_query_relu", "sana_key_relu", "sana_value_float",
           "sana_attn_out", "sana_bias_add", "sana_conv_silu", "sana_conv_glu", "wan_rope", "sana_value_pad",
-          "qwen_rope_cat", "rope_into_slice", "sd35_value_cat")
+          "qwen_rope_cat", "rope_into_slice", "sd35_value_cat", "split_rope")
 
 
 # Unary ops a bf16 table of eager's outputs can stand for (kernels/lut16.py): the lookup tests and the probe
@@ -244,6 +255,8 @@ def chain(name: str, device="cuda", seed: int = 0):
         "rope_into_slice": (rope_into_slice, (rn(1, 4352, 24, 64), cos[:4096, :, :64], sin[:4096, :, :64])),
         # SD3.5-large at 1024², batch 2: the joint attention's value cat, 4096 image and 333 text tokens, 38 heads of 64
         "sd35_value_cat": (functools.partial(joint_value_cat, heads=38), (rn(2, 4096, 2432), rn(2, 333, 2432))),
+        # LTX-2's split RoPE at 6144 video tokens, 32 heads of 128: fp32 tables per head and token
+        "split_rope": (split_rope, (rn(1, 6144, 4096), rn(1, 32, 6144, 64, dtype=f32), rn(1, 32, 6144, 64, dtype=f32))),
         "sana_attn_out": (sana_attn_out, (rn(2, 70, 33, 1024, dtype=f32),)),
         "sana_bias_add": (bias_add, (rn(2, 1024, 2240), rn(2240))),
         # GLUMBConv (mlp ratio 2.5: 2 x 5600 channels), its convs' biases added in the kernel

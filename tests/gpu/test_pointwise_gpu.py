@@ -104,11 +104,13 @@ OPS = {
     "clamp_frac": (lambda a: a.clamp(0.1, 0.3), 1, False),
     "pow2": (lambda a: a.pow(2), 1, False),
     "where": (lambda m, a, b: torch.where(m, a, b), 3, False),  # m: a bool mask (made below)
+    "addcmul": (torch.addcmul, 3, False),
 }
 CASTS = {"to_bf16": bf16, "to_fp16": f16, "to_fp32": f32}
 # The candidates the source does not settle (kernels/pointwise_ops.py Variants), run beside the default.
 ALTERNATIVES = {
     "gelu_tanh": [Variants(gelu_tanh_fma=False)],
+    "addcmul": [Variants(addcmul_fma=True)],
     "neg": [Variants(neg="xor")],
     "silu": [Variants(neg="xor")],
     "sigmoid": [Variants(neg="xor")],
