@@ -57,8 +57,8 @@ nothing. Our ops' bytes are their arguments' and outputs' spans, counted by the 
 that of its ops fused: inputs from outside the line read once, outputs the rest of the forward keeps (not freed
 before the next op, or read by an op of another line) written once; what stays between the line's ops moves
 nothing. A class's floor is the sum of its ops' floors (each op on its own). Compute-bound classes (GEMM,
-attention, convolution) get none: their floor is compute, not bytes; a family whose op runs a GEMM has a bytes
-floor far below its time.
+attention, convolution) get none: their floor is compute, not bytes; nor does a family whose op runs a GEMM
+(``OpSpec.compute_bound``: linear_cat writes its GEMMs' outputs into a ``cat``), which is sorted with them.
 
 Inductor column: Inductor is compiled with ``torch._inductor.config.trace.provenance_tracking_level = 1``, which
 records each generated kernel's source stack traces (``torch._dynamo.utils.get_compilation_metrics()``'s
@@ -951,6 +951,8 @@ def profile(model: torch.nn.Module, *args: Any, options: dict[str, Any] | None =
 
 def _assemble(device: torch.device, cuda: bool, forwards: int, traces: dict[str, _Trace], primary: str, detail: str,
               bw: float, inductor_lines: dict[str, set[str]], notes: list[str]) -> ProfileReport:
+    from .lowering.spec import SPECS
+
     variants = list(traces)
     ms = 1e-6  # ns -> ms
     totals = {v: ms * sum(t.totals_ns) / max(1, t.forwards) for v, t in traces.items()}
@@ -965,13 +967,14 @@ def _assemble(device: torch.device, cuda: bool, forwards: int, traces: dict[str,
 
     floor_bytes: dict[str, float] = collections.defaultdict(float)
     floor_known: dict[str, bool] = {}
+    gemm_ops = {name for name, spec in SPECS.items() if spec.compute_bound}
     for v, t in traces.items():
         n = max(1, t.forwards)
         for inst in t.insts:
             r = rows.setdefault(inst.cls, ClassRow(inst.cls, kind_of(inst.cls), {}, {}))
             r.ms[v] = r.ms.get(v, 0.0) + ms * inst.ns / n
             r.calls[v] = r.calls.get(v, 0.0) + 1.0 / n
-            if v == primary and r.kind in ("ours", "eager", "copy"):
+            if v == primary and r.kind in ("ours", "eager", "copy") and inst.name not in gemm_ops:
                 if inst.nbytes is None:
                     floor_known[inst.cls] = False
                 else:

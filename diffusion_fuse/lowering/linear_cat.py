@@ -94,4 +94,5 @@ def _plan(_a):
     return launch
 
 
-SPEC = register_op(OpSpec("linear_cat", linear_cat, guard=can_use_linear_cat, plan=_plan, needs_triton=False))
+SPEC = register_op(OpSpec("linear_cat", linear_cat, guard=can_use_linear_cat, plan=_plan, needs_triton=False,
+                           compute_bound=True))

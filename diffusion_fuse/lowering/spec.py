@@ -65,6 +65,7 @@ class OpSpec:
     static_guard: Callable[[Any], str] | None = None
     layout_key: Callable[[tuple], Hashable] = default_layout_key
     needs_triton: bool = True  # False where the kernel is not Triton's (linear_cat: cuBLAS)
+    compute_bound: bool = False  # its kernel is a GEMM (linear_cat): the profile view gives it no bytes floor
     # set by ``register_op``
     schema: str = ""
     Args: type = tuple
