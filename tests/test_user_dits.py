@@ -1,6 +1,6 @@
 """Two user DiTs in plain PyTorch (diffusion_fuse/testing/user_dits.py), spelled unlike the diffusers models: the
 lossless tier finds their forms and gives eager's bits on the CPU (the ops' reference paths; the kernels' bits are
-tests/gpu/test_user_dits_gpu.py's)."""
+tests/gpu/test_models_gpu.py's)."""
 
 from __future__ import annotations
 

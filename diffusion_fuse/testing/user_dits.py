@@ -1,5 +1,5 @@
 """Two more DiTs as users write them in plain PyTorch, spelled unlike ``PlainDiT`` and unlike any diffusers class:
-what the lossless tier must find by form alone (tests/test_user_dits.py, tests/gpu/test_user_dits_gpu.py).
+what the lossless tier must find by form alone (tests/test_user_dits.py, tests/gpu/test_models_gpu.py).
 
 - ``RMSDiT`` (the Llama / Lumina family of spellings): patches by ``view → permute → flatten`` and a ``Linear``,
   RMSNorm written out on one fp32 copy of x (``xf = x.float(); xf * rsqrt(xf.pow(2).mean(-1, keepdim=True) +
