@@ -309,6 +309,17 @@ def mean_factor(rows: int, d: int) -> float:
     return float(np.float32(rows) / np.float32(rows * d))
 
 
+def vector_lanes_constexprs(d: int, row_dims: int, x_flat: bool) -> dict:
+    """``mean_square_lanes_kernel``'s constexprs for rows of ``d`` (D % 4 == 0): ATen's lanes a row, the vectors a
+    lane, and rows a program (a 4-warp group each while a lane holds at most 4 vectors, else one row group)."""
+    lpr = lanes_per_row(VECTOR, d)
+    iters = triton.cdiv(d, 4 * lpr)
+    uniform = d == 4 * lpr * iters and (iters <= MAX_UNROLLED or iters % UNROLL == 0)
+    return {"ROWS": (LANE_GROUPS if iters <= 4 else 1) * 128 // lpr, "LPR": lpr, "N_ITERS": iters,
+            "UNIFORM": uniform, "SHUFFLE": USE_SHUFFLES, "ROW_DIMS": row_dims, "X_FLAT": x_flat,
+            "MAX_UNROLLED": MAX_UNROLLED, "UNROLL": UNROLL}
+
+
 def plan_mean_square(x: torch.Tensor, order: tuple[int, bool] | None = None):
     """launch(x) -> the fp32 means [..., 1], for x's layout (checked by ``can_use_mean_square``); ``order``:
     (lane form, descending warp offsets), None for eager's on x's device (``eager_order``)."""
@@ -317,13 +328,8 @@ def plan_mean_square(x: torch.Tensor, order: tuple[int, bool] | None = None):
     (L0, L1, L2), x_strides, out_strides, x_flat = memory_rows(x)
     rows, dims = L0 * L1 * L2, row_dims(L0, L1)
     if form == VECTOR and desc and d % 4 == 0:
-        lpr, iters = lanes_per_row(VECTOR, d), triton.cdiv(d, 4 * lanes_per_row(VECTOR, d))
-        n = (LANE_GROUPS if iters <= 4 else 1) * 128 // lpr
-        uniform = d == 4 * lpr * iters and (iters <= MAX_UNROLLED or iters % UNROLL == 0)
-        kernel = CachedLaunch(mean_square_lanes_kernel, (triton.cdiv(rows, n),),
-                              {"ROWS": n, "LPR": lpr, "N_ITERS": iters, "UNIFORM": uniform,
-                               "SHUFFLE": USE_SHUFFLES, "ROW_DIMS": dims, "X_FLAT": x_flat,
-                               "MAX_UNROLLED": MAX_UNROLLED, "UNROLL": UNROLL}, num_warps=4)
+        const = vector_lanes_constexprs(d, dims, x_flat)
+        kernel = CachedLaunch(mean_square_lanes_kernel, (triton.cdiv(rows, const["ROWS"]),), const, num_warps=4)
     elif form == SEQUENTIAL and desc and LANES <= d <= 4 * LANES:
         n, per = LANE_GROUPS * 128 // LANES, triton.cdiv(d, LANES)
         kernel = CachedLaunch(mean_square_strided_lanes_kernel, (triton.cdiv(rows, n),),

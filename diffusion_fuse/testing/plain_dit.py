@@ -24,6 +24,14 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
     return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
 
 
+def timestep_embedding(t: torch.Tensor, freq_dim: int) -> torch.Tensor:
+    """The sinusoidal embedding [B, freq_dim] of timesteps t [B], in fp32: cos then sin."""
+    half = freq_dim // 2
+    freqs = torch.exp(-math.log(10000) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+    args = t[:, None].float() * freqs[None]
+    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([-x2, x1], dim=-1)
@@ -79,12 +87,6 @@ class PlainDiT(nn.Module):
         self.final_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
         self.linear = nn.Linear(dim, patch * patch * in_channels)
 
-    def timestep_embedding(self, t: torch.Tensor) -> torch.Tensor:
-        half = self.freq_dim // 2
-        freqs = torch.exp(-math.log(10000) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
-        args = t[:, None].float() * freqs[None]
-        return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
-
     def rope(self, h: int, w: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """2-D rotary tables [h * w, head_dim] in fp32: rows then columns, each over half the head dim."""
         quarter = self.blocks[0].attn.head_dim // 4
@@ -99,7 +101,7 @@ class PlainDiT(nn.Module):
         B, C, H, W = x.shape
         h, w = H // self.patch, W // self.patch
         tokens = self.x_embedder(x).flatten(2).transpose(1, 2)
-        c = self.t_embedder(self.timestep_embedding(t).to(x.dtype))
+        c = self.t_embedder(timestep_embedding(t, self.freq_dim).to(x.dtype))
         cos, sin = self.rope(h, w, x.device)
         for block in self.blocks:
             tokens = block(tokens, c, cos, sin)

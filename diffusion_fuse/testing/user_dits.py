@@ -16,11 +16,11 @@ Each ``build_*`` returns ``(model, args)`` with random weights (seeded) at a tin
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .plain_dit import timestep_embedding
 
 __all__ = ["JointDiT", "RMSDiT", "USER_DITS", "build_user_dit"]
 
@@ -96,10 +96,7 @@ class RMSDiT(nn.Module):
         B, C, H, W = x.shape
         p, h, w = self.patch, H // self.patch, W // self.patch
         tokens = self.x_embedder(x.view(B, C, h, p, w, p).permute(0, 2, 4, 3, 5, 1).flatten(3).flatten(1, 2))
-        half = self.freq_dim // 2
-        freqs = torch.exp(-math.log(10000) * torch.arange(half, dtype=torch.float32, device=x.device) / half)
-        args = t[:, None].float() * freqs[None]
-        c = self.t_embedder(torch.cat([torch.cos(args), torch.sin(args)], dim=-1).to(x.dtype))
+        c = self.t_embedder(timestep_embedding(t, self.freq_dim).to(x.dtype))
         pos = torch.arange(h * w, dtype=torch.float32, device=x.device)
         inv = 1.0 / 10000 ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=x.device) / self.head_dim)
         angles = torch.outer(pos, inv)

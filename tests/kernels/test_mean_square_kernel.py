@@ -174,11 +174,11 @@ ROW_STRIDES = ("L1", "L2", "x_s0", "x_s1", "x_s2", "o_s0", "o_s1", "o_s2")
 
 
 @pytest.mark.parametrize("row_dims", [1, 2, 3])
-@pytest.mark.parametrize("lpr, iters, uniform", [(32, 1, True), (32, 16, True), (32, 19, False), (32, 2, False),
-                                                 (16, 1, False)])
-def test_lanes_kernel_compiles_for_sm90_with_vector_loads_and_lane_shuffles(row_dims, lpr, iters, uniform):
-    """The sm_90 build of the vector-lane kernel (D = 128; 2048, unrolled; 2432, chunks in a loop; 160 and 96,
-    vectors masked whole): one vector load per row a thread holds and vector, all before the first shuffle; no FMA
+@pytest.mark.parametrize("d", [128, 2048, 2432, 160, 96])
+def test_lanes_kernel_compiles_for_sm90_with_vector_loads_and_lane_shuffles(row_dims, d):
+    """The sm_90 build of the vector-lane kernel as planned for rows of ``d`` (128; 2048, unrolled; 2432, chunks in
+    a loop; 160, and 96 over 16 lanes, vectors masked whole): one vector load per row a thread holds and vector,
+    all before the first shuffle; no FMA
     (eager adds rounded squares); the shuffles' state has lane f in thread f % 128; rows of 2 or 3 strided dims
     take 32-bit divisions only."""
     import re
@@ -193,9 +193,9 @@ def test_lanes_kernel_compiles_for_sm90_with_vector_loads_and_lane_shuffles(row_
     from diffusion_fuse.kernels.launch import EAGER_NUMERICS
 
     k = ms.mean_square_lanes_kernel
-    groups = ms.LANE_GROUPS if iters <= 4 else 1
-    const = {"ROWS": groups * 128 // lpr, "LPR": lpr, "N_ITERS": iters, "UNIFORM": uniform, "SHUFFLE": True,
-             "ROW_DIMS": row_dims, "X_FLAT": False, "MAX_UNROLLED": ms.MAX_UNROLLED, "UNROLL": ms.UNROLL}
+    const = {**ms.vector_lanes_constexprs(d, row_dims, False), "SHUFFLE": True}
+    lpr, iters = const["LPR"], const["N_ITERS"]
+    groups = const["ROWS"] * lpr // 128
     for dt in ("*bf16", "*fp32"):
         sig = {"X": dt, "OUT": "*fp32", "n_rows": "i32", "N": "i32", **dict.fromkeys(ROW_STRIDES, "i32"),
                "factor": "fp32", **{c: "constexpr" for c in const}}
