@@ -68,13 +68,38 @@ def test_rope_reads_x_once_and_takes_each_pair_partner_from_registers():
     run(gm, pw.rope, args)
 
 
-def test_a_view_of_an_outside_value_is_read_at_its_strides():
+def test_a_lone_view_of_an_outside_value_is_read_at_its_strides():
+    x, y = rn(3, 7, 96), rn(3, 7, 48)
+    fn = lambda x, y: F.silu(x[..., 48:]) * y  # noqa: E731
+    gm, (site,) = pw.fuse(fn, x, y)
+    assert ops_of(site) == ["silu", "mul"]
+    # the one view of x stays outside the group: the kernel reads it in place
+    assert [n.op if n.op == "placeholder" else describe(n) for n in site.inputs] == ["slice.Tensor", "placeholder"]
+    run(gm, fn, (x, y))
+
+
+def test_views_of_one_outside_value_join_the_group_that_reads_two():
     x = rn(3, 7, 96)
     gm, (site,) = pw.fuse(pw.swiglu, x)
     assert ops_of(site) == ["silu", "mul"]
-    # the two halves of x are split outside the group: the kernel reads them in place
-    assert [describe(n) for n in site.inputs] == ["getitem", "getitem"]
+    # both halves of x: the kernel takes x itself and reads each half at its offset
+    assert [n.op for n in site.inputs] == ["placeholder"]
     run(gm, pw.swiglu, (x,))
+
+
+def test_wan_rope_loads_each_pair_once_in_one_contiguous_load():
+    # the rotation reads x only through unbind's two items: x joins the group, and each lane loads its own element
+    # and takes its partner from the neighbouring lane (one load of x where there were four, at stride 2)
+    args = (rn(1, 24, 2, 16), rn(1, 24, 1, 16, dtype=f32), rn(1, 24, 1, 16, dtype=f32))
+    gm, (site,) = pw.fuse(pw.wan_rope, *args)
+    (call,) = pointwise_calls(gm)
+    assert call.args[0][0].op == "placeholder"
+    src = generate_source([args[0], args[1][..., 0::2], args[2][..., 1::2]], call.args[1]).source
+    loads = [ln for ln in src.splitlines() if "tl.load(in0" in ln]
+    assert len(loads) == 1 and "tl.load(in0 + f," in loads[0] and src.count("tl.split(") == 1, src
+    # the tables: one load each, shared by both halves of the stack
+    assert src.count("tl.load(in1") == 1 and src.count("tl.load(in2") == 1, src
+    run(gm, pw.wan_rope, args)
 
 
 def describe(n):

@@ -94,11 +94,17 @@ def static_problem(site: Site) -> str:
 
 
 REF_NAME = "diffusion_fuse_ref"
+SITE_ID = "diffusion_fuse_site"  # meta of the nodes a site's replacement made
 
 
 def ref_name(node: fx.Node) -> str:
     """The name of the reference-graph node whose value ``node`` holds."""
     return node.meta.get(REF_NAME, node.name)
+
+
+def has_reference(node: fx.Node) -> bool:
+    """Whether the reference graph holds ``node``'s value: a node of the traced graph, or a site's output."""
+    return REF_NAME in node.meta or SITE_ID not in node.meta
 
 
 def site_check(site: Site) -> SiteCheck:
@@ -128,7 +134,7 @@ def apply_site(graph: fx.Graph, site: Site, mapping: dict[fx.Node, fx.Node]) -> 
         trace = site.located_at.meta.get("stack_trace")
         for n in created:
             n.meta["stack_trace"] = trace
-            n.meta["diffusion_fuse_site"] = site.id
+            n.meta[SITE_ID] = site.id
         _propagate_fake(created)
     except Exception:
         for n in reversed([n for n in graph.nodes if n not in before]):  # nothing outside reads them yet

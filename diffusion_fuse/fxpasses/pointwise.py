@@ -9,7 +9,7 @@ select, unbind/split items, ...) between them.
 
 Grouping, in graph order: each computed node joins the groups of the values it reads, looking
 through views (a view joins the group whose value it views when a node of that group reads it;
-a view of an outside value stays outside, and the kernel reads it at its strides), unless a
+a lone view of an outside value stays outside, and the kernel reads it at its strides), unless a
 path would leave the merged group and come back through an outside node (the group becomes one
 op call: that would be a cycle).
 
@@ -70,7 +70,7 @@ from ..patterns.match_utils import describe
 from ..patterns.registry import Site
 from ..verify.compare import compare_bitwise
 from .base import GraphPass, PassContext, register_pass
-from .fuse_patterns import apply_sites
+from .fuse_patterns import apply_sites, has_reference
 
 PATTERN = "pointwise"
 _WHERE = torch.ops.aten.where.self
@@ -221,8 +221,8 @@ def find_groups(graph: fx.Graph, opaque: set[fx.Node] = frozenset()) -> list[lis
 
     Computed nodes are grouped; a view joins a group when a computed node of that group reads
     it and the value it views is computed in that group too, or is an outside value the group
-    also reads directly (other views of outside values, or views whose readers are elsewhere,
-    stay outside).
+    also reads directly or through another view (a lone view of an outside value, or a view
+    whose readers are elsewhere, stays outside).
     """
     nodes = list(graph.nodes)
     index = {n: i for i, n in enumerate(nodes)}
@@ -280,18 +280,28 @@ def find_groups(graph: fx.Graph, opaque: set[fx.Node] = frozenset()) -> list[lis
         if g is not None and id(g) not in seen:
             seen.add(id(g))
             groups.append(g)
-    # A view of an outside value the group also reads directly joins the group: the kernel then reads that value
-    # once, at the view's indices, instead of reading the view as a second input (RoPE reads x and, through
-    # reshape + unbind, x's pair elements: inside the group the codegen takes those from x's own load).
+    # Views of an outside value the group also reads directly, or through two or more views, join the group: the
+    # kernel then reads that value once, at the views' indices, instead of each view as an input of its own.
+    # FLUX's RoPE reads x and, through reshape + unbind, x's pair elements; Wan's reads only the two elements.
+    # Inside the group the codegen loads each pair once (kernels/pointwise.py, _paired_load).
     claimed: dict[fx.Node, _Group] = {}  # view -> the group that took it (one group each)
     for g in groups:
         direct = {a for m in g.nodes for a in m.all_input_nodes if a not in g.nodes and a not in kind}
+        viewed: dict[fx.Node, set[fx.Node]] = {}  # outside value -> the views of it the group reads
+        for m in g.nodes:
+            for a in m.all_input_nodes:
+                root, views = chain(a)
+                # (a value a family made inside its site, e.g. the one output its getitems split, has no value in the
+                # reference graph the verifier runs: it cannot become an input)
+                if views and a not in g.nodes and root not in kind and has_reference(root):
+                    viewed.setdefault(root, set()).add(a)
+        shared = direct | {r for r, vs in viewed.items() if len(vs) > 1}
         for m in list(g.nodes):
             for a in m.all_input_nodes:
                 if a in g.nodes:
                     continue
                 root, views = chain(a)
-                if views and root in direct and not any(v in group_of or claimed.get(v, g) is not g for v in views):
+                if views and root in shared and not any(v in group_of or claimed.get(v, g) is not g for v in views):
                     g.nodes |= set(views)
                     claimed.update(dict.fromkeys(views, g))
     return [sorted(g.nodes, key=index.__getitem__) for g in groups]

@@ -22,9 +22,10 @@ group in one pass:
   (``_uniform_cat``): one unmasked-by-branch load, and only that input's chain computed. Otherwise
   each lane selects its input and every input's chain runs on every lane (gelu on the attention's
   lanes too), which is slower;
-* RoPE's rotation (``stack([-x_imag, x_real], -1)`` of ``unbind`` pairs) reads the neighbouring
-  lane's element: the flat kernel loads the pairs once and swaps neighbours in registers
-  (``_pair_swap``) instead of loading each partner with a scalar load;
+* RoPE reads pairs (``x.unflatten(-1, (-1, 2)).unbind(-1)``) at the pair's index, each element in
+  every branch of the ``stack`` that rotates them: in the flat kernel lanes 2p and 2p + 1 hold one
+  pair, so each lane loads its own element (contiguous) and takes its partner from the neighbouring
+  lane in registers (``_paired_load``), instead of loads at stride 2 per element and branch;
 * a node's value at a multi-index is an fp32 expression: views map the index to their input's
   index (no copy), compute nodes apply their recipe (kernels/pointwise_ops.py, the numerics
   contract) to their operands at the broadcast index, ``cat``/``stack`` select an input by the
@@ -291,6 +292,14 @@ def pad_fill(n: fx.Node, dtype: torch.dtype) -> float | None:
     return fill if math.isfinite(fill) else None
 
 
+_PARITY = Term("f", 1, 2)  # a flat kernel's lane parity: which element of its pair lane f holds
+
+
+def _pair_invariant(i: Lin) -> bool:
+    """Whether ``i`` is the same on lanes 2p and 2p + 1 of a flat kernel (it moves with ``f // 2`` only)."""
+    return all(t.var == "f" and t.div % 2 == 0 for t, _ in i.terms)
+
+
 # ---------------------------------------------------------------------------------------------
 # the generator
 # ---------------------------------------------------------------------------------------------
@@ -333,6 +342,10 @@ class Generator(Emit):
         # inside one input (generate decides; see _cat_row_tiles)
         self.row_tiles = False
         self.tables: list[tuple[tuple, object]] = []  # (table key, Lut16) of the lut{i} parameters
+        # Lanes 2p and 2p + 1 of a flat kernel form a pair (_paired_load). mask -> a mask that is the same on both
+        # lanes of a pair and under which every index read under ``mask`` is valid on both (generate fills it)
+        self._pair_mask: dict[str, str] = {}
+        self._swapped: dict[str, str] = {}
 
     # --- emission --------------------------------------------------------------------------
     def tmp(self, expr: str) -> str:
@@ -518,6 +531,13 @@ class Generator(Emit):
 
     def _load(self, k: int, spec: TensorSpec, idx: list[Lin], mask: str) -> Val:
         """Input ``in{k}`` (laid out as ``spec``) at ``idx``, as fp32 code holding a value of its dtype."""
+        pair_mask = self._pair_mask.get(mask)
+        if pair_mask is not None and spec.dtype in FLOAT_DTYPES:
+            paired = self._paired_load(k, spec, idx, pair_mask)
+            if paired is not None:
+                return paired
+            if all(_pair_invariant(i) for i in idx):
+                mask = pair_mask  # the same element on both lanes of a pair: one load for every branch
         off = flatten(idx, spec.stride, spec.shape)
         self.accesses.append((off, spec.dtype.itemsize))
         if off.is_const():
@@ -536,6 +556,36 @@ class Generator(Emit):
             raise Unsupported(f"input dtype {spec.dtype}")
         return Val(self.tmp(f"{load}.to(tl.float32)" if spec.dtype != torch.float32 else load), spec.dtype)
 
+    def _paired_load(self, k: int, spec: TensorSpec, idx: list[Lin], pair_mask: str) -> Val | None:
+        """Element ``c`` of a pair (``idx[d] = 2 * (...) + c`` along a dim ``d`` of even size, every other index the
+        same on both lanes of a pair): RoPE's ``x.unflatten(-1, (-1, 2)).unbind(-1)`` read at its pair index. Each
+        lane ``2p + q`` loads element ``q`` of pair ``p`` (contiguous where the pairs are) and takes element
+        ``1 - q`` from its neighbour in registers, where reading element ``c`` on every lane is a load at stride 2,
+        repeated in every branch that reads it. The same elements: bits unchanged. None where the form differs."""
+        for d, i in enumerate(idx):
+            if (spec.shape[d] % 2 or not i.terms or any(c % 2 for _, c in i.terms) or not _pair_invariant(i)
+                    or not all(_pair_invariant(j) for j in idx[:d] + idx[d + 1:])):
+                continue
+            c = i.const % 2
+            own = self._load(k, spec, idx[:d] + [i + (-c) + Lin.of(_PARITY)] + idx[d + 1:], pair_mask)
+            other = self._swap_neighbours(own.code)
+            return Val(self.tmp(f"tl.where({self.index_code(Lin.of(_PARITY))} == {c}, {own.code}, {other})"), own.dtype)
+        return None
+
+    def narrowed(self, mask: str, cond: str, on: Sequence[Lin], parity_split: bool = False) -> str:
+        """``mask & cond``, where ``cond`` tests the indices ``on``. Recorded for _paired_load: a mask the same on
+        both lanes of a pair stays so under a test of such indices; ``parity_split`` (the test is of the lane's
+        parity alone, and holds for one lane of each pair: a stack's or a size-2 cat's input) keeps the unnarrowed
+        mask as the one both lanes may load under."""
+        new = self.tmp(f"{mask} & {cond}")
+        base = self._pair_mask.get(mask)
+        if base is not None and new not in self._pair_mask:
+            if all(_pair_invariant(i) for i in on):  # (a cat inside a stack's input: the same test of the base)
+                self._pair_mask[new] = new if base == mask else self.narrowed(base, cond, on)
+            elif parity_split and base == mask:
+                self._pair_mask[new] = mask
+        return new
+
     # --- complex values ---------------------------------------------------------------------
     def _view_as_real(self, n: fx.Node, idx: list[Lin], mask: str) -> Val:
         """``view_as_real(c)`` at ``idx``: component ``idx[-1]`` of ``c`` at ``idx[:-1]`` (fp32)."""
@@ -544,7 +594,7 @@ class Generator(Emit):
             return self.cvalue(n.args[0], at, mask)[q.const]
         # The flat kernel's lanes 2p and 2p + 1 hold one complex element's two components when the component is
         # f % 2 and the element's index moves with f // 2 only: each lane loads its own component, contiguous, and
-        # takes the other from its neighbour (_swap_neighbours), as _pair_swap does for RoPE's real form
+        # takes the other from its neighbour (_swap_neighbours), as _paired_load does for RoPE's real form
         pairs = (self.block_shape == "[BLOCK]" and self.block % 2 == 0 and q == Lin.of(Term("f", 1, 2))
                  and all(t.var == "f" and t.div % 2 == 0 for i in at for t, _ in i.terms))
         re, im = self.cvalue(n.args[0], at, mask, q if pairs else None)
@@ -593,10 +643,14 @@ class Generator(Emit):
 
     def _swap_neighbours(self, code: str) -> str:
         """In a flat kernel, the value of lane ``f ^ 1`` (lanes 2p and 2p + 1 trade, in registers)."""
+        done = self._swapped.get(code)
+        if done is not None:
+            return done
         a, b = f"t{len(self._cse)}a", f"t{len(self._cse)}b"
         # (broadcast first: the value may not depend on the lane, e.g. a constant expanded)
         self.lines.append(f"{a}, {b} = tl.split(tl.reshape(tl.broadcast_to({code}, [BLOCK]), [BLOCK // 2, 2]))")
-        return self.tmp(f"tl.reshape(tl.join({b}, {a}), [BLOCK])")
+        self._swapped[code] = self.tmp(f"tl.reshape(tl.join({b}, {a}), [BLOCK])")
+        return self._swapped[code]
 
     def _lut16_candidate(self, n: fx.Node) -> bool:
         """``n`` is a LUT16_OPS call from bf16 to bf16 that passes its recipe's check."""
@@ -746,7 +800,7 @@ class Generator(Emit):
         x = n.args[0]
         xs = self.shape(x)
         pads = list(_arg(n, 1, "pad", ()))
-        inner, conds = list(idx), []
+        inner, conds, tested = list(idx), [], []
         for j in range(len(pads) // 2):
             d = len(xs) - 1 - j
             lo, hi = pads[2 * j], pads[2 * j + 1]
@@ -758,11 +812,12 @@ class Generator(Emit):
                     return Val(self.tmp(f"tl.full({self.block_shape}, {fill!r}, tl.float32)"), out.dtype)
                 continue
             dc = self.index_code(idx[d])
+            tested.append(idx[d])
             conds += ([f"({dc} >= {lo})"] if lo else []) + ([f"({dc} < {lo + xs[d]})"] if hi else [])
         if not conds:
             return self.value(x, inner, mask)
         inside = self.tmp(" & ".join(conds))
-        v = self.value(x, inner, self.tmp(f"{mask} & {inside}"))
+        v = self.value(x, inner, self.narrowed(mask, inside, tested))
         return Val(self.tmp(f"tl.where({inside}, {v.code}, {fill!r})"), out.dtype)
 
     def _scatter(self, n: fx.Node, idx: list[Lin], mask: str) -> Val:
@@ -792,7 +847,7 @@ class Generator(Emit):
             return Val(v.code if v.dtype == out.dtype else self.tmp(round_code(v.code, out.dtype)), out.dtype)
         dc = self.index_code(d)
         inside = self.tmp(f"({dc} == {start})" if end == start + 1 else f"({dc} >= {start}) & ({dc} < {end})")
-        vs = self.value(src, inner, self.tmp(f"{mask} & {inside}"))
+        vs = self.value(src, inner, self.narrowed(mask, inside, [d]))
         vb = self.value(base, idx, mask)
         codes = [v.code if v.dtype == out.dtype else self.tmp(round_code(v.code, out.dtype)) for v in (vs, vb)]
         return Val(self.tmp(f"tl.where({inside}, {codes[0]}, {codes[1]})"), out.dtype)
@@ -800,11 +855,6 @@ class Generator(Emit):
     def _select(self, n: fx.Node, idx: list[Lin], mask: str) -> Val:
         """``cat`` / ``stack``: the input the index along ``dim`` falls in, loads masked to it."""
         out = self.meta(n)
-        if n.target is aten.stack.default:
-            dim = _norm_dim(_arg(n, 1, "dim", 0), len(out.shape))
-            swapped = self._pair_swap(n, list(n.args[0]), dim, idx, mask)
-            if swapped is not None:
-                return swapped
         dim, branches = self._branches(n, idx)
         d = idx[dim]
         if d.is_const():  # the branch is known: no select
@@ -819,7 +869,8 @@ class Generator(Emit):
             # the index is never negative where the enclosing mask holds: no lower bound at 0
             cond = (f"({dc} == {b_lo})" if b_hi == b_lo + 1 else
                     f"({dc} < {b_hi})" if b_lo == 0 else f"({dc} >= {b_lo}) & ({dc} < {b_hi})")
-            v = self.value(x, xi, self.tmp(f"{mask} & {cond}"))
+            # along a dim of size 2 indexed by the lane's parity each input holds one lane of every pair
+            v = self.value(x, xi, self.narrowed(mask, cond, [d], parity_split=d == Lin.of(_PARITY)))
             exact = v.dtype == out.dtype or out.dtype == torch.float32
             code = v.code if exact else self.tmp(round_code(v.code, out.dtype))
             vals.append((b_hi, code))
@@ -827,50 +878,6 @@ class Generator(Emit):
         for b_hi, code in reversed(vals[:-1]):
             acc = self.tmp(f"tl.where({dc} < {b_hi}, {code}, {acc})")
         return Val(acc, out.dtype)
-
-    def _pair_swap(self, n: fx.Node, tensors: list, dim: int, idx: list[Lin], mask: str) -> Val | None:
-        """RoPE's rotation, ``stack([f(u[..., 1]), g(u[..., 0])], -1)`` with ``u[..., 0], u[..., 1] = unbind(u, -1)``:
-        lane ``2p + q`` needs ``u[p, 1 - q]``, its neighbour's element. In the flat kernel the pair is two
-        adjacent lanes of one block, so ``u`` is loaded once at ``u[p, q]`` (contiguous, vectorized) and the
-        partner comes from swapping neighbours in registers (``tl.split`` / ``tl.join``), where reading
-        ``u[p, 1 - q]`` from memory is a scalar load per element. Same values, same ops: bits unchanged.
-        None where the form differs (the select below handles it)."""
-        q = idx[dim]
-        if len(tensors) != 2 or dim != len(idx) - 1 or q != Lin.of(Term("f", 1, 2)):
-            return None
-        unbind, items = None, []
-        for i, x in enumerate(tensors):
-            node = x
-            while isinstance(node, fx.Node) and node.op == "call_function" and node.target is not operator.getitem:
-                ins = node.all_input_nodes
-                if len(ins) != 1 or node.target not in RECIPES or RECIPES[node.target].tensor_args != (0,):
-                    return None  # not a unary op of the unbound element
-                node = ins[0]
-            if not (isinstance(node, fx.Node) and node.target is operator.getitem):
-                return None
-            parent, k = node.args
-            u = parent.args[0] if isinstance(parent, fx.Node) else None
-            if (not isinstance(parent, fx.Node) or parent.target is not aten.unbind.int or k != 1 - i
-                    or _norm_dim(_arg(parent, 1, "dim", 0), len(self.shape(u))) != len(self.shape(u)) - 1
-                    or self.shape(u)[-1] != 2 or (unbind is not None and parent is not unbind)):
-                return None
-            unbind = parent
-            items.append(node)
-        pair = idx[:dim]
-        own = self.value(unbind.args[0], pair + [q], mask)  # u[p, q]: lane f's own element
-        partner = self._swap_neighbours(own.code)  # u[p, 1 - q]
-        # the branches read their unbound element as the partner, under a mask name of their own (the memo is
-        # keyed by node, index and mask: no other use of these nodes sees the swapped value)
-        swap_mask = f"m{len(self.lines)}s"
-        self.lines.append(f"{swap_mask} = {mask}")
-        out = self.meta(n)
-        vals = []
-        for item, x in zip(items, tensors):
-            self._memo[(item, tuple(pair), swap_mask)] = Val(partner, own.dtype)
-            v = self.value(x, pair, swap_mask)
-            exact = v.dtype == out.dtype or out.dtype == torch.float32
-            vals.append(v.code if exact else self.tmp(round_code(v.code, out.dtype)))
-        return Val(self.tmp(f"tl.where({self.index_code(q)} == 0, {vals[0]}, {vals[1]})"), out.dtype)
 
     # --- the kernel ------------------------------------------------------------------------
     def generate(self, title: str = "", tile: tuple[int, int] | None = None) -> KernelSource:
@@ -912,6 +919,8 @@ class Generator(Emit):
                 self.block_shape = "[CAT_ROWS, BLOCK]"
             else:
                 head = [f"f = {pid} * BLOCK + tl.arange(0, BLOCK)", "m = f < numel"]
+                if numel % 2 == 0:  # lanes 2p and 2p + 1 are both in range or both past the end
+                    self._pair_mask["m"] = "m"
                 grid, constexprs = (triton.cdiv(numel, self.block),), {"BLOCK": self.block}
                 tparams = ["BLOCK: tl.constexpr"]
         else:
