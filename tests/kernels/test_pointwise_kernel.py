@@ -48,6 +48,17 @@ def _stack_split(x):
     return torch.stack([a * 2, (b + c)[..., :2].exp()], dim=1)
 
 
+def _pairs_then_pad(x, y):  # pairs read under a pad's mask (the batch it adds holds the fill)
+    a, b = x.unflatten(-1, (-1, 2)).unbind(-1)
+    z = torch.stack([a * 3, b + a], -1).flatten(-2)
+    return torch.nn.functional.pad(z, (0, 0, 0, 0, 0, 1)) + y
+
+
+def _pairs_of_a_transpose(x, c, s):  # pairs along the last dim of a transposed view (stride 5 apart)
+    a, b = x.transpose(1, 2).unflatten(-1, (-1, 2)).unbind(-1)
+    return torch.stack([a * c - b * s, a * s + b * c], -1).flatten(-2)
+
+
 def _modulate(x, s):
     return x * (1 + s)[:, None] + s[:, None]
 
@@ -156,6 +167,9 @@ def make(name, seed=0):
         # bitwise: CPU eager's fp32 addcmul is one FMA where CUDA's rounds the product (tests/gpu/test_pointwise_gpu.py)
         "split_rope": (pw.split_rope, (rn(1, 12, 48), rn(1, 3, 12, 8, dtype=f32), rn(1, 3, 12, 8, dtype=f32))),
         "conv_glu": (pw.conv_glu, (pw.tokens_as_image(rn(2, 36, 40), 6), rn(40, 1, 3, 3) * 0.3, rn(40))),
+        "pairs_then_pad": (_pairs_then_pad, (rn(3, 5, 6, dtype=f32), rn(4, 5, 6, dtype=f32))),
+        "pairs_of_a_transpose": (_pairs_of_a_transpose, (rn(3, 6, 5, dtype=f32), rn(3, 5, 3, dtype=f32),
+                                                         rn(3, 5, 3, dtype=f32))),
     }[name]
 
 
@@ -165,7 +179,7 @@ CASES = ["rope", "rope_cat", "gated_residual", "gelu_cat", "swiglu", "wan_residu
          "sana_key_relu_fp32", "bias_add", "cat_per_program", "gelu_cat_branches", "cat_three_chains", "cat_rows",
          "gelu_cat_rows", "cat_three_with_gelu", "conv_silu", "conv_glu", "wan_rope",
          "wan_rope_fp32", "sana_value_pad", "pad_both_sides", "qwen_rope", "qwen_rope_cat", "qwen_rope_cat_branches",
-         "joint_value_cat", "split_rope"]
+         "joint_value_cat", "split_rope", "pairs_then_pad", "pairs_of_a_transpose"]
 CONV_BIAS_CASES = {"conv_silu": "convolution,silu", "conv_glu": "convolution,silu,mul"}
 # cats whose kernel branches once per program on the input its BLOCK lies in (number of branches)
 BRANCHES = {"gelu_cat_branches": 2, "cat_three_chains": 3, "cat_rows": 2, "gelu_cat": 0, "gelu_cat_rows": 2,
@@ -173,6 +187,10 @@ BRANCHES = {"gelu_cat_branches": 2, "cat_three_chains": 3, "cat_rows": 2, "gelu_
 # complex RoPE: (loads in the kernel, branches per program). Each complex pair is loaded once, contiguous: a lane
 # loads its own component and takes the other from its neighbour (x and the table, per branch)
 PAIR_CASES = {"qwen_rope": (2, 0), "qwen_rope_cat_branches": (4, 2)}
+# real pairs read at their pair index (RoPE's unflatten + unbind): each element loaded once, in its own lane, the
+# partner swapped in from the neighbouring lane (kernels/pointwise.py, _paired_load): (x's loads, swaps)
+# (Wan's form: tests/test_pointwise_pass.py, after the rewrite that makes its halves a stack)
+REAL_PAIRS = {"rope": (1, 1), "rope_cat": (2, 2), "pairs_then_pad": (1, 1), "pairs_of_a_transpose": (1, 1)}
 # bf16 gelu chains: gelu through eager's own output table (kernels/lut16.py): (lookups, tables, row-tile grid or
 # None) in the kernel. A last-dim cat whose inputs split on BLOCK but not on LUT_BLOCK multiples walks row tiles of
 # CAT_ROWS x BLOCK, each program inside one input (its branch per program: BRANCHES); the grid is (row programs,
@@ -183,7 +201,8 @@ LUT_CASES = {"gelu_cat": (1, 1, None), "gelu_clone": (1, 1, None), "gelu_cat_bra
 # round exactly (x 2, a sign flip, a lookup of CPU eager's gelu): bitwise
 EXACT = {"fp32_chain", "where_mask", "strided_in", "permuted_out", "sana_query_relu", "sana_key_relu",
          "sana_value_float", "sana_key_relu_fp32", "cat_per_program", "cat_three_chains", "cat_rows",
-         "cat_three_with_gelu", "wan_rope_fp32", "sana_value_pad", "pad_both_sides", "joint_value_cat"}
+         "cat_three_with_gelu", "wan_rope_fp32", "sana_value_pad", "pad_both_sides", "joint_value_cat",
+         "pairs_then_pad", "pairs_of_a_transpose"}
 # the layouts choose_layout must pick: (x dim, y dim) of the outputs' shape, None for the flat kernel
 # (SANA's key: both sides contiguous along the head dim, 16 or 32 elements: flat)
 TILES = {"sana_query_relu": (3, 2), "sana_key_relu": None, "sana_value_float": (2, 3), "sana_attn_out": (2, 1),
@@ -260,7 +279,8 @@ def worker() -> dict:
         row_tiles = bool(LUT_CASES.get(name, (0, 0, None))[2])  # the branch check reads the row-tile kernel there
         variants = Variants(lut16=False) if name in BRANCHES and not row_tiles else Variants()
         src = generate_source(list(args), program_of(fn, *args), variants) \
-            if name in TILES or name in BRANCHES or name in LUT_CASES or name in PAIR_CASES else None
+            if name in TILES or name in BRANCHES or name in LUT_CASES or name in PAIR_CASES or name in REAL_PAIRS \
+            else None
         lut_src = generate_source(list(args), program_of(fn, *args)) if name in LUT_CASES else None
         gm, sites = fuse(fn, *args)
         counters.reset()
@@ -384,6 +404,15 @@ def test_complex_pairs_load_once_and_swap_in_registers(results, case):
     assert len(r["loads"]) == loads and len(r["branches"]) == branches, r
     assert all("+ f," in ln or "+ t" in ln for ln in r["loads"]), r["loads"]  # no pair index (f // 2) * 2 + 1
     assert r["swaps"] == loads, r["swaps"]
+
+
+@pytest.mark.parametrize("case", sorted(REAL_PAIRS))
+def test_real_pairs_load_once_and_swap_in_registers(results, case):
+    r = results[case]
+    x_loads, swaps = REAL_PAIRS[case]
+    pairs_read = [ln for ln in r["loads"] if "in0" in ln or ("rope_cat" in case and "in1" in ln)]
+    assert len(pairs_read) == x_loads and r["swaps"] == swaps, r
+    assert not any("(f // 2) * 2" in ln for ln in r["loads"]), r["loads"]  # no element read at its pair's index
 
 
 def test_a_cat_branch_reads_its_input_under_its_mask(results):
