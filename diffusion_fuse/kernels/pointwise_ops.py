@@ -29,9 +29,10 @@ op                          fp32 expression (source: aten/src/ATen/native/cuda/.
 add / sub (alpha 1)         ``a + b`` / ``a - b``; ``a + alpha*b`` with alpha 1 is exact either
                             way (BinaryAddSubKernel: AddFunctor, opmath)
 rsub.Scalar (alpha 1)       ``s - x``
-addcmul (value 1)           ``a + (b * c)``: eager's ``a + alpha * (b * c)`` in opmath, the product
-                            rounded; nvcc's FMA of alpha and the product is exact at alpha 1
-                            (PointwiseOpsKernel.cu: addcmul_cuda_kernel)
+addcmul (value 1)           ``fma(b, c, a)``: eager's ``a + alpha * b * c`` in opmath, whose last
+                            multiply and the add nvcc contracts to one FMA; ``alpha * b`` is exact at
+                            alpha 1 (PointwiseOpsKernel.cu: addcmul_cuda_kernel; measured on the GPU,
+                            where the rounded-product form differs)
 mul                         ``a * b`` (BinaryMulKernel)
 div (tensor divisor)        ``div_rn(a, b)`` (BinaryDivTrueKernel: DivFunctor)
 div (Python scalar divisor) ``a * r`` with ``r = fp32(1) / fp32(s)`` computed on the host
@@ -93,7 +94,7 @@ class Variants:
     """Candidate numerics where the source alone does not settle what nvcc emitted."""
 
     gelu_tanh_fma: bool = True  # x + kKappa*x^3 contracted to one FMA
-    addcmul_fma: bool = False  # addcmul as fma(b, c, a), the product unrounded (not what the source reads)
+    addcmul_fma: bool = True  # addcmul as fma(b, c, a), the product unrounded (False: the product rounded)
     # fp32 negation: "asm" is PTX ``neg.f32``, what nvcc emits for C++ ``-a`` (ptxas then picks the
     # instruction); "xor" flips the sign bit, which keeps a NaN's payload where the H200's eager
     # neg does not (3 of 3 NaNs differ). (Triton's own ``-x`` and even ``-0.0 - x`` are ``0 - x``:

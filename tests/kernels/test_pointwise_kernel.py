@@ -164,7 +164,8 @@ def make(name, seed=0):
         # SD3's joint value cat of transposed [B, S, H, D] views alone (eager's cat takes its slow indexed path)
         "joint_value_cat": (functools.partial(pw.joint_value_cat, heads=4), (rn(2, 512, 64), rn(2, 33, 64))),
         # LTX-2's split RoPE: the halves updated in place by addcmul_ (functionalized: slice_scatter); close, not
-        # bitwise: CPU eager's fp32 addcmul is one FMA where CUDA's rounds the product (tests/gpu/test_pointwise_gpu.py)
+        # bitwise: the interpreter's tl.fma rounds the product (numpy has no fused multiply-add); eager's addcmul is
+        # one FMA, and the GPU kernel's bits are eager's (tests/gpu/test_pointwise_gpu.py)
         "split_rope": (pw.split_rope, (rn(1, 12, 48), rn(1, 3, 12, 8, dtype=f32), rn(1, 3, 12, 8, dtype=f32))),
         "conv_glu": (pw.conv_glu, (pw.tokens_as_image(rn(2, 36, 40), 6), rn(40, 1, 3, 3) * 0.3, rn(40))),
         "pairs_then_pad": (_pairs_then_pad, (rn(3, 5, 6, dtype=f32), rn(4, 5, 6, dtype=f32))),
