@@ -283,7 +283,7 @@ def find_groups(graph: fx.Graph, opaque: set[fx.Node] = frozenset()) -> list[lis
     # Views of an outside value the group also reads directly, or through two or more views, join the group: the
     # kernel then reads that value once, at the views' indices, instead of each view as an input of its own.
     # FLUX's RoPE reads x and, through reshape + unbind, x's pair elements; Wan's reads only the two elements.
-    # Inside the group the codegen loads each pair once (kernels/pointwise.py, _paired_load).
+    # Inside the group the codegen reads each pair once (kernels/pointwise.py, _paired).
     claimed: dict[fx.Node, _Group] = {}  # view -> the group that took it (one group each)
     for g in groups:
         direct = {a for m in g.nodes for a in m.all_input_nodes if a not in g.nodes and a not in kind}

@@ -25,7 +25,7 @@ group in one pass:
 * RoPE reads pairs (``x.unflatten(-1, (-1, 2)).unbind(-1)``) at the pair's index, each element in
   every branch of the ``stack`` that rotates them: in the flat kernel lanes 2p and 2p + 1 hold one
   pair, so each lane loads its own element (contiguous) and takes its partner from the neighbouring
-  lane in registers (``_paired_load``), instead of loads at stride 2 per element and branch;
+  lane in registers (``_paired``), once per value, instead of loads at stride 2 per element and branch;
 * a node's value at a multi-index is an fp32 expression: views map the index to their input's
   index (no copy), compute nodes apply their recipe (kernels/pointwise_ops.py, the numerics
   contract) to their operands at the broadcast index, ``cat``/``stack`` select an input by the
@@ -342,7 +342,7 @@ class Generator(Emit):
         # inside one input (generate decides; see _cat_row_tiles)
         self.row_tiles = False
         self.tables: list[tuple[tuple, object]] = []  # (table key, Lut16) of the lut{i} parameters
-        # Lanes 2p and 2p + 1 of a flat kernel form a pair (_paired_load). mask -> a mask that is the same on both
+        # Lanes 2p and 2p + 1 of a flat kernel form a pair (_paired). mask -> a mask that is the same on both
         # lanes of a pair and under which every index read under ``mask`` is valid on both (generate fills it)
         self._pair_mask: dict[str, str] = {}
         self._swapped: dict[str, str] = {}
@@ -485,9 +485,37 @@ class Generator(Emit):
         key = (n, tuple(idx), mask)
         v = self._memo.get(key)
         if v is None:
-            v = self._value(n, idx, mask)
+            pair_mask = self._pair_mask.get(mask)
+            v = self._paired(n, idx, pair_mask) if pair_mask is not None else None
+            if v is None and pair_mask not in (None, mask) and all(_pair_invariant(i) for i in idx):
+                v = self.value(n, idx, pair_mask)  # the same element on both lanes of a pair: one for every branch
+            if v is None:
+                v = self._value(n, idx, mask)
             self._memo[key] = v
         return v
+
+    def _paired(self, n: fx.Node, idx: list[Lin], pair_mask: str) -> Val | None:
+        """Element ``c`` of a pair (``idx[d] = 2 * (...) + c`` along a dim ``d`` of even size, every other index the
+        same on both lanes of a pair): RoPE's ``x.unflatten(-1, (-1, 2)).unbind(-1)`` read at its pair index. Each
+        lane ``2p + q`` computes element ``q`` of pair ``p`` (loads contiguous where the pairs are) and takes element
+        ``1 - q`` from its neighbour in registers, where reading element ``c`` on every lane is a load at stride 2,
+        repeated in every branch that reads it. The same elements: bits unchanged. None where the form differs, and
+        for views (their input pairs, once)."""
+        if n.op == "call_function" and (n.target in VIEW_OPS or n.target in COMPLEX_VIEWS
+                                        or n.target is operator.getitem):
+            return None
+        spec = self.meta(n) if n.op == "placeholder" else self.metas.get(n)
+        if not isinstance(spec, TensorSpec) or spec.dtype not in FLOAT_DTYPES:
+            return None
+        for d, i in enumerate(idx):
+            if (spec.shape[d] % 2 or not i.terms or any(c % 2 for _, c in i.terms) or not _pair_invariant(i)
+                    or not all(_pair_invariant(j) for j in idx[:d] + idx[d + 1:])):
+                continue
+            c = i.const % 2
+            own = self.value(n, idx[:d] + [i + (-c) + Lin.of(_PARITY)] + idx[d + 1:], pair_mask)
+            other = self._swap_neighbours(own.code)
+            return Val(self.tmp(f"tl.where({self.index_code(Lin.of(_PARITY))} == {c}, {own.code}, {other})"), own.dtype)
+        return None
 
     def _value(self, n: fx.Node, idx: list[Lin], mask: str) -> Val:
         spec = self.meta(n) if n.op == "placeholder" else self.metas.get(n)
@@ -531,13 +559,6 @@ class Generator(Emit):
 
     def _load(self, k: int, spec: TensorSpec, idx: list[Lin], mask: str) -> Val:
         """Input ``in{k}`` (laid out as ``spec``) at ``idx``, as fp32 code holding a value of its dtype."""
-        pair_mask = self._pair_mask.get(mask)
-        if pair_mask is not None and spec.dtype in FLOAT_DTYPES:
-            paired = self._paired_load(k, spec, idx, pair_mask)
-            if paired is not None:
-                return paired
-            if all(_pair_invariant(i) for i in idx):
-                mask = pair_mask  # the same element on both lanes of a pair: one load for every branch
         off = flatten(idx, spec.stride, spec.shape)
         self.accesses.append((off, spec.dtype.itemsize))
         if off.is_const():
@@ -556,24 +577,8 @@ class Generator(Emit):
             raise Unsupported(f"input dtype {spec.dtype}")
         return Val(self.tmp(f"{load}.to(tl.float32)" if spec.dtype != torch.float32 else load), spec.dtype)
 
-    def _paired_load(self, k: int, spec: TensorSpec, idx: list[Lin], pair_mask: str) -> Val | None:
-        """Element ``c`` of a pair (``idx[d] = 2 * (...) + c`` along a dim ``d`` of even size, every other index the
-        same on both lanes of a pair): RoPE's ``x.unflatten(-1, (-1, 2)).unbind(-1)`` read at its pair index. Each
-        lane ``2p + q`` loads element ``q`` of pair ``p`` (contiguous where the pairs are) and takes element
-        ``1 - q`` from its neighbour in registers, where reading element ``c`` on every lane is a load at stride 2,
-        repeated in every branch that reads it. The same elements: bits unchanged. None where the form differs."""
-        for d, i in enumerate(idx):
-            if (spec.shape[d] % 2 or not i.terms or any(c % 2 for _, c in i.terms) or not _pair_invariant(i)
-                    or not all(_pair_invariant(j) for j in idx[:d] + idx[d + 1:])):
-                continue
-            c = i.const % 2
-            own = self._load(k, spec, idx[:d] + [i + (-c) + Lin.of(_PARITY)] + idx[d + 1:], pair_mask)
-            other = self._swap_neighbours(own.code)
-            return Val(self.tmp(f"tl.where({self.index_code(Lin.of(_PARITY))} == {c}, {own.code}, {other})"), own.dtype)
-        return None
-
     def narrowed(self, mask: str, cond: str, on: Sequence[Lin], parity_split: bool = False) -> str:
-        """``mask & cond``, where ``cond`` tests the indices ``on``. Recorded for _paired_load: a mask the same on
+        """``mask & cond``, where ``cond`` tests the indices ``on``. Recorded for _paired: a mask the same on
         both lanes of a pair stays so under a test of such indices; ``parity_split`` (the test is of the lane's
         parity alone, and holds for one lane of each pair: a stack's or a size-2 cat's input) keeps the unnarrowed
         mask as the one both lanes may load under."""
@@ -594,7 +599,7 @@ class Generator(Emit):
             return self.cvalue(n.args[0], at, mask)[q.const]
         # The flat kernel's lanes 2p and 2p + 1 hold one complex element's two components when the component is
         # f % 2 and the element's index moves with f // 2 only: each lane loads its own component, contiguous, and
-        # takes the other from its neighbour (_swap_neighbours), as _paired_load does for RoPE's real form
+        # takes the other from its neighbour (_swap_neighbours), as _paired does for RoPE's real form
         pairs = (self.block_shape == "[BLOCK]" and self.block % 2 == 0 and q == Lin.of(Term("f", 1, 2))
                  and all(t.var == "f" and t.div % 2 == 0 for i in at for t, _ in i.terms))
         re, im = self.cvalue(n.args[0], at, mask, q if pairs else None)

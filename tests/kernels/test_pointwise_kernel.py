@@ -189,9 +189,10 @@ BRANCHES = {"gelu_cat_branches": 2, "cat_three_chains": 3, "cat_rows": 2, "gelu_
 # loads its own component and takes the other from its neighbour (x and the table, per branch)
 PAIR_CASES = {"qwen_rope": (2, 0), "qwen_rope_cat_branches": (4, 2)}
 # real pairs read at their pair index (RoPE's unflatten + unbind): each element loaded once, in its own lane, the
-# partner swapped in from the neighbouring lane (kernels/pointwise.py, _paired_load): (x's loads, swaps)
+# partner swapped in from the neighbouring lane once per value (kernels/pointwise.py, _paired; after a cat, the cat's
+# value): (x's loads, swaps)
 # (Wan's form: tests/test_pointwise_pass.py, after the rewrite that makes its halves a stack)
-REAL_PAIRS = {"rope": (1, 1), "rope_cat": (2, 2), "pairs_then_pad": (1, 1), "pairs_of_a_transpose": (1, 1)}
+REAL_PAIRS = {"rope": (1, 1), "rope_cat": (2, 1), "pairs_then_pad": (1, 1), "pairs_of_a_transpose": (1, 1)}
 # bf16 gelu chains: gelu through eager's own output table (kernels/lut16.py): (lookups, tables, row-tile grid or
 # None) in the kernel. A last-dim cat whose inputs split on BLOCK but not on LUT_BLOCK multiples walks row tiles of
 # CAT_ROWS x BLOCK, each program inside one input (its branch per program: BRANCHES); the grid is (row programs,
