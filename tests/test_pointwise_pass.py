@@ -183,6 +183,19 @@ def test_a_single_op_eager_runs_vectorized_or_small_is_left_to_eager(fn, args):
     assert sites == []
 
 
+@pytest.mark.parametrize("shape, dtype, taken", [((1, 4096, 4096), bf16, True), ((1, 4096, 2048), bf16, False),
+                                                  ((1, 4096, 4096), f32, False)], ids=["large", "smaller", "fp32"])
+def test_a_very_large_lone_bf16_activation_is_looked_up(monkeypatch, shape, dtype, taken):
+    # eager's gelu-tanh arithmetic falls behind the H200's bandwidth on an MLP's activations; the kernel looks each
+    # value up in eager's own output table (CUDA only: there the tables are built; the test lets the CPU pass it)
+    from diffusion_fuse.fxpasses import pointwise
+
+    monkeypatch.setattr(pointwise, "LOOKUP_DEVICES", {"cuda", "cpu"})
+    fn = lambda x: F.gelu(x, approximate="tanh")  # noqa: E731
+    _, sites = pw.fuse(fn, torch.empty(shape, dtype=dtype))
+    assert [pw.site_ops(s) for s in sites] == ([["gelu"]] if taken else [])
+
+
 def test_ops_it_cannot_reproduce_stay_eager():
     def f(x, y):
         return (x.double() * 2).float() + y.pow(3) * 2  # fp64, pow 3: not reproduced

@@ -21,7 +21,9 @@ computed ops is left alone (nothing to save), unless its one op is large and one
 TensorIterator's strided loop (``lone_op_worth_fusing``): an operand broadcast or laid out
 unlike the output (SANA's bias adds after a ``mm`` on a transposed input), or a dtype
 conversion of a non-contiguous input (its q/k/v ``.float()``). Measured on the H200 at SANA's
-shapes, eager's loop runs those at a third of the copy bandwidth.
+shapes, eager's loop runs those at a third of the copy bandwidth. A bf16 activation of at least
+``LONE_LOOKUP_MIN_NUMEL`` elements (an MLP's gelu) is one too: its table lookup runs at the copy
+speed where eager's arithmetic falls behind it on the H200.
 
 A biased ``convolution`` on CUDA whose output only the group reads (directly or through views) is taken
 into the site (``absorb_conv_biases``): the site runs the convolution without its bias and the kernel adds
@@ -56,7 +58,7 @@ from ..kernels.pointwise import (
     VIEW_OPS,
     pad_fill,
 )
-from ..kernels.pointwise_ops import FLOAT_DTYPES, RECIPES
+from ..kernels.pointwise_ops import FLOAT_DTYPES, LUT16_OPS, RECIPES
 from ..lowering.pointwise import (
     PROGRAMS,
     SPEC,
@@ -151,11 +153,16 @@ def _classify_complex(n: fx.Node) -> str | None:
 
 
 LONE_OP_MIN_NUMEL = 1 << 16  # below this a lone op's kernel is launch-bound either way
+# A lone bf16 activation this large is looked up (kernels/lut16.py) rather than left to eager's arithmetic, which
+# the H200's bandwidth outruns: Wan2.2-TI2V-5B's MLP gelu-tanh ([1, 27280, 14336]) takes 15.4 ms for 30 calls
+# against an 11.1 ms floor (the profile view), where the lookup runs at 1.04x its floor (bench_pointwise.py)
+LONE_LOOKUP_MIN_NUMEL = 1 << 24
+LOOKUP_DEVICES = {"cuda"}  # where the lookup's tables are built (the interpreter on the CPU computes the recipe)
 
 
 def lone_op_worth_fusing(n: fx.Node) -> bool:
     """Whether one op alone is worth a generated kernel: large, and run by eager's strided (unvectorized) loop,
-    or a ``cat``/``stack`` of inputs that are not contiguous."""
+    a ``cat``/``stack`` of inputs that are not contiguous, or a very large bf16 activation (looked up)."""
     v = n.meta.get("val")
     if not isinstance(v, torch.Tensor) or not _static(v) or v.numel() < LONE_OP_MIN_NUMEL:
         return False
@@ -169,6 +176,9 @@ def lone_op_worth_fusing(n: fx.Node) -> bool:
         return any(not a.is_contiguous() for a in ins)
     if n.target in STRUCTURAL_OPS:
         return False
+    if (n.target in LUT16_OPS and v.numel() >= LONE_LOOKUP_MIN_NUMEL and v.device.type in LOOKUP_DEVICES
+            and v.dtype == torch.bfloat16 and all(a.dtype == torch.bfloat16 for a in ins)):
+        return True
     if any(_layout(a.expand(v.shape)) != _layout(v) for a in ins):
         return True  # broadcast, or laid out unlike the output
     return n.target is torch.ops.aten._to_copy.default and any(a.dtype != v.dtype and not a.is_contiguous()
