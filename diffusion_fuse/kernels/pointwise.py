@@ -577,7 +577,7 @@ class Generator(Emit):
             raise Unsupported(f"input dtype {spec.dtype}")
         return Val(self.tmp(f"{load}.to(tl.float32)" if spec.dtype != torch.float32 else load), spec.dtype)
 
-    def narrowed(self, mask: str, cond: str, on: Sequence[Lin], parity_split: bool = False) -> str:
+    def _narrowed(self, mask: str, cond: str, on: Sequence[Lin], parity_split: bool = False) -> str:
         """``mask & cond``, where ``cond`` tests the indices ``on``. Recorded for _paired: a mask the same on
         both lanes of a pair stays so under a test of such indices; ``parity_split`` (the test is of the lane's
         parity alone, and holds for one lane of each pair: a stack's or a size-2 cat's input) keeps the unnarrowed
@@ -586,7 +586,7 @@ class Generator(Emit):
         base = self._pair_mask.get(mask)
         if base is not None and new not in self._pair_mask:
             if all(_pair_invariant(i) for i in on):  # (a cat inside a stack's input: the same test of the base)
-                self._pair_mask[new] = new if base == mask else self.narrowed(base, cond, on)
+                self._pair_mask[new] = new if base == mask else self._narrowed(base, cond, on)
             elif parity_split and base == mask:
                 self._pair_mask[new] = mask
         return new
@@ -600,8 +600,8 @@ class Generator(Emit):
         # The flat kernel's lanes 2p and 2p + 1 hold one complex element's two components when the component is
         # f % 2 and the element's index moves with f // 2 only: each lane loads its own component, contiguous, and
         # takes the other from its neighbour (_swap_neighbours), as _paired does for RoPE's real form
-        pairs = (self.block_shape == "[BLOCK]" and self.block % 2 == 0 and q == Lin.of(Term("f", 1, 2))
-                 and all(t.var == "f" and t.div % 2 == 0 for i in at for t, _ in i.terms))
+        pairs = (self.block_shape == "[BLOCK]" and self.block % 2 == 0 and q == Lin.of(_PARITY)
+                 and all(_pair_invariant(i) for i in at))
         re, im = self.cvalue(n.args[0], at, mask, q if pairs else None)
         return Val(self.tmp(f"tl.where({self.index_code(q)} == 0, {re.code}, {im.code})"), torch.float32)
 
@@ -822,7 +822,7 @@ class Generator(Emit):
         if not conds:
             return self.value(x, inner, mask)
         inside = self.tmp(" & ".join(conds))
-        v = self.value(x, inner, self.narrowed(mask, inside, tested))
+        v = self.value(x, inner, self._narrowed(mask, inside, tested))
         return Val(self.tmp(f"tl.where({inside}, {v.code}, {fill!r})"), out.dtype)
 
     def _scatter(self, n: fx.Node, idx: list[Lin], mask: str) -> Val:
@@ -852,7 +852,7 @@ class Generator(Emit):
             return Val(v.code if v.dtype == out.dtype else self.tmp(round_code(v.code, out.dtype)), out.dtype)
         dc = self.index_code(d)
         inside = self.tmp(f"({dc} == {start})" if end == start + 1 else f"({dc} >= {start}) & ({dc} < {end})")
-        vs = self.value(src, inner, self.narrowed(mask, inside, [d]))
+        vs = self.value(src, inner, self._narrowed(mask, inside, [d]))
         vb = self.value(base, idx, mask)
         codes = [v.code if v.dtype == out.dtype else self.tmp(round_code(v.code, out.dtype)) for v in (vs, vb)]
         return Val(self.tmp(f"tl.where({inside}, {codes[0]}, {codes[1]})"), out.dtype)
@@ -875,7 +875,7 @@ class Generator(Emit):
             cond = (f"({dc} == {b_lo})" if b_hi == b_lo + 1 else
                     f"({dc} < {b_hi})" if b_lo == 0 else f"({dc} >= {b_lo}) & ({dc} < {b_hi})")
             # along a dim of size 2 indexed by the lane's parity each input holds one lane of every pair
-            v = self.value(x, xi, self.narrowed(mask, cond, [d], parity_split=d == Lin.of(_PARITY)))
+            v = self.value(x, xi, self._narrowed(mask, cond, [d], parity_split=d == Lin.of(_PARITY)))
             exact = v.dtype == out.dtype or out.dtype == torch.float32
             code = v.code if exact else self.tmp(round_code(v.code, out.dtype))
             vals.append((b_hi, code))
