@@ -62,8 +62,8 @@ def test_our_families_are_named_on_the_cpu(flux):
                 assert r.floor_ms is None and r.above_floor("diffusion_fuse") is None
             else:
                 assert r.floor_ms is not None and r.floor_ms > 0  # their calls' bytes, recorded by the scope
-    eager = report.row(EAGER)
-    assert eager is not None and eager.ms["eager"] > eager.ms["diffusion_fuse"]
+    eager = report.row(EAGER)  # fewer eager ops left (calls, not CPU times: those move with the machine's load)
+    assert eager is not None and eager.calls["eager"] > eager.calls["diffusion_fuse"]
 
 
 def test_eager_ops_left_are_listed_with_their_source_lines(flux):
