@@ -235,6 +235,20 @@ def test_erf_gelu_stays_eager_and_says_why():
     run(gm, f, args)
 
 
+@pytest.mark.parametrize("dtype, joins", [(bf16, True), (f32, False)], ids=["bf16", "fp32"])
+def test_erf_gelu_joins_a_group_where_the_kernel_looks_it_up(monkeypatch, dtype, joins):
+    # a bf16 table of eager's erf gelu is exact by construction (CUDA only: there the tables are built for the
+    # pass; the test lets the CPU pass it); fp32 has no table, and its recipe is not eager's
+    from diffusion_fuse.fxpasses import pointwise
+
+    monkeypatch.setattr(pointwise, "LOOKUP_DEVICES", {"cuda", "cpu"})
+    fn = lambda a, x: torch.cat([a, F.gelu(x)], 2)  # noqa: E731  (FLUX's single block with nn.GELU())
+    args = (rn(1, 8, 1024, dtype=dtype), rn(1, 8, 2048, dtype=dtype, seed=1) * 3)
+    gm, sites = pw.fuse(fn, *args)
+    assert [ops_of(s) for s in sites] == ([["gelu", "cat"]] if joins else [])
+    run(gm, fn, args)  # a lookup and copies: bitwise in the interpreter too
+
+
 def test_addcmul_joins_a_group_only_with_value_one():
     def f(x, g, y):  # a gated residual and a modulate spelled with addcmul; value 0.5 rounds alpha's product
         return torch.addcmul(x, g, y) * 2, torch.addcmul(x, g, y, value=0.5) + 1

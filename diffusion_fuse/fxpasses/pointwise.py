@@ -58,7 +58,7 @@ from ..kernels.pointwise import (
     VIEW_OPS,
     pad_fill,
 )
-from ..kernels.pointwise_ops import FLOAT_DTYPES, LUT16_OPS, RECIPES
+from ..kernels.pointwise_ops import FLOAT_DTYPES, LUT16_OPS, RECIPES, lookup_only
 from ..lowering.pointwise import (
     PROGRAMS,
     SPEC,
@@ -122,7 +122,7 @@ def classify(n: fx.Node) -> str | None:
     if t in STRUCTURAL_OPS:
         return "compute" if all(_tensor(a.meta.get("val")) for a in ins) and ins else None
     r = RECIPES.get(t)
-    if r is None or r.check(n):
+    if r is None or (r.check(n) and not _looked_up(n, v)):
         return None
     for i, a in enumerate(n.args):
         if isinstance(a, fx.Node) and not (t is _COPY and i == 0):  # copy's destination: its shape and dtype only
@@ -183,6 +183,13 @@ def lone_op_worth_fusing(n: fx.Node) -> bool:
         return True  # broadcast, or laid out unlike the output
     return n.target is torch.ops.aten._to_copy.default and any(a.dtype != v.dtype and not a.is_contiguous()
                                                               for a in ins)
+
+
+def _looked_up(n: fx.Node, v: torch.Tensor) -> bool:
+    """``n`` is exact as the generated kernel's table lookup only, and the kernel will look it up."""
+    a = n.args[0].meta.get("val") if isinstance(n.args[0], fx.Node) else None
+    return (lookup_only(n) and v.device.type in LOOKUP_DEVICES and v.dtype == torch.bfloat16
+            and isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16)
 
 
 def _static(t: torch.Tensor) -> bool:

@@ -66,6 +66,7 @@ from .pointwise_ops import (
     Val,
     Variants,
     complex_mul,
+    lookup_only,
     round_code,
     to_common,
 )
@@ -666,9 +667,8 @@ class Generator(Emit):
         a = n.args[0]
         if not isinstance(a, fx.Node) or self.meta(n).dtype != torch.bfloat16 or self.meta(a).dtype != torch.bfloat16:
             return False
-        if n.target is aten.gelu.default and n.kwargs.get("approximate", "none") != "tanh":
-            return False  # erf's gelu: exact as a table too (LUT16_OPS says), not grouped by the pass yet
-        return not RECIPES[n.target].check(n) and _table(self._lut16_key(n), n, self.device) is not None
+        exact = not RECIPES[n.target].check(n) or lookup_only(n)
+        return exact and _table(self._lut16_key(n), n, self.device) is not None
 
     def _lut16_key(self, n: fx.Node) -> tuple:
         return (str(n.target), tuple(map(repr, n.args[1:])), tuple(sorted(n.kwargs.items())), str(self.device))
@@ -903,6 +903,8 @@ class Generator(Emit):
                     self.block = LUT_BLOCK
                 else:
                     self.row_tiles = self._cat_row_tiles(outs, specs[0].shape)
+                    if not self.row_tiles and any(map(lookup_only, self.gm.graph.nodes)):
+                        self.block = LUT_BLOCK  # an op exact only as a lookup: no recipe branch
             self.bounds = {"f": numel}
             pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
             index_of = lambda shape: self.unravel(Lin.of(Term("f", 1, 0)), shape)  # noqa: E731

@@ -411,10 +411,14 @@ RECIPES: dict[object, Recipe] = {
 
 # Unary ops whose bf16 -> bf16 form the code generator looks up in eager's output table (kernels/lut16.py)
 # when Variants.lut16 is on and the kernel is flat: eager's op on all 65,536 bf16 patterns builds the table on
-# the kernel's device. gelu is here for its tanh form only: the code generator leaves erf's form out, which the
-# pass does not group yet (ERF_NOT_REPRODUCED), although a table of it would be exact by construction too.
+# the kernel's device. erf's gelu is exact only so (``lookup_only``): its recipe is ERF_NOT_REPRODUCED.
 LUT16_OPS = frozenset({aten.gelu.default, aten.silu.default, aten.sigmoid.default, aten.tanh.default,
                        aten.exp.default})
+
+
+def lookup_only(n: fx.Node) -> bool:
+    """``n``'s recipe is not exact, its bf16 -> bf16 table is: erf's gelu (nn.GELU()'s default form)."""
+    return n.target is aten.gelu.default and n.kwargs.get("approximate", "none") == "none"
 
 
 def recipe_operands(n: fx.Node, r: Recipe) -> Sequence[object]:

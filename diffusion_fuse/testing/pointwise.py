@@ -94,6 +94,10 @@ def gelu_cat(attn, mlp):  # FLUX single block: cat([attn, gelu(proj_mlp(x))]) fe
     return torch.cat([attn, torch.nn.functional.gelu(mlp, approximate="tanh")], dim=2)
 
 
+def gelu_erf_cat(attn, mlp):  # the same with nn.GELU()'s erf form: exact only as a table lookup
+    return torch.cat([attn, torch.nn.functional.gelu(mlp)], dim=2)
+
+
 def residual_split_cat(res, gate, y):  # single block output, split into txt/img, cat by the next block
     h = res + gate.unsqueeze(1) * y
     return torch.cat([h[:, :512], h[:, 512:]], dim=1)
@@ -207,13 +211,13 @@ def conv_glu(h, w, b):  # GLUMBConv: the depthwise 3x3 conv (bias), chunked in t
 CHAINS = ("flux_rope_single", "flux_rope_double", "flux_gated_residual", "flux_gelu_cat", "flux_residual_split_cat",
           "flux_gelu_clone", "swiglu", "wan_fp32_residual", "sana_query_relu", "sana_key_relu", "sana_value_float",
           "sana_attn_out", "sana_bias_add", "sana_conv_silu", "sana_conv_glu", "wan_rope", "sana_value_pad",
-          "qwen_rope_cat", "rope_into_slice", "sd35_value_cat", "split_rope")
+          "qwen_rope_cat", "rope_into_slice", "sd35_value_cat", "split_rope", "gelu_erf_cat")
 
 
 # Unary ops a bf16 table of eager's outputs can stand for (kernels/lut16.py): the lookup tests and the probe
 LUT16_UNARY = {
     "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
-    "gelu_erf": torch.nn.functional.gelu,  # exact as a table; not grouped by the pass yet
+    "gelu_erf": torch.nn.functional.gelu,  # exact as a table only (kernels/pointwise_ops.py lookup_only)
     "silu": torch.nn.functional.silu,
     "sigmoid": torch.sigmoid,
     "tanh": torch.tanh,
@@ -236,6 +240,7 @@ def chain(name: str, device="cuda", seed: int = 0):
         "flux_rope_double": (rope_double, (rn(1, 512, 24, 128), rn(1, 4096, 24, 128), cos, sin)),
         "flux_gated_residual": (gated_residual, (rn(1, 4096, 3072), rn(1, 3072), rn(1, 4096, 3072))),
         "flux_gelu_cat": (gelu_cat, (rn(1, 4608, 3072), rn(1, 4608, 12288))),
+        "gelu_erf_cat": (gelu_erf_cat, (rn(1, 4608, 3072), rn(1, 4608, 12288))),
         "flux_residual_split_cat": (residual_split_cat, (rn(1, 4608, 3072), rn(1, 3072), rn(1, 4608, 3072))),
         "flux_gelu_clone": (gelu_clone, (rn(1, 4096, 12288),)),
         "swiglu": (swiglu, (rn(1, 4096, 2 * 6144),)),

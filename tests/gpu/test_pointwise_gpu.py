@@ -129,8 +129,8 @@ for _op in LIBDEVICE_OPS:
     ALTERNATIVES.setdefault(_op, []).append(FTZ_ON)
 for _op in ("exp", "tanh", "sigmoid", "silu", "gelu_tanh"):  # LUT16_OPS
     ALTERNATIVES.setdefault(_op, []).append(NO_LUT)
-# Ops the pass leaves eager (kernels/pointwise_ops.py says why): measured, not asserted exact; the
-# test fails if one of the candidates turns out exact (then the recipe can be enabled).
+# Ops whose recipe is not eager's (kernels/pointwise_ops.py says why; the pass takes only their bf16 lookup):
+# the recipes are measured, not asserted exact; the test fails if one turns out exact (then it can be enabled).
 NOT_FUSED = {"gelu": "ERF_NOT_REPRODUCED"}
 
 
@@ -152,13 +152,17 @@ def test_each_op_is_bitwise_eager(op, dtype, monkeypatch):
     key = program_of(fn, *args)
     ref = fn(*args)
     variants = [DEFAULT_VARIANTS] + ALTERNATIVES.get(op, [])
+    if op in NOT_FUSED:  # the recipes without the lookup, which stands for them in bf16 (lookup_only)
+        variants += [dataclasses.replace(v, lut16=False) for v in variants if v.lut16]
     gots = {v: run_program(key, args, v)[0] for v in variants}
     res = {v: ndiff(ref, g) for v, g in gots.items()}
     _record(kind="op", op=op, dtype=str(dtype), ndiff={str(v): n for v, n in res.items()}, numel=ref.numel(),
             first_diffs={str(v): first_diffs(args, ref, g) for v, g in gots.items() if res[v]})
     if op in NOT_FUSED:
-        exact = [v for v, n in res.items() if n == 0]
+        exact = [v for v, n in res.items() if n == 0 and not (v.lut16 and dtype == bf16)]
         assert not exact, f"{op} {dtype}: {exact} reproduce eager: enable the recipe ({NOT_FUSED[op]})"
+        if dtype == bf16:  # the lookup of eager's own outputs
+            assert res[DEFAULT_VARIANTS] == 0, f"{op} {dtype}: {res} {RESULTS[-1]['first_diffs']}"
         return
     assert res[DEFAULT_VARIANTS] == 0, f"{op} {dtype}: {res} {RESULTS[-1]['first_diffs']}"
     # bf16 LUT16_OPS run as a table lookup by default: the recipe, which runs where no table fits or in a tiled
@@ -311,6 +315,26 @@ def test_conv_bias_in_the_kernel_through_the_verifier(layout):
     assert "convolution" in site.before
     if layout == "channels_last":  # cuDNN: convolution, then output.add_(bias), as the kernel does
         assert site.status == "kept", site.reason
+
+
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_a_very_large_lone_gelu_is_looked_up_through_the_verifier(approximate):
+    # an MLP's activation alone (fxpasses/pointwise.py LONE_LOOKUP_MIN_NUMEL): a table lookup of eager's outputs
+    import diffusion_fuse
+    from diffusion_fuse.fxpasses.pointwise import LONE_LOOKUP_MIN_NUMEL
+
+    x = torch.randn(1, LONE_LOOKUP_MIN_NUMEL // 4096, 4096, device="cuda", dtype=bf16) * 3
+    x.view(-1)[:4] = torch.tensor([float("inf"), -float("inf"), float("nan"), -0.0])
+    fn = lambda x: F.gelu(x, approximate=approximate)  # noqa: E731
+    report = diffusion_fuse.Report()
+    compiled = torch.compile(fn, backend=diffusion_fuse.DiffusionFuseBackend(None, report))
+    ref, got = fn(x), compiled(x)
+    (site,) = report.sites()
+    _record(kind="lone", op=f"gelu {approximate}", site=site.status, ndiff={"default": ndiff(ref, got)},
+            numel=ref.numel(), reason=site.reason)
+    assert ndiff(ref, got) == 0
+    assert site.status == "kept", site.reason
+    assert ndiff(fn(x), compiled(x)) == 0  # the verified graph alone
 
 
 def test_cuda_graph_capture_and_replay_after_input_mutation():
