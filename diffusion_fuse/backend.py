@@ -30,7 +30,7 @@ from . import config, families
 from .config import Options
 from .cudagraphs import with_cuda_graphs
 from .log import error_message, get_logger
-from .lowering import faults
+from .lowering import faults, precompile
 from .patterns.registry import REGISTRY
 from .pipeline import prepare
 from .subclass_params import flatten_subclass_params
@@ -97,6 +97,9 @@ class DiffusionFuseBackend:
     # --- lossless ------------------------------------------------------------------------
     def _lossless(self, gm: fx.GraphModule, example_inputs: Sequence[Any]):
         options, report = self.options, self.report
+        if options.verify and any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs) \
+                and precompile.available():
+            precompile.start()  # the compile workers import torch and Triton while AOTAutograd and the passes run
 
         try:
             flat = flatten_subclass_params(gm, example_inputs) if not torch.is_grad_enabled() else None

@@ -32,7 +32,7 @@ import torch
 
 from ..kernels.optional_triton import HAVE_TRITON, MISSING_REASON
 from ..log import error_message, get_logger
-from . import counters, faults, profiling
+from . import counters, faults, precompile, profiling
 
 _log = get_logger("lowering")
 
@@ -155,6 +155,12 @@ class GuardedKernel:
     def __call__(self, *args: Any) -> Any:
         if profiling.autograd_profiler._is_profiler_enabled and profiling.unnamed():  # name the call in the trace
             return profiling.named_call(self, args)
+        if precompile.collecting():  # the verifier's dry run: launches that would compile record it; nothing counted
+            reason, launch = self._entry(args)
+            if launch is None:
+                return self.reference(*args)
+            with precompile.launching():
+                return launch(self.bind(args))
         fault = faults.active(self.op)  # None unless a fault is injected (lowering/faults.py)
         if fault is not None:
             return self._call_with_fault(fault, args)

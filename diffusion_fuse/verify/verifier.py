@@ -41,6 +41,7 @@ import torch.fx as fx
 
 from ..config import Options
 from ..log import artifact_logger, current_compile_id, error_message, get_logger, in_compile, trace_artifact
+from ..lowering import precompile
 from ..lowering.dispatch import capturing
 from . import warm_start
 from .agree import Agreement
@@ -141,6 +142,33 @@ def run_with_site_checks(
             release(inp)
         release(node)
     return result, verdicts
+
+
+def dry_run(gm: fx.GraphModule, checks: Sequence[SiteCheck]) -> None:
+    """Run each site's replacement once on stand-ins for its inputs (zeros of the reference values' dtypes,
+    shapes, strides and storage offsets, which decide a kernel's specialization): what ``precompile.compile_while``
+    watches to learn which kernels the checks will launch. A site whose inputs have no static layout is left out."""
+    by_name = {n.name: n for n in gm.graph.nodes}
+    for c in checks:
+        try:
+            ins = [stand_in(by_name[x].meta.get("val")) for x in c.inputs]
+            with torch.no_grad():
+                c.replacement(*ins)
+        except Exception as e:  # noqa: BLE001 - the real check judges this site; its kernels compile there
+            _log.debug("dry run: site %s left out: %s: %s", c.id, type(e).__name__, e)
+
+
+def stand_in(v: Any) -> Any:
+    """A zero tensor laid out as ``v`` (a fake or real tensor), or ``v`` itself when it is not a tensor."""
+    if not isinstance(v, torch.Tensor):
+        if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
+            raise ValueError("a symbolic value")
+        return v
+    shape, stride, offset = tuple(v.shape), tuple(v.stride()), v.storage_offset()
+    if not all(isinstance(d, int) for d in (*shape, *stride, offset)):
+        raise ValueError("a symbolic layout")
+    extent = offset + 1 + sum((d - 1) * s for d, s in zip(shape, stride)) if all(shape) else 0
+    return torch.zeros(extent, dtype=v.dtype, device=v.device).as_strided(shape, stride, offset)
 
 
 def returned_storage(gm: fx.GraphModule) -> set[str]:
@@ -329,6 +357,13 @@ class VerifiedGraph:
         timed = _timings.isEnabledFor(logging.DEBUG)
         start = time.perf_counter()
         live = [c for cid, c in self.checks.items() if cid not in self.rejected]
+        if precompile.available() and any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+            # each kernel's first launch below would compile it, one after another: compile them in parallel first
+            done = precompile.compile_while(lambda: dry_run(self.ref, live))
+            if timed:
+                _timings.debug("graph %d: kernels compiled ahead: %s, %.4f s", self.greport.graph_id, done,
+                               time.perf_counter() - start)
+                start = time.perf_counter()
         snapshot = {i: args[i].clone() for i in self._mutated}
         ref_args = list(args)
         for i, t in snapshot.items():

@@ -33,7 +33,9 @@ from ..log import get_logger
 
 _log = get_logger("verify")
 _PACKAGE = Path(__file__).resolve().parents[1]
-_ENV_SKIP = {"DIFFUSION_FUSE_CACHE_DIR", "DIFFUSION_FUSE_DUMP_DIR", "DIFFUSION_FUSE_LOG"}
+# where things go, and how many processes compile: no verdict depends on them
+_ENV_SKIP = {"DIFFUSION_FUSE_CACHE_DIR", "DIFFUSION_FUSE_DUMP_DIR", "DIFFUSION_FUSE_LOG",
+             "DIFFUSION_FUSE_COMPILE_WORKERS"}
 
 
 @functools.lru_cache(maxsize=1)

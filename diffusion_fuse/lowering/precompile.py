@@ -1,0 +1,328 @@
+"""Compile a first call's Triton kernels in worker processes, ahead of their launches.
+
+A kernel's first launch compiles it (Triton's MLIR passes, ptxas, then its launcher's C module): 0.05 to 1.5 s a
+kernel, holding the GIL, so threads do not overlap them. SANA-1.6B's first call launches 19 kernels this way.
+
+``compile_while(fn)`` runs ``fn`` with each launch inside ``launching()`` of a kernel that has no binary yet
+skipped: Triton's ``jit_cache_hook`` records the kernel's specialization data instead of compiling it, and a pool of
+worker processes (``python -m diffusion_fuse.lowering.precompile``, started by ``start()`` while AOTAutograd and the
+passes run) compiles it meanwhile, kernel and launcher, into Triton's on-disk cache; the real launches that follow
+find their binaries there. The verifier runs its site replacements so, on stand-in inputs (verify/verifier.py). Launches
+outside ``launching()`` compile as usual: a plan's probe (kernels/mean_square.py's order search) compares a
+kernel's output with eager's, so it must run for real.
+
+Nothing here decides a result. A kernel the pool did not compile, or compiled under another key, compiles at its
+launch as it would without this; a worker that fails is logged and left out. ``DIFFUSION_FUSE_COMPILE_WORKERS``
+sets the pool's size (0: no pool).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import pickle
+import queue
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ..log import get_logger
+
+_log = get_logger("lowering")
+WORKERS_ENV = "DIFFUSION_FUSE_COMPILE_WORKERS"
+_FRAME = struct.Struct("<Q")
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileJob:
+    """One kernel specialization, as Triton's ``jit_cache_hook`` describes it, and where its function lives."""
+
+    module: str  # the function's module (a generated kernel's is not importable by name: ``path`` is)
+    path: str
+    name: str
+    specialization: str  # Triton's serialized specialization data (JSON)
+    target: Any  # triton.backends.compiler.GPUTarget
+
+
+def workers() -> int:
+    try:
+        n = int(os.environ.get(WORKERS_ENV, ""))
+    except ValueError:
+        n = min(8, max(1, (os.cpu_count() or 2) // 2))
+    return max(0, n)
+
+
+def available() -> bool:
+    """Whether kernels compile at launch here: Triton compiling for a GPU (not its interpreter), a pool allowed."""
+    if workers() == 0 or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return False
+    try:
+        import torch
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+# --- collecting -----------------------------------------------------------------------------------------
+_state = threading.local()
+_hook_lock = threading.Lock()
+_hook_installed = False
+_previous_hook: Callable[..., Any] | None = None
+
+
+def collecting() -> bool:
+    """Whether this thread runs inside ``collect`` (dispatch then launches without counting or faults)."""
+    return getattr(_state, "sink", None) is not None
+
+
+@contextlib.contextmanager
+def launching() -> Iterator[None]:
+    """Around a kernel's own launch: while ``collect`` runs, a launch here that would compile is skipped."""
+    _state.depth = getattr(_state, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _state.depth -= 1
+
+
+def _hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled):  # noqa: A002 - Triton's keywords
+    sink = getattr(_state, "sink", None)
+    if sink is None or not getattr(_state, "depth", 0):
+        if _previous_hook is not None:
+            return _previous_hook(key=key, repr=repr, fn=fn, compile=compile, is_manual_warmup=is_manual_warmup,
+                                  already_compiled=already_compiled)
+        return None
+    jf = fn.jit_function
+    job = CompileJob(fn.module, inspect.getsourcefile(jf.fn) or "", fn.name, compile["specialization_data"],
+                     jf.device_caches[compile["device"]][2])
+    if (job.path, job.name, job.specialization) not in _state.seen:
+        _state.seen.add((job.path, job.name, job.specialization))
+        sink(job)
+    return True  # skipped: no compile, no launch
+
+
+def _install_hook() -> None:
+    global _hook_installed, _previous_hook
+    with _hook_lock:
+        if _hook_installed:
+            return
+        from triton import knobs
+
+        _previous_hook = knobs.runtime.jit_cache_hook
+        knobs.runtime.jit_cache_hook = _hook
+        _hook_installed = True
+
+
+def collect(fn: Callable[[], Any], sink: Callable[[CompileJob], None] | None = None) -> list[CompileJob]:
+    """The kernels ``fn`` would compile at launches inside ``launching()``, each once, also handed to ``sink`` as
+    they are found; ``fn``'s errors are logged and end the collection (its results are never used)."""
+    _install_hook()
+    jobs: list[CompileJob] = []
+
+    def record(job: CompileJob) -> None:
+        jobs.append(job)
+        if sink is not None:
+            sink(job)
+
+    _state.sink, _state.seen = record, set()
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - a dry run only finds kernels to compile
+        _log.debug("precompile: the dry run stopped at %s: %s", type(e).__name__, e)
+    finally:
+        _state.sink = _state.seen = None
+    return jobs
+
+
+def compile_while(fn: Callable[[], Any]) -> dict[str, Any]:
+    """``collect(fn)`` with each job compiled in the pool as soon as it is found; returns when all are done, with
+    counts and seconds (the verifier's timings log them)."""
+    began = time.perf_counter()
+    compiler = _Compiler()
+    collect(fn, compiler.submit)
+    return compiler.finish(began)
+
+
+def compile_ahead(jobs: list[CompileJob]) -> dict[str, Any]:
+    """Compile ``jobs`` in the pool; returns as ``compile_while`` does."""
+    began = time.perf_counter()
+    compiler = _Compiler()
+    for j in jobs:
+        compiler.submit(j)
+    return compiler.finish(began)
+
+
+# --- the pool ---------------------------------------------------------------------------------------------
+class _Worker:
+    def __init__(self) -> None:
+        # the same interpreter and import path; stdout carries the replies (the worker sends its prints to stderr)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self.proc = subprocess.Popen([sys.executable, "-m", "diffusion_fuse.lowering.precompile"], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+    def ask(self, job: CompileJob) -> str:
+        """'' once ``job`` is compiled, else why not."""
+        _send(self.proc.stdin, job)
+        return _receive(self.proc.stdout)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()  # the worker reads the end of its input and exits
+
+
+_pool: list[_Worker] = []
+_pool_lock = threading.Lock()
+
+
+def start() -> None:
+    """Start the pool's workers (they import torch and Triton while the caller goes on); once per process."""
+    if workers() == 0:
+        return
+    with _pool_lock:
+        if _pool:
+            return
+        try:
+            _pool.extend(_Worker() for _ in range(workers()))
+        except OSError as e:
+            _log.warning("precompile: no worker started (%s); kernels compile at their launches", e)
+        atexit.register(_close_pool)
+
+
+def _close_pool() -> None:
+    with _pool_lock:
+        for w in _pool:
+            w.close()
+        _pool.clear()
+
+
+class _Compiler:
+    """One thread per worker, each sending it a job and waiting for its answer, fed until ``finish``."""
+
+    def __init__(self) -> None:
+        start()
+        with _pool_lock:
+            pool = list(_pool)
+        self.todo: queue.SimpleQueue[CompileJob | None] = queue.SimpleQueue()
+        self.done = {"jobs": 0, "compiled": 0, "failed": 0}
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._serve, args=(w,), daemon=True) for w in pool]
+        for t in self.threads:
+            t.start()
+
+    def submit(self, job: CompileJob) -> None:
+        with self.lock:
+            self.done["jobs"] += 1
+        if self.threads:
+            self.todo.put(job)
+
+    def finish(self, began: float) -> dict[str, Any]:
+        for _ in self.threads:
+            self.todo.put(None)
+        for t in self.threads:
+            t.join()
+        return {**self.done, "seconds": round(time.perf_counter() - began, 3)}
+
+    def _serve(self, w: _Worker) -> None:
+        while (job := self.todo.get()) is not None:
+            try:
+                why = w.ask(job)
+            except (OSError, EOFError, pickle.UnpicklingError) as e:
+                why = f"worker lost: {e}"
+                with _pool_lock:
+                    if w in _pool:
+                        _pool.remove(w)
+            with self.lock:
+                self.done["failed" if why else "compiled"] += 1
+            if why:
+                _log.debug("precompile: %s.%s not compiled ahead: %s", job.module, job.name, why)
+                if why.startswith("worker lost"):
+                    return  # the other threads take the rest
+
+
+def _send(stream, obj: Any) -> None:
+    data = pickle.dumps(obj)
+    stream.write(_FRAME.pack(len(data)) + data)
+    stream.flush()
+
+
+def _receive(stream) -> Any:
+    head = stream.read(_FRAME.size)
+    if len(head) < _FRAME.size:
+        raise EOFError("the worker closed its output")
+    (n,) = _FRAME.unpack(head)
+    return pickle.loads(stream.read(n))
+
+
+# --- in the worker ----------------------------------------------------------------------------------------
+def compile_job(job: CompileJob) -> None:
+    """Compile ``job`` as Triton's JIT would at the launch (``JITFunction.preload``'s reading of the data),
+    for its target, without a GPU: the binary lands in Triton's cache under the key the launch computes."""
+    import triton.language as tl
+    from triton.compiler import ASTSource, make_backend
+    from triton.compiler import compile as triton_compile
+
+    module = sys.modules.get(job.module)
+    if module is None:
+        try:
+            module = importlib.import_module(job.module)
+        except ImportError:  # a generated kernel: its file
+            spec = importlib.util.spec_from_file_location(job.module, job.path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            sys.modules[job.module] = module
+    jf = getattr(module, job.name)
+    d = json.loads(job.specialization)
+    constexprs = {
+        tuple(k): tl.dtype(v) if tl.dtype.is_dtype(v) else
+        tl.constexpr(v["constexpr"]) if isinstance(v, dict) and "constexpr" in v else v
+        for k, v in zip(d["constant_keys"], d["constant_vals"])}
+    attrs = dict(zip(map(tuple, d["attrs_keys"]), d["attrs_vals"]))
+    signature = {k: tuple(v) if isinstance(v, list) else v for k, v in d["signature"].items()}
+    options = {k: tuple(v) if isinstance(v, list) else v for k, v in d["options"].items()}
+    options = make_backend(job.target).parse_options(options)
+    kernel = triton_compile(ASTSource(jf, signature, constexprs, attrs), target=job.target, options=options.__dict__)
+    try:  # its launcher too: a C module per signature, compiled into the same cache (CompiledKernel._init_handles)
+        from triton.runtime.driver import driver
+
+        driver.active.launcher_cls(kernel.src, kernel.metadata)
+    except Exception:  # noqa: BLE001 - no driver here (a machine without the GPU's libraries): the launch builds it
+        pass
+
+
+def _serve() -> None:
+    out = sys.stdout.buffer
+    sys.stdout = sys.stderr  # a print while importing or compiling must not reach the replies
+    import triton.compiler  # noqa: F401 - imported before the first job, while the parent traces
+
+    import diffusion_fuse.kernels  # noqa: F401
+
+    with contextlib.suppress(Exception):  # the driver's own C module, built once into the cache
+        from triton.runtime.driver import driver
+
+        driver.active.utils  # noqa: B018 - building it is the point; no device context is made
+    while True:
+        try:
+            job = _receive(sys.stdin.buffer)
+        except EOFError:
+            return
+        try:
+            compile_job(job)
+            why = ""
+        except Exception as e:  # noqa: BLE001 - reported to the parent, which compiles it at the launch
+            why = f"{type(e).__name__}: {e}"
+        _send(out, why)
+
+
+if __name__ == "__main__":
+    _serve()

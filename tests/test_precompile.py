@@ -1,0 +1,89 @@
+"""kernels/precompile.py on the CPU: a worker compiles a kernel for the H200 (sm_90) into Triton's cache under the
+key the launch computes, and the collector records only launches inside ``launching()``. The dry run on real
+launches, and its cache hits, are tested on the GPU (tests/gpu/test_precompile_gpu.py)."""
+
+import os
+import types
+
+import pytest
+
+triton = pytest.importorskip("triton")
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource, make_backend  # noqa: E402
+from triton.runtime.jit import serialize_specialization_data  # noqa: E402
+
+from diffusion_fuse.kernels.launch import EAGER_NUMERICS  # noqa: E402
+from diffusion_fuse.kernels.lut16 import _lut16_kernel  # noqa: E402
+from diffusion_fuse.lowering import precompile  # noqa: E402
+
+SM90 = GPUTarget("cuda", 90, 32)
+
+
+def lut16_specialization():
+    """What Triton's JIT hands its compile for a launch of the lut16 kernel on aligned bf16 tensors."""
+    k = _lut16_kernel
+    const = {"LO": 100, "SPAN": 64, "SPECIAL": 0, "TABLE": 256, "BLOCK": 1024}
+    sig = {n: ("constexpr" if n in const else {"X": "*bf16", "O": "*bf16", "LUT": "*i32", "n": "i32"}[n])
+           for n in k.arg_names}
+    constexprs = {(k.arg_names.index(n),): v for n, v in const.items()}
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(3)}
+    options = make_backend(SM90).parse_options({"num_warps": 4, **EAGER_NUMERICS})
+    return sig, constexprs, attrs, options
+
+
+def cache_entries(root: str) -> set[str]:
+    return set(os.listdir(root)) if os.path.isdir(root) else set()
+
+
+def test_a_worker_fills_the_cache_the_launch_reads(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(precompile.WORKERS_ENV, "1")
+    sig, constexprs, attrs, options = lut16_specialization()
+    job = precompile.CompileJob(_lut16_kernel.__module__, _lut16_kernel.fn.__code__.co_filename, "_lut16_kernel",
+                                serialize_specialization_data("_lut16_kernel", sig, constexprs, attrs, options, "k"),
+                                SM90)
+    try:
+        done = precompile.compile_ahead([job])
+    finally:
+        precompile._close_pool()
+    assert done["compiled"] == 1, done
+    filled = cache_entries(str(tmp_path))
+    assert filled
+    # the JIT's own compile of the same launch (JITFunction._do_compile) finds the binary: no new cache entry
+    triton.compile(ASTSource(_lut16_kernel, sig, constexprs, attrs), target=SM90, options=options.__dict__)
+    assert cache_entries(str(tmp_path)) == filled
+
+
+def test_a_job_that_fails_is_reported_and_left_to_the_launch(monkeypatch):
+    monkeypatch.setenv(precompile.WORKERS_ENV, "1")
+    job = precompile.CompileJob("no_such_module_here", "/nonexistent.py", "k", "{}", SM90)
+    try:
+        done = precompile.compile_ahead([job])
+    finally:
+        precompile._close_pool()
+    assert (done["compiled"], done["failed"]) == (0, 1)
+
+
+def test_only_launches_inside_launching_are_recorded_and_skipped():
+    fake_jit = types.SimpleNamespace(device_caches={0: (None, None, SM90, None, None)}, fn=lut16_specialization)
+    info = types.SimpleNamespace(module=__name__, name="k", jit_function=fake_jit)
+
+    def launch(spec: str):
+        return precompile._hook(key=spec, repr="", fn=info, compile={"device": 0, "specialization_data": spec},
+                                is_manual_warmup=False, already_compiled=False)
+
+    skipped = []
+
+    def dry_run():
+        assert precompile.collecting()  # what dispatch asks before launching inside launching()
+        skipped.append(launch("probe"))  # a plan's probe: compiled and run for real
+        with precompile.launching():
+            skipped.append(launch("a"))
+            skipped.append(launch("a"))  # the same specialization again: one job
+            skipped.append(launch("b"))
+
+    jobs = precompile.collect(dry_run)
+    assert skipped == [None, True, True, True]
+    assert [j.specialization for j in jobs] == ["a", "b"]
+    assert jobs[0].target == SM90 and jobs[0].path == __file__
+    assert launch("a") is None and not precompile.collecting()  # after the collection: launches compile as usual
