@@ -35,33 +35,24 @@ def cache_entries(root: str) -> set[str]:
     return set(os.listdir(root)) if os.path.isdir(root) else set()
 
 
-def test_a_worker_fills_the_cache_the_launch_reads(tmp_path, monkeypatch):
+def test_a_worker_fills_the_cache_the_launch_reads_and_a_failing_job_is_left_to_it(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv(precompile.WORKERS_ENV, "1")
     sig, constexprs, attrs, options = lut16_specialization()
     job = precompile.CompileJob(_lut16_kernel.__module__, _lut16_kernel.fn.__code__.co_filename, "_lut16_kernel",
                                 serialize_specialization_data("_lut16_kernel", sig, constexprs, attrs, options, "k"),
                                 SM90)
+    broken = precompile.CompileJob("no_such_module_here", "/nonexistent.py", "k", "{}", SM90)
     try:
-        done = precompile.compile_ahead([job])
+        done = precompile.compile_ahead([broken, job])
     finally:
         precompile._close_pool()
-    assert done["compiled"] == 1, done
+    assert (done["jobs"], done["compiled"], done["failed"]) == (2, 1, 1), done
     filled = cache_entries(str(tmp_path))
     assert filled
     # the JIT's own compile of the same launch (JITFunction._do_compile) finds the binary: no new cache entry
     triton.compile(ASTSource(_lut16_kernel, sig, constexprs, attrs), target=SM90, options=options.__dict__)
     assert cache_entries(str(tmp_path)) == filled
-
-
-def test_a_job_that_fails_is_reported_and_left_to_the_launch(monkeypatch):
-    monkeypatch.setenv(precompile.WORKERS_ENV, "1")
-    job = precompile.CompileJob("no_such_module_here", "/nonexistent.py", "k", "{}", SM90)
-    try:
-        done = precompile.compile_ahead([job])
-    finally:
-        precompile._close_pool()
-    assert (done["compiled"], done["failed"]) == (0, 1)
 
 
 def test_only_launches_inside_launching_are_recorded_and_skipped():

@@ -4,9 +4,10 @@ Per model and dtype: the compiled output equals eager's bit for bit, every site 
 verifier, and no pass or matcher failed (no error in the report's near misses or notes). Models Dynamo cannot take
 whole (``ZooModel.fullgraph`` False) compile with graph breaks; every other model compiles with ``fullgraph=True``.
 
-Default run: every model in fp32, and in bf16 one model per norm form (``norm_form``: the classes of its norm
-modules and whether it keeps modules in fp32, where bf16's casts differ from fp32's; the first model of each form in
-zoo order). ``DIFFUSION_FUSE_ZOO_FULL=1`` runs every model in both dtypes.
+Default run: every model in fp32, and in bf16 one model per norm form (``norm_form``: the shared norm classes it
+uses, whether it has one of its own, and whether it keeps modules in fp32, where bf16's casts differ from fp32's; the
+first model of each form in zoo order). The GPU zoo (tests/gpu/test_zoo_gpu.py) runs bf16 on every model;
+``DIFFUSION_FUSE_ZOO_FULL=1`` runs every model in both dtypes here.
 
 The cases run in one worker process per core (compiling is single-threaded Python; CI has two cores), started once
 for the selected cases; each test asserts on its own case's result.
@@ -38,8 +39,14 @@ XFAIL = {
 }
 
 
+# norm classes shared across models; a model's own classes (e.g. CogView4AdaLayerNormZero) wrap these
+SHARED_NORMS = {"LayerNorm", "RMSNorm", "FP32LayerNorm", "GroupNorm", "AdaLayerNorm", "AdaLayerNormZero",
+                "AdaLayerNormZeroSingle", "AdaLayerNormContinuous", "AdaLayerNormSingle"}
+
+
 def norm_form(name: str) -> tuple:
-    """The classes of the model's norm modules (those with "Norm" in their name) and whether it keeps modules in fp32.
+    """The shared norm classes among the model's norm modules (those with "Norm" in their name), whether it has a
+    norm class of its own, and whether it keeps modules in fp32.
 
     A model whose build raises is a form of its own (its test reports the error)."""
     entry = ZOO[name]
@@ -49,8 +56,9 @@ def norm_form(name: str) -> tuple:
             model, _ = entry.build(torch.float32)
     except Exception:  # noqa: BLE001 - the case itself raises and says why
         return ("build raised", name)
-    norms = tuple(sorted({type(m).__name__ for m in model.modules() if "norm" in type(m).__name__.lower()}))
-    return norms, bool(getattr(entry.cls, "_keep_in_fp32_modules", None))
+    norms = {type(m).__name__ for m in model.modules() if "norm" in type(m).__name__.lower()}
+    return (tuple(sorted(norms & SHARED_NORMS)), bool(norms - SHARED_NORMS),
+            bool(getattr(entry.cls, "_keep_in_fp32_modules", None)))
 
 
 def cases() -> list:
