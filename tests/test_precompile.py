@@ -3,6 +3,7 @@ key the launch computes, and the collector records only launches inside ``launch
 launches, and its cache hits, are tested on the GPU (tests/gpu/test_precompile_gpu.py)."""
 
 import os
+import time
 import types
 
 import pytest
@@ -43,8 +44,15 @@ def test_a_worker_fills_the_cache_the_launch_reads_and_a_failing_job_is_left_to_
                                 serialize_specialization_data("_lut16_kernel", sig, constexprs, attrs, options, "k"),
                                 SM90)
     broken = precompile.CompileJob("no_such_module_here", "/nonexistent.py", "k", "{}", SM90)
+    monkeypatch.setattr(precompile, "IDLE_CLOSE_S", 0.2)
     try:
         done = precompile.compile_ahead([broken, job])
+        workers = list(precompile._pool)
+        deadline = time.monotonic() + 30
+        while precompile._pool and time.monotonic() < deadline:  # unused, the pool goes (its memory with it)
+            time.sleep(0.05)
+        assert not precompile._pool
+        assert all(w.proc.wait(timeout=30) == 0 for w in workers)
     finally:
         precompile._close_pool()
     assert (done["jobs"], done["compiled"], done["failed"]) == (2, 1, 1), done

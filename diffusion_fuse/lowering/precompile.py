@@ -5,11 +5,14 @@ kernel, holding the GIL, so threads do not overlap them. SANA-1.6B's first call 
 
 ``compile_while(fn)`` runs ``fn`` with each launch inside ``launching()`` of a kernel that has no binary yet
 skipped: Triton's ``jit_cache_hook`` records the kernel's specialization data instead of compiling it, and a pool of
-worker processes (``python -m diffusion_fuse.lowering.precompile``, started by ``start()`` while AOTAutograd and the
-passes run) compiles it meanwhile, kernel and launcher, into Triton's on-disk cache; the real launches that follow
-find their binaries there. The verifier runs its site replacements so, on stand-in inputs (verify/verifier.py). Launches
-outside ``launching()`` compile as usual: a plan's probe (kernels/mean_square.py's order search) compares a
-kernel's output with eager's, so it must run for real.
+worker processes compiles it meanwhile, kernel and launcher, into Triton's on-disk cache, where the real launches
+that follow find their binaries. The verifier runs its site replacements so, on stand-in inputs
+(verify/verifier.py). Launches outside ``launching()`` compile as usual: a plan's probe (kernels/mean_square.py's
+order search) compares a kernel's output with eager's, so it must run for real.
+
+The workers (``serve``) start with ``start()``, which the backend calls so that they import torch while AOTAutograd
+and the passes run. Each holds an imported torch (about 0.4 GB), so the pool closes once unused for
+``IDLE_CLOSE_S``.
 
 Nothing here decides a result. A kernel the pool did not compile, or compiled under another key, compiles at its
 launch as it would without this; a worker that fails is logged and left out. ``DIFFUSION_FUSE_COMPILE_WORKERS``
@@ -164,11 +167,14 @@ def compile_ahead(jobs: list[CompileJob]) -> dict[str, Any]:
 
 
 # --- the pool ---------------------------------------------------------------------------------------------
+_WORKER_MAIN = "from diffusion_fuse.lowering.precompile import serve; serve()"
+
+
 class _Worker:
     def __init__(self) -> None:
         # the same interpreter and import path; stdout carries the replies (the worker sends its prints to stderr)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "diffusion_fuse.lowering.precompile"], env=env,
+        self.proc = subprocess.Popen([sys.executable, "-c", _WORKER_MAIN], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
 
     def ask(self, job: CompileJob) -> str:
@@ -183,36 +189,55 @@ class _Worker:
 
 _pool: list[_Worker] = []
 _pool_lock = threading.Lock()
+_in_use = 0  # compilers running
+_idle_timer: threading.Timer | None = None
+IDLE_CLOSE_S = 120.0  # each worker holds an imported torch (hundreds of MB): the pool goes when unused this long
 
 
 def start() -> None:
-    """Start the pool's workers (they import torch and Triton while the caller goes on); once per process."""
+    """Start the pool's workers (they import torch and Triton while the caller goes on), unless they run."""
     if workers() == 0:
         return
     with _pool_lock:
-        if _pool:
-            return
-        try:
-            _pool.extend(_Worker() for _ in range(workers()))
-        except OSError as e:
-            _log.warning("precompile: no worker started (%s); kernels compile at their launches", e)
-        atexit.register(_close_pool)
+        if not _pool:
+            try:
+                _pool.extend(_Worker() for _ in range(workers()))
+            except OSError as e:
+                _log.warning("precompile: no worker started (%s); kernels compile at their launches", e)
+        _close_when_idle()
 
 
-def _close_pool() -> None:
+def _close_when_idle() -> None:
+    """(Re)arm the idle timer; with ``_pool_lock`` held."""
+    global _idle_timer
+    if _idle_timer is not None:
+        _idle_timer.cancel()
+    _idle_timer = threading.Timer(IDLE_CLOSE_S, _close_pool, kwargs={"only_idle": True})
+    _idle_timer.daemon = True
+    _idle_timer.start()
+
+
+def _close_pool(only_idle: bool = False) -> None:
     with _pool_lock:
+        if only_idle and _in_use:
+            return
         for w in _pool:
             w.close()
         _pool.clear()
+
+
+atexit.register(_close_pool)
 
 
 class _Compiler:
     """One thread per worker, each sending it a job and waiting for its answer, fed until ``finish``."""
 
     def __init__(self) -> None:
+        global _in_use
         start()
         with _pool_lock:
             pool = list(_pool)
+            _in_use += 1
         self.todo: queue.SimpleQueue[CompileJob | None] = queue.SimpleQueue()
         self.done = {"jobs": 0, "compiled": 0, "failed": 0}
         self.lock = threading.Lock()
@@ -231,6 +256,10 @@ class _Compiler:
             self.todo.put(None)
         for t in self.threads:
             t.join()
+        global _in_use
+        with _pool_lock:
+            _in_use -= 1
+            _close_when_idle()
         return {**self.done, "seconds": round(time.perf_counter() - began, 3)}
 
     def _serve(self, w: _Worker) -> None:
@@ -300,7 +329,8 @@ def compile_job(job: CompileJob) -> None:
         pass
 
 
-def _serve() -> None:
+def serve() -> None:
+    """A worker's loop: read a job, compile it, answer '' or why not; until the parent closes its input."""
     out = sys.stdout.buffer
     sys.stdout = sys.stderr  # a print while importing or compiling must not reach the replies
     import triton.compiler  # noqa: F401 - imported before the first job, while the parent traces
@@ -323,6 +353,3 @@ def _serve() -> None:
             why = f"{type(e).__name__}: {e}"
         _send(out, why)
 
-
-if __name__ == "__main__":
-    _serve()
