@@ -86,3 +86,28 @@ def test_only_launches_inside_launching_are_recorded_and_skipped():
     assert [j.specialization for j in jobs] == ["a", "b"]
     assert jobs[0].target == SM90 and jobs[0].path == __file__
     assert launch("a") is None and not precompile.collecting()  # after the collection: launches compile as usual
+
+
+def test_dispatch_in_a_dry_run_launches_inside_launching_and_counts_nothing():
+    import torch
+
+    from diffusion_fuse.lowering import counters
+    from diffusion_fuse.lowering.dispatch import GuardedKernel
+
+    depths = []
+
+    def plan(a):
+        def launch(a):
+            depths.append(precompile._state.depth)  # 1: a launch here that would compile is recorded, not run
+            return a[0] * 2
+
+        return launch
+
+    op = GuardedKernel("precompile_dry_run_test", lambda args: 0, lambda a: (True, ""), plan, lambda x: x * 2,
+                       lambda args: args, needs_triton=False)
+    before = counters.snapshot()
+    precompile.collect(lambda: op(torch.ones(3)))
+    assert depths == [1] and counters.snapshot() == before
+    op(torch.ones(3))  # a real call: launched outside, counted
+    assert depths == [1, 0]
+    assert counters.diff(counters.snapshot(), before)["kernel"] == {"precompile_dry_run_test": 1}

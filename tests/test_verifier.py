@@ -262,3 +262,18 @@ def test_a_site_whose_rewrite_raises_stays_as_traced_not_a_failed_compile():
         assert "relu" not in report.graphs[0].fused_code  # the half-made rewrite is undone
     finally:
         diffusion_fuse.unregister_pattern("emit_raises")
+
+
+def test_the_dry_runs_stand_ins_are_laid_out_as_the_values_they_stand_for():
+    # a kernel is specialized on dtype, shape, strides and the storage offset's alignment: the stand-ins keep them
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from diffusion_fuse.verify.verifier import stand_in
+
+    with FakeTensorMode():
+        fakes = [torch.empty(4, 10, dtype=torch.bfloat16)[:, 2:8:2], torch.empty(0, 5)[:, 1:], torch.empty(3, 1)]
+    for v in fakes:
+        s = stand_in(v)
+        assert not isinstance(s, FakeTensor) and (s.dtype, s.shape, s.stride()) == (v.dtype, v.shape, v.stride())
+        assert s.storage_offset() == v.storage_offset() and not s.any()
+    assert stand_in(3) == 3 and stand_in(None) is None

@@ -167,7 +167,7 @@ def stand_in(v: Any) -> Any:
     shape, stride, offset = tuple(v.shape), tuple(v.stride()), v.storage_offset()
     if not all(isinstance(d, int) for d in (*shape, *stride, offset)):
         raise ValueError("a symbolic layout")
-    extent = offset + 1 + sum((d - 1) * s for d, s in zip(shape, stride)) if all(shape) else 0
+    extent = offset + (1 + sum((d - 1) * s for d, s in zip(shape, stride)) if all(shape) else 0)
     return torch.zeros(extent, dtype=v.dtype, device=v.device).as_strided(shape, stride, offset)
 
 
