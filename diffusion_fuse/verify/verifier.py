@@ -357,9 +357,13 @@ class VerifiedGraph:
         timed = _timings.isEnabledFor(logging.DEBUG)
         start = time.perf_counter()
         live = [c for cid, c in self.checks.items() if cid not in self.rejected]
+        ahead = None
         if precompile.available() and any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
             # each kernel's first launch below would compile it, one after another: compile them in parallel first
-            done = precompile.compile_while(lambda: dry_run(self.ref, live))
+            ahead = done = precompile.compile_while(lambda: dry_run(self.ref, live))
+            if done["failed"]:
+                _log.info("graph %d: %d of %d kernel(s) not compiled ahead; they compile at their first launch",
+                          self.greport.graph_id, done["failed"], done["jobs"])
             if timed:
                 _timings.debug("graph %d: kernels compiled ahead: %s, %.4f s", self.greport.graph_id, done,
                                time.perf_counter() - start)
@@ -407,6 +411,8 @@ class VerifiedGraph:
         entry = {"signature": repr(sig)[:200], "sites_checked": len(verdicts), **rewrites,
                  "rejected": sorted(c for c, v in verdicts.items() if not v), "end_to_end_equal": bool(e2e),
                  "seconds": round(time.perf_counter() - began, 4)}
+        if ahead is not None:
+            entry["compiled_ahead"] = ahead
         if self.agreement is not None:
             entry["agreed_over"] = self.agreement.describe()
             entry["rejected_on_other_ranks"] = agreed

@@ -45,6 +45,7 @@ def test_kernels_compiled_ahead_are_found_by_the_checks(monkeypatch, tmp_path):
     assert report.count(status="kept") == len(report.sites()) > 0, report.table()
     (d,) = done
     assert d["jobs"] >= 3 and d["compiled"] == d["jobs"], d
+    assert [v["compiled_ahead"] for g in report.graphs for v in g.verifications] == [d]  # in the report too
     # compiled in this process after the pool: probes (mean_square's order search) and launches the dry run
     # could not foresee; the checks' kernels are found in the cache
     late = after - entries[0]
