@@ -266,8 +266,9 @@ class _Compiler:
         while (job := self.todo.get()) is not None:
             try:
                 why = w.ask(job)
-            except (OSError, EOFError, pickle.UnpicklingError) as e:
-                why = f"worker lost: {e}"
+            except Exception as e:  # noqa: BLE001 - a broken pipe or an unreadable reply: this worker is done
+                why = f"worker lost: {type(e).__name__}: {e}"
+                w.close()
                 with _pool_lock:
                     if w in _pool:
                         _pool.remove(w)
@@ -331,8 +332,11 @@ def compile_job(job: CompileJob) -> None:
 
 def serve() -> None:
     """A worker's loop: read a job, compile it, answer '' or why not; until the parent closes its input."""
-    out = sys.stdout.buffer
-    sys.stdout = sys.stderr  # a print while importing or compiling must not reach the replies
+    # the replies get their own descriptor: a print while importing or compiling, Python's or a C library's, goes
+    # to stderr (which the parent discards)
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     import triton.compiler  # noqa: F401 - imported before the first job, while the parent traces
 
     import diffusion_fuse.kernels  # noqa: F401
