@@ -47,23 +47,27 @@ def test_a_worker_fills_the_cache_the_launch_reads_and_a_failing_job_is_left_to_
     noisy_file = tmp_path / "noisy.py"  # prints to stdout, Python's and the descriptor's, then has no kernel
     noisy_file.write_text("import os\nprint('noise')\nos.write(1, b'noise')\n")
     noisy = precompile.CompileJob("noisy_module", str(noisy_file), "k", "{}", SM90)
+    slow_file = tmp_path / "slow.py"  # hangs: the worker is killed, the job left to the launch
+    slow_file.write_text("import time\ntime.sleep(600)\n")
+    slow = precompile.CompileJob("slow_module", str(slow_file), "k", "{}", SM90)
     monkeypatch.setattr(precompile, "IDLE_CLOSE_S", 0.2)
+    monkeypatch.setattr(precompile, "JOB_TIMEOUT_S", 3.0)
     try:
-        done = precompile.compile_ahead([noisy, broken, job])  # one worker: the replies must survive the noise
+        done = precompile.compile_ahead([noisy, broken, job, slow])  # one worker: the replies survive the noise
         workers = list(precompile._pool)
         deadline = time.monotonic() + 30
         while precompile._pool and time.monotonic() < deadline:  # unused, the pool goes (its memory with it)
             time.sleep(0.05)
         assert not precompile._pool
-        assert all(w.proc.wait(timeout=30) == 0 for w in workers)
+        assert all(w.proc.wait(timeout=30) != 0 for w in workers)  # the slow job's worker was killed
     finally:
         precompile._close_pool()
-    assert (done["jobs"], done["compiled"], done["failed"]) == (3, 1, 2), done
-    filled = cache_entries(str(tmp_path)) - {"noisy.py"}
+    assert (done["jobs"], done["compiled"], done["failed"]) == (4, 1, 3), done
+    filled = cache_entries(str(tmp_path)) - {"noisy.py", "slow.py"}
     assert filled
     # the JIT's own compile of the same launch (JITFunction._do_compile) finds the binary: no new cache entry
     triton.compile(ASTSource(_lut16_kernel, sig, constexprs, attrs), target=SM90, options=options.__dict__)
-    assert cache_entries(str(tmp_path)) - {"noisy.py"} == filled
+    assert cache_entries(str(tmp_path)) - {"noisy.py", "slow.py"} == filled
 
 
 def test_only_launches_inside_launching_are_recorded_and_skipped():

@@ -31,6 +31,7 @@ import json
 import os
 import pickle
 import queue
+import select
 import struct
 import subprocess
 import sys
@@ -176,10 +177,21 @@ class _Worker:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.proc = subprocess.Popen([sys.executable, "-c", _WORKER_MAIN], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.started = False
 
     def ask(self, job: CompileJob) -> str:
-        """'' once ``job`` is compiled, else why not."""
+        """'' once ``job`` is compiled, else why not; raises if the worker is gone or takes past JOB_TIMEOUT_S."""
+        if not self.started:  # its imports done (the first reply)
+            self._reply(START_TIMEOUT_S)
+            self.started = True
         _send(self.proc.stdin, job)
+        return self._reply(JOB_TIMEOUT_S)
+
+    def _reply(self, timeout: float) -> Any:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:  # a compile that hangs must not hang the first call: the launch compiles it instead
+            self.proc.kill()
+            raise TimeoutError(f"no answer in {timeout} s")
         return _receive(self.proc.stdout)
 
     def close(self) -> None:
@@ -191,6 +203,8 @@ _pool: list[_Worker] = []
 _pool_lock = threading.Lock()
 _in_use = 0  # compilers running
 _idle_timer: threading.Timer | None = None
+START_TIMEOUT_S = 300.0  # a worker's imports
+JOB_TIMEOUT_S = 300.0  # one kernel compiles in seconds at most
 IDLE_CLOSE_S = 120.0  # each worker holds an imported torch (hundreds of MB): the pool goes when unused this long
 
 
@@ -345,6 +359,7 @@ def serve() -> None:
         from triton.runtime.driver import driver
 
         driver.active.utils  # noqa: B018 - building it is the point; no device context is made
+    _send(out, "started")
     while True:
         try:
             job = _receive(sys.stdin.buffer)
