@@ -53,7 +53,10 @@ def test_a_worker_fills_the_cache_the_launch_reads_and_a_failing_job_is_left_to_
     monkeypatch.setattr(precompile, "IDLE_CLOSE_S", 0.2)
     monkeypatch.setattr(precompile, "JOB_TIMEOUT_S", 3.0)
     try:
-        done = precompile.compile_ahead([noisy, broken, job, slow])  # one worker: the replies survive the noise
+        compiler = precompile._Compiler()  # one worker: the replies survive the noise
+        for j in (noisy, broken, job, slow):
+            compiler.submit(j)
+        done = compiler.finish(time.perf_counter())
         workers = list(precompile._pool)
         deadline = time.monotonic() + 30
         while precompile._pool and time.monotonic() < deadline:  # unused, the pool goes (its memory with it)

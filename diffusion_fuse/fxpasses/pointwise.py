@@ -176,8 +176,7 @@ def lone_op_worth_fusing(n: fx.Node) -> bool:
         return any(not a.is_contiguous() for a in ins)
     if n.target in STRUCTURAL_OPS:
         return False
-    if (n.target in LUT16_OPS and v.numel() >= LONE_LOOKUP_MIN_NUMEL and v.device.type in LOOKUP_DEVICES
-            and v.dtype == torch.bfloat16 and all(a.dtype == torch.bfloat16 for a in ins)):
+    if n.target in LUT16_OPS and v.numel() >= LONE_LOOKUP_MIN_NUMEL and _bf16_lookup(n, v):
         return True
     if any(_layout(a.expand(v.shape)) != _layout(v) for a in ins):
         return True  # broadcast, or laid out unlike the output
@@ -185,11 +184,16 @@ def lone_op_worth_fusing(n: fx.Node) -> bool:
                                                               for a in ins)
 
 
+def _bf16_lookup(n: fx.Node, v: torch.Tensor) -> bool:
+    """The generated kernel can look ``n`` (output ``v``) up: bf16 from bf16, where the tables are built."""
+    a = n.args[0].meta.get("val") if isinstance(n.args[0], fx.Node) else None
+    return (v.device.type in LOOKUP_DEVICES and v.dtype == torch.bfloat16 and isinstance(a, torch.Tensor)
+            and a.dtype == torch.bfloat16)
+
+
 def _looked_up(n: fx.Node, v: torch.Tensor) -> bool:
     """``n`` is exact as the generated kernel's table lookup only, and the kernel will look it up."""
-    a = n.args[0].meta.get("val") if isinstance(n.args[0], fx.Node) else None
-    return (lookup_only(n) and v.device.type in LOOKUP_DEVICES and v.dtype == torch.bfloat16
-            and isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16)
+    return lookup_only(n) and _bf16_lookup(n, v)
 
 
 def _static(t: torch.Tensor) -> bool:

@@ -158,15 +158,6 @@ def compile_while(fn: Callable[[], Any]) -> dict[str, Any]:
     return compiler.finish(began)
 
 
-def compile_ahead(jobs: list[CompileJob]) -> dict[str, Any]:
-    """Compile ``jobs`` in the pool; returns as ``compile_while`` does."""
-    began = time.perf_counter()
-    compiler = _Compiler()
-    for j in jobs:
-        compiler.submit(j)
-    return compiler.finish(began)
-
-
 # --- the pool ---------------------------------------------------------------------------------------------
 _WORKER_MAIN = "from diffusion_fuse.lowering.precompile import serve; serve()"
 

@@ -360,12 +360,12 @@ class VerifiedGraph:
         ahead = None
         if precompile.available() and any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
             # each kernel's first launch below would compile it, one after another: compile them in parallel first
-            ahead = done = precompile.compile_while(lambda: dry_run(self.ref, live))
-            if done["failed"]:
+            ahead = precompile.compile_while(lambda: dry_run(self.ref, live))
+            if ahead["failed"]:
                 _log.info("graph %d: %d of %d kernel(s) not compiled ahead; they compile at their first launch",
-                          self.greport.graph_id, done["failed"], done["jobs"])
+                          self.greport.graph_id, ahead["failed"], ahead["jobs"])
             if timed:
-                _timings.debug("graph %d: kernels compiled ahead: %s, %.4f s", self.greport.graph_id, done,
+                _timings.debug("graph %d: kernels compiled ahead: %s, %.4f s", self.greport.graph_id, ahead,
                                time.perf_counter() - start)
                 start = time.perf_counter()
         snapshot = {i: args[i].clone() for i in self._mutated}
