@@ -616,15 +616,20 @@ class _LaneOrRows:
 
     def __call__(self, *args) -> None:
         if self.active is None:
-            self.active = self._choose(args)
+            choice = self._choose(args)
+            if choice is None:
+                return  # the build was deferred (a dry run collecting compiles launches nothing): choose next call
+            self.active = choice
         self.active(*args)
 
-    def _choose(self, args) -> CachedLaunch:
+    def _choose(self, args) -> CachedLaunch | None:
         if triton_interpret():
             return self.lane
         try:
             lane = self.lane
             compiled = lane.kernel.warmup(*args, grid=lane.grid, **lane.constexprs, **lane.options)
+            if compiled is None:  # Triton's jit_cache_hook skipped the build (lowering/precompile.py's dry run)
+                return None
             problem = lane_layout_problem(compiled, self.rows_per_thread)
         except Exception as e:  # noqa: BLE001 - the row launch is always there
             problem = f"{type(e).__name__}: {e}"

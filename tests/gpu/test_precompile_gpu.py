@@ -59,3 +59,36 @@ def test_without_the_pool_the_first_call_is_the_same(monkeypatch, tmp_path):
     assert done == []  # no pool: no dry run
     assert torch.equal(ref.view(torch.int16), out.view(torch.int16))
     assert report.count(status="kept") == len(report.sites()) > 0, report.table()
+
+
+def test_the_lane_epilogue_is_chosen_after_the_dry_run(monkeypatch, tmp_path):
+    """rms_norm's lane epilogue checks its build on first use; in the dry run the build is deferred to the pool, so
+    the choice waits for the real call instead of falling back to the row epilogue."""
+    from diffusion_fuse.kernels import rms_norm as rk
+
+    precompile._close_pool()
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setenv("DIFFUSION_FUSE_CACHE_DIR", str(tmp_path / "df"))
+    monkeypatch.setenv(precompile.WORKERS_ENV, "2")
+    chosen = []
+    choose = rk._LaneOrRows._choose
+
+    def recorded(self, args):
+        c = choose(self, args)
+        chosen.append(None if c is None else "lane" if c is self.lane else "rows")
+        return c
+
+    monkeypatch.setattr(rk._LaneOrRows, "_choose", recorded)
+    torch._dynamo.reset()
+    norm = torch.nn.RMSNorm(128, eps=1e-6).to("cuda", torch.bfloat16)  # a QK norm over 128-wide heads
+    x = torch.randn(2, 512, 8, 128, device="cuda", dtype=torch.bfloat16)
+    rejected = len(rk.LANE_EPILOGUE_REJECTED)
+    report = diffusion_fuse.Report()
+    compiled = torch.compile(norm, backend=diffusion_fuse.DiffusionFuseBackend(None, report), fullgraph=True)
+    with torch.no_grad():
+        ref, out = norm(x), compiled(x)
+    precompile._close_pool()
+    assert torch.equal(ref.view(torch.int16), out.view(torch.int16))
+    assert report.count(status="kept") == len(report.sites()) > 0, report.table()
+    assert rk.LANE_EPILOGUE_REJECTED[rejected:] == []
+    assert None in chosen and "lane" in chosen and "rows" not in chosen, chosen  # deferred, then the lanes

@@ -379,6 +379,38 @@ def test_a_lane_build_with_other_shuffle_layouts_runs_the_row_epilogue(caplog):
     assert ran == ["lane"] and rk.lane_layout_problem(Compiled(), 4) is None
 
 
+def test_a_deferred_lane_build_leaves_the_choice_to_the_next_call():
+    """A dry run (lowering/precompile.py) skips the lane build (``warmup`` gives None): nothing is launched or
+    rejected then, and the next call checks the build."""
+    from diffusion_fuse.kernels import rms_norm as rk
+
+    ran, builds = [], [None]
+
+    class Compiled:
+        asm = {"ttgir": ("#blocked = #ttg.blocked<{sizePerThread = [1], threadsPerWarp = [32], warpsPerCTA = [4], "
+                         "order = [0]}>\n    %b = tt.elementwise_inline_asm \"shfl.sync.bfly.b32 $0, $1, $2, 0x1f, "
+                         "-1;\" %a, %c : tensor<512xi32, #blocked> -> tensor<512xi32, #blocked> loc(#loc1)\n")}
+
+    class Kernel:
+        def warmup(self, *args, grid, **kw):
+            return builds.pop(0) if builds else Compiled()
+
+    class Launch:
+        def __init__(self, name):
+            self.name, self.kernel, self.grid, self.constexprs, self.options = name, Kernel(), (1,), {}, {}
+
+        def __call__(self, *args):
+            ran.append(self.name)
+
+    before = len(rk.LANE_EPILOGUE_REJECTED)
+    choice = rk._LaneOrRows(Launch("lane"), Launch("rows"), 4)
+    choice(1)
+    assert ran == [] and choice.active is None
+    choice(2)
+    choice(3)
+    assert ran == ["lane", "lane"] and len(rk.LANE_EPILOGUE_REJECTED) == before
+
+
 def test_every_row_group_count_sums_in_eagers_order(results):
     cases = {k: v for k, v in results["order"].items() if k.startswith("groups=")}
     assert len(cases) == 12 and all(v["rstd_equal"] for v in cases.values()), cases
