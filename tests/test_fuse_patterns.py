@@ -1,0 +1,38 @@
+"""fxpasses/fuse_patterns.py: the order repair after sites are applied."""
+
+import operator
+
+import torch.fx as fx
+
+from diffusion_fuse.fxpasses.fuse_patterns import in_order, stable_topological_sort
+
+
+def _graph() -> tuple[fx.Graph, fx.Node, fx.Node]:
+    g = fx.Graph()
+    x = g.placeholder("x")
+    a = g.call_function(operator.add, (x, 1))
+    b = g.call_function(operator.mul, (a, 2))
+    g.output(b)
+    return g, a, b
+
+
+def test_an_ordered_graph_is_left_as_it_is():
+    g, _, _ = _graph()
+    before = [n.name for n in g.nodes]
+    assert in_order(g)
+    stable_topological_sort(g)
+    assert [n.name for n in g.nodes] == before
+
+
+def test_a_node_before_its_input_moves_after_it():
+    # a site's replacement goes before the site's last node, so a reader of an earlier output can end up before it
+    g, _, b = _graph()
+    x = next(iter(g.nodes))
+    with g.inserting_after(x):
+        c = g.call_function(operator.neg, (b,))  # reads b, placed before it
+    b.replace_all_uses_with(c, delete_user_cb=lambda n: n.op == "output")
+    assert not in_order(g)
+    stable_topological_sort(g)
+    assert in_order(g)
+    assert [n.name for n in g.nodes] == ["x", "add", "mul", "neg", "output"]
+    g.lint()
