@@ -1,7 +1,9 @@
 """fxpasses/fuse_patterns.py: the order repair after sites are applied."""
 
 import operator
+import random
 
+import torch
 import torch.fx as fx
 
 from diffusion_fuse.fxpasses.fuse_patterns import in_order, stable_topological_sort
@@ -36,3 +38,25 @@ def test_a_node_before_its_input_moves_after_it():
     assert in_order(g)
     assert [n.name for n in g.nodes] == ["x", "add", "mul", "neg", "output"]
     g.lint()
+
+
+def test_scrambled_graphs_sort_back_to_the_same_function():
+    rng = random.Random(0)
+    for _graph_no in range(20):
+        g = fx.Graph()
+        nodes = [g.placeholder("x")]
+        for _ in range(30):
+            a, b = rng.choice(nodes), rng.choice(nodes)
+            nodes.append(g.call_function(rng.choice([operator.add, operator.sub, operator.mul]), (a, b)))
+        g.output(nodes[-1])
+        gm = fx.GraphModule(torch.nn.Module(), g)
+        want = gm(torch.tensor(0.5, dtype=torch.float64))
+        calls = [n for n in g.nodes if n.op == "call_function"]
+        for n in rng.sample(calls, 8):  # move some nodes before their inputs
+            nodes[0].append(n)
+        assert not in_order(g)
+        stable_topological_sort(g)
+        assert in_order(g)
+        g.lint()
+        gm.recompile()
+        assert torch.equal(gm(torch.tensor(0.5, dtype=torch.float64)), want)
