@@ -338,21 +338,24 @@ def test_the_lane_epilogue_takes_full_rows_inside_a_warp_with_unit_stride(D, x_s
     assert lane_epilogue_ok(stats_constexprs(D), x_sd, o_sd) == want
 
 
-def test_a_lane_build_with_other_shuffle_layouts_runs_the_row_epilogue(caplog):
-    """The first call checks the lane build's shuffle layouts; a build Triton laid out otherwise is not run."""
-    from diffusion_fuse.kernels import rms_norm as rk
+def _shuffles(layout: str) -> str:
+    """A ttgir with one warp shuffle whose state has ``layout``."""
+    return (f"#blocked = {layout}\n    %b = tt.elementwise_inline_asm \"shfl.sync.bfly.b32 $0, $1, $2, 0x1f, -1;\" "
+            f"%a, %c : tensor<512xi32, #blocked> -> tensor<512xi32, #blocked> loc(#loc1)\n")
 
-    bad = "#ttg.blocked<{sizePerThread = [1], threadsPerWarp = [32], warpsPerCTA = [2], order = [0]}>"
-    ttgir = (f"#blocked = {bad}\n    %b = tt.elementwise_inline_asm \"shfl.sync.bfly.b32 $0, $1, $2, 0x1f, -1;\" "
-             f"%a, %c : tensor<512xi32, #blocked> -> tensor<512xi32, #blocked> loc(#loc1)\n")
-    ran = []
 
-    class Compiled:
-        asm = {"ttgir": ttgir}
+class _Build:
+    def __init__(self, ttgir: str) -> None:
+        self.asm = {"ttgir": ttgir}
+
+
+def _launches(builds: list, ran: list) -> tuple:
+    """Lane and row launches whose ``warmup`` gives ``builds`` in turn (the last one from then on) and whose calls
+    append their names to ``ran``."""
 
     class Kernel:
         def warmup(self, *args, grid, **kw):
-            return Compiled()
+            return builds.pop(0) if len(builds) > 1 else builds[0]
 
     class Launch:
         def __init__(self, name):
@@ -361,22 +364,30 @@ def test_a_lane_build_with_other_shuffle_layouts_runs_the_row_epilogue(caplog):
         def __call__(self, *args):
             ran.append(self.name)
 
+    return Launch("lane"), Launch("rows")
+
+
+def test_a_lane_build_with_other_shuffle_layouts_runs_the_row_epilogue(caplog):
+    """The first call checks the lane build's shuffle layouts; a build Triton laid out otherwise is not run."""
+    from diffusion_fuse.kernels import rms_norm as rk
+
+    bad = "#ttg.blocked<{sizePerThread = [1], threadsPerWarp = [32], warpsPerCTA = [2], order = [0]}>"
+    ran = []
     before = len(rk.LANE_EPILOGUE_REJECTED)
-    choice = rk._LaneOrRows(Launch("lane"), Launch("rows"), 4)
+    choice = rk._LaneOrRows(*_launches([_Build(_shuffles(bad))], ran), 4)
     with caplog.at_level("WARNING", logger="diffusion_fuse"):
         choice(1)
         choice(2)
     assert ran == ["rows", "rows"]
     assert len(rk.LANE_EPILOGUE_REJECTED) == before + 1 and "warpsPerCTA = [2]" in rk.LANE_EPILOGUE_REJECTED[-1]
     assert any("lane epilogue not taken" in r.message for r in caplog.records)
-    good = ttgir.replace(bad, "#ttg.slice<{dim = 1, parent = #blocked1}>") + (
+    good = _Build(_shuffles("#ttg.slice<{dim = 1, parent = #blocked1}>") + (
         "#blocked1 = #ttg.blocked<{sizePerThread = [1, 4], threadsPerWarp = [32, 1], warpsPerCTA = [4, 1], "
-        "order = [1, 0]}>\n")
-    Compiled.asm = {"ttgir": good}
+        "order = [1, 0]}>\n"))
     ran.clear()
-    choice = rk._LaneOrRows(Launch("lane"), Launch("rows"), 4)
+    choice = rk._LaneOrRows(*_launches([good], ran), 4)
     choice(1)
-    assert ran == ["lane"] and rk.lane_layout_problem(Compiled(), 4) is None
+    assert ran == ["lane"] and rk.lane_layout_problem(good, 4) is None
 
 
 def test_a_deferred_lane_build_leaves_the_choice_to_the_next_call():
@@ -384,26 +395,11 @@ def test_a_deferred_lane_build_leaves_the_choice_to_the_next_call():
     rejected then, and the next call checks the build."""
     from diffusion_fuse.kernels import rms_norm as rk
 
-    ran, builds = [], [None]
-
-    class Compiled:
-        asm = {"ttgir": ("#blocked = #ttg.blocked<{sizePerThread = [1], threadsPerWarp = [32], warpsPerCTA = [4], "
-                         "order = [0]}>\n    %b = tt.elementwise_inline_asm \"shfl.sync.bfly.b32 $0, $1, $2, 0x1f, "
-                         "-1;\" %a, %c : tensor<512xi32, #blocked> -> tensor<512xi32, #blocked> loc(#loc1)\n")}
-
-    class Kernel:
-        def warmup(self, *args, grid, **kw):
-            return builds.pop(0) if builds else Compiled()
-
-    class Launch:
-        def __init__(self, name):
-            self.name, self.kernel, self.grid, self.constexprs, self.options = name, Kernel(), (1,), {}, {}
-
-        def __call__(self, *args):
-            ran.append(self.name)
-
+    good = _Build(_shuffles("#ttg.blocked<{sizePerThread = [1], threadsPerWarp = [32], warpsPerCTA = [4], "
+                            "order = [0]}>"))
+    ran = []
     before = len(rk.LANE_EPILOGUE_REJECTED)
-    choice = rk._LaneOrRows(Launch("lane"), Launch("rows"), 4)
+    choice = rk._LaneOrRows(*_launches([None, good], ran), 4)
     choice(1)
     assert ran == [] and choice.active is None
     choice(2)
