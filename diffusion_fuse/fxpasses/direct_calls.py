@@ -16,7 +16,8 @@ from ..lowering.dispatch import DIRECT
 from .base import retarget_calls
 
 
-def _direct(n: fx.Node) -> tuple | None:
+def direct_call(n: fx.Node) -> tuple | None:
+    """``(kernel, args, {})`` calling our op's ``GuardedKernel`` for the call node ``n``, or None."""
     kernel = DIRECT.get(n.target)
     args = _full_positional_args(n) if kernel is not None else None
     return None if args is None else (kernel, args, {})
@@ -24,7 +25,7 @@ def _direct(n: fx.Node) -> tuple | None:
 
 def direct_calls(gm: fx.GraphModule) -> fx.GraphModule:
     """A copy of ``gm`` that calls our ops' ``GuardedKernel`` objects directly (``gm`` when none is called)."""
-    return retarget_calls(gm, _direct)[0]
+    return retarget_calls(gm, direct_call)[0]
 
 
 def _full_positional_args(n: fx.Node) -> tuple | None:

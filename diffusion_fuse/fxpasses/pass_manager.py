@@ -38,7 +38,7 @@ from . import (  # noqa: F401  (register)
     python_bindings,
     recompose_linear,
 )
-from .base import PASSES, GraphPass, PassContext
+from .base import PASSES, GraphPass, PassContext, retarget_calls
 
 _log = get_logger("fxpasses")
 _timings = artifact_logger("fxpasses", "diffusion_fuse_timings")
@@ -128,8 +128,15 @@ class PassManager:
         counts = {"linears_recomposed": 0, "python_bindings": 0}
         if rewrite:
             gm, counts["linears_recomposed"] = recompose_linear.recompose_linear(gm)
-            gm, counts["python_bindings"] = python_bindings.python_bindings(gm)
-        return direct_calls.direct_calls(gm), counts
+
+        def change(n: fx.Node) -> tuple | None:  # our ops and ATen's are apart: one copy of the graph does both
+            new = direct_calls.direct_call(n)
+            if new is None and rewrite:
+                new = python_bindings.binding(n)
+                counts["python_bindings"] += new is not None
+            return new
+
+        return retarget_calls(gm, change)[0], counts
 
     def uuid(self) -> str:
         h = hashlib.sha256()

@@ -78,7 +78,8 @@ def _as_to(n: fx.Node) -> bool:
             and n.kwargs["dtype"] != v.dtype)
 
 
-def _binding(n: fx.Node) -> tuple | None:
+def binding(n: fx.Node) -> tuple | None:
+    """``(binding, args, kwargs)`` calling the call node ``n``'s ATen overload through its Python binding, or None."""
     entry = BINDINGS.get(n.target)
     if entry is not None and len(n.args) <= entry[1] and set(n.kwargs) <= entry[2]:
         return entry[0], n.args, n.kwargs
@@ -89,4 +90,4 @@ def _binding(n: fx.Node) -> tuple | None:
 
 def python_bindings(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
     """A copy of ``gm`` whose calls of the table's overloads go through their bindings, and how many."""
-    return retarget_calls(gm, _binding)
+    return retarget_calls(gm, binding)
