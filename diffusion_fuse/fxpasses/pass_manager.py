@@ -52,16 +52,16 @@ class PassFailed(Exception):
         self.name = name
 
 
-def copy_graph_module(ref: fx.GraphModule) -> fx.GraphModule:
-    """A GraphModule with a copy of ``ref``'s graph (same node names and meta) sharing its attributes.
+def copy_graph(ref: fx.GraphModule) -> fx.Graph:
+    """A copy of ``ref``'s graph: same node names, meta and calling convention.
 
-    ``copy.deepcopy`` would also copy parameters and constants (and fails on fake ones).
+    ``copy.deepcopy`` of the module would also copy parameters and constants (and fails on fake ones).
     """
     graph = fx.Graph()
     graph._codegen = copy.deepcopy(ref.graph._codegen)
     out = graph.graph_copy(ref.graph, {})
     graph.output(out)
-    return fx.GraphModule(ref, graph)
+    return graph
 
 
 def pass_order() -> list[str]:
@@ -109,15 +109,15 @@ class PassManager:
     def rewrite(self, ref: fx.GraphModule, exclude: frozenset[str] = frozenset()) -> tuple[fx.GraphModule, PassContext]:
         """A rewritten copy of ``ref`` (``ref`` itself is left as it is). A pass that raises leaves the whole
         graph as traced (a pass may have rewritten part of it): noted, logged, never a failed compile."""
-        gm = copy_graph_module(ref)
+        graph = copy_graph(ref)
         try:
-            ctx = self.run(gm.graph, exclude)
-            gm.recompile()
+            ctx = self.run(graph, exclude)
+            gm = fx.GraphModule(ref, graph)  # its code generated once, after the passes
         except Exception as e:  # noqa: BLE001 - a broken pass costs its graph's rewrites, not the user's forward
             note = f"{e}; the graph runs as traced" if isinstance(e, PassFailed) else \
                 f"the rewritten graph did not build ({error_message(e)}); the graph runs as traced"
             _log.warning(note)
-            gm = copy_graph_module(ref)
+            gm = fx.GraphModule(ref, copy_graph(ref))
             ctx = PassContext(options=self.options, exclude=exclude, notes=[note])
         return gm, ctx
 
