@@ -60,3 +60,27 @@ def test_scrambled_graphs_sort_back_to_the_same_function():
         g.lint()
         gm.recompile()
         assert torch.equal(gm(torch.tensor(0.5, dtype=torch.float64)), want)
+
+
+def test_a_user_pattern_holding_a_tensor_constant_is_found_in_the_passes_copy():
+    # the passes run on a copy of the traced graph; torch's SubgraphMatcher compares a get_attr constant through the
+    # graph's owning module, so the copy must have one
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    import diffusion_fuse
+    from diffusion_fuse.config import Options
+    from diffusion_fuse.fxpasses.pass_manager import PassManager
+
+    def scaled(x):
+        return x * torch.tensor([2.0, 3.0])
+
+    example = [torch.randn(4, 2)]
+    diffusion_fuse.register_pattern("scaled_by_constant", scaled, scaled, example)
+    try:
+        ref = make_fx(lambda x: scaled(x).sin())(*example)
+        assert any(n.op == "get_attr" for n in ref.graph.nodes)
+        gm, ctx = PassManager(Options()).rewrite(ref)
+        assert [s.pattern for s in ctx.sites] == ["scaled_by_constant"], (ctx.notes, ctx.near_misses)
+        assert torch.equal(gm(*example), ref(*example))
+    finally:
+        diffusion_fuse.unregister_pattern("scaled_by_constant")

@@ -53,11 +53,13 @@ class PassFailed(Exception):
 
 
 def copy_graph(ref: fx.GraphModule) -> fx.Graph:
-    """A copy of ``ref``'s graph: same node names, meta and calling convention.
+    """A copy of ``ref``'s graph: same node names, meta and calling convention, owned by ``ref`` (whose attributes
+    its ``get_attr`` nodes name: torch's ``SubgraphMatcher`` compares constants through the owner) until a
+    GraphModule is built around it.
 
     ``copy.deepcopy`` of the module would also copy parameters and constants (and fails on fake ones).
     """
-    graph = fx.Graph()
+    graph = fx.Graph(owning_module=ref)
     graph._codegen = copy.deepcopy(ref.graph._codegen)
     out = graph.graph_copy(ref.graph, {})
     graph.output(out)
