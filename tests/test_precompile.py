@@ -121,3 +121,25 @@ def test_dispatch_in_a_dry_run_launches_inside_launching_and_counts_nothing():
     op(torch.ones(3))  # a real call: launched outside, counted
     assert depths == [1, 0]
     assert counters.diff(counters.snapshot(), before)["kernel"] == {"precompile_dry_run_test": 1}
+
+
+def test_compile_ahead_runs_the_dry_run_on_real_tensors_and_the_wait_gives_what_it_compiled(monkeypatch):
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    monkeypatch.setenv(precompile.WORKERS_ENV, "0")  # no pool: jobs are counted, launches compile them
+    made = []
+
+    def dry_run():
+        made.append(torch.zeros(2))  # a stand-in
+        with precompile.launching():
+            precompile._state.sink(precompile.CompileJob("m", "p", "k", "a", SM90))
+        raise RuntimeError("a site that cannot run on stand-ins")  # logged; the collection ends
+
+    with FakeTensorMode():  # as when a backend is called
+        ahead = precompile.compile_ahead(dry_run)
+    assert made and not isinstance(made[0], FakeTensor)
+    done = ahead.wait()
+    assert (done["jobs"], done["compiled"], done["failed"]) == (1, 0, 0), done
+    assert done["collected"] >= 0 and done["waited"] >= 0 and ahead.wait() is done
+    assert not precompile.collecting()

@@ -277,3 +277,42 @@ def test_the_dry_runs_stand_ins_are_laid_out_as_the_values_they_stand_for():
         assert not isinstance(s, FakeTensor) and (s.dtype, s.shape, s.stride()) == (v.dtype, v.shape, v.stride())
         assert s.storage_offset() == v.storage_offset() and not s.any()
     assert stand_in(3) == 3 and stand_in(None) is None
+
+
+def test_the_dry_run_starts_at_compile_time_and_the_first_call_waits_for_it(monkeypatch, pattern):
+    """On CUDA the verifier's dry run (lowering/precompile.py) runs when the graph is compiled, and the first call
+    waits for the pool before anything runs. Here on the CPU with the device check let through."""
+    from diffusion_fuse.lowering import precompile
+    from diffusion_fuse.verify import verifier
+
+    events = []
+    real_dry_run, real_ahead = verifier.dry_run, precompile.compile_ahead
+
+    def dry_run(gm, checks):
+        events.append(("dry run", len(checks)))
+        real_dry_run(gm, checks)
+
+    def compile_ahead(fn, device):
+        events.append(("started", device))
+        return real_ahead(fn, None)
+
+    real_call = verifier.VerifiedGraph._verify_and_run
+
+    def verify_and_run(self, *a, **k):
+        events.append(("verified",))
+        return real_call(self, *a, **k)
+
+    monkeypatch.setenv(precompile.WORKERS_ENV, "0")
+    monkeypatch.setattr(precompile, "available", lambda: True)
+    monkeypatch.setattr(precompile, "compile_ahead", compile_ahead)
+    monkeypatch.setattr(verifier, "compile_device", lambda gm: torch.device("cuda", 0))
+    monkeypatch.setattr(verifier, "dry_run", dry_run)
+    monkeypatch.setattr(verifier.VerifiedGraph, "_verify_and_run", verify_and_run)
+    pattern("sigmoid_modulate_ahead", -1)
+    model = SigmoidModulate()
+    out, report = run(model, inputs())
+    assert bitwise_equal(out, model(*inputs()))
+    assert events[0] == ("started", torch.device("cuda", 0))
+    assert events[1][0] == "dry run" and events[1][1] > 0 and events[2] == ("verified",), events
+    (entry,) = [v for g in report.graphs for v in g.verifications]
+    assert entry["compiled_ahead"]["jobs"] == 0 and "waited" in entry["compiled_ahead"], entry

@@ -3,11 +3,12 @@
 A kernel's first launch compiles it (Triton's MLIR passes, ptxas, then its launcher's C module): 0.05 to 1.5 s a
 kernel, holding the GIL, so threads do not overlap them. SANA-1.6B's first call launches 19 kernels this way.
 
-``compile_while(fn)`` runs ``fn`` with each launch inside ``launching()`` of a kernel that has no binary yet
+``compile_ahead(fn)`` runs ``fn`` with each launch inside ``launching()`` of a kernel that has no binary yet
 skipped: Triton's ``jit_cache_hook`` records the kernel's specialization data instead of compiling it, and a pool of
 worker processes compiles it meanwhile, kernel and launcher, into Triton's on-disk cache, where the real launches
-that follow find their binaries. The verifier runs its site replacements so, on stand-in inputs
-(verify/verifier.py). Launches outside ``launching()`` compile as usual: a plan's probe (kernels/mean_square.py's
+that follow find their binaries. The verifier runs its site replacements so, on stand-in inputs, when its graph
+is compiled (verify/verifier.py), and waits for the pool at the first call (``Ahead.wait``). Launches
+outside ``launching()`` compile as usual: a plan's probe (kernels/mean_square.py's
 order search) compares a kernel's output with eager's, so it must run for real.
 
 The workers (``serve``) start with ``start()``, which the backend calls so that they import torch while AOTAutograd
@@ -149,13 +150,41 @@ def collect(fn: Callable[[], Any], sink: Callable[[CompileJob], None] | None = N
     return jobs
 
 
-def compile_while(fn: Callable[[], Any]) -> dict[str, Any]:
-    """``collect(fn)`` with each job compiled in the pool as soon as it is found; returns when all are done, with
-    counts and seconds (the verifier's timings log them)."""
-    began = time.perf_counter()
-    compiler = _Compiler()
-    collect(fn, compiler.submit)
-    return compiler.finish(began)
+class Ahead:
+    """What ``compile_ahead`` started: the pool compiling the kernels a dry run found. ``wait()`` returns once they
+    are compiled, with counts, seconds since the start, ``collected`` (the dry run's seconds) and ``waited`` (the
+    seconds the caller waited: what is left on the first call's path)."""
+
+    def __init__(self, fn: Callable[[], Any], device: Any) -> None:
+        import torch
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        self._began = time.perf_counter()
+        self._compiler = _Compiler()
+        # a backend is called inside the compile's fake mode: the dry run's stand-ins are real tensors
+        with unset_fake_temporarily(), (torch.cuda.device(device) if device is not None
+                                        else contextlib.nullcontext()):
+            collect(fn, self._compiler.submit)
+        self._collected = round(time.perf_counter() - self._began, 3)
+        self._result: dict[str, Any] | None = None
+
+    def wait(self) -> dict[str, Any]:
+        if self._result is None:
+            began = time.perf_counter()
+            done = self._compiler.finish(self._began)
+            self._result = {**done, "collected": self._collected, "waited": round(time.perf_counter() - began, 3)}
+        return self._result
+
+
+def compile_ahead(fn: Callable[[], Any], device: Any = None) -> Ahead:
+    """Run the dry run ``fn`` now with ``device`` current (None: as it is), hand each kernel it finds to the pool,
+    and return without waiting for them.
+
+    The verifier calls this when its graph is compiled, so the pool compiles while Dynamo finishes the frame and
+    the first call begins; the first call waits only for what is left. The dry run itself runs on the caller's
+    thread: on another, its Python and the probes' in-process compiles took the GIL from Dynamo's, and the two
+    together were slower (an A/B on SANA-1.6B)."""
+    return Ahead(fn, device)
 
 
 # --- the pool ---------------------------------------------------------------------------------------------

@@ -158,6 +158,15 @@ def dry_run(gm: fx.GraphModule, checks: Sequence[SiteCheck]) -> None:
             _log.debug("dry run: site %s left out: %s: %s", c.id, type(e).__name__, e)
 
 
+def compile_device(gm: fx.GraphModule) -> torch.device | None:
+    """The CUDA device of ``gm``'s first CUDA input, from its traced values; None when it has none."""
+    for n in gm.graph.find_nodes(op="placeholder"):
+        v = n.meta.get("val")
+        if isinstance(v, torch.Tensor) and v.device.type == "cuda":
+            return v.device
+    return None
+
+
 def stand_in(v: Any) -> Any:
     """A zero tensor laid out as ``v`` (a fake or real tensor), or ``v`` itself when it is not a tensor."""
     if not isinstance(v, torch.Tensor):
@@ -240,6 +249,21 @@ class VerifiedGraph:
         # A graph the ranks share goes through verification even with no site here: the other ranks' may have some.
         self._verifies = bool(self.checks) or agreement is not None
         self._returned = returned_storage(ref)
+        self._ahead_done: dict[str, Any] | None = None
+        self._ahead = self._compile_ahead()
+
+    def _compile_ahead(self) -> precompile.Ahead | None:
+        """The dry run, now at compile time, and the pool compiling what it found (CUDA): else the first call would
+        compile its kernels one after another."""
+        device = compile_device(self.ref)
+        if not (self.checks and self.options.verify and device is not None and precompile.available()):
+            return None
+        live = list(self.checks.values())
+        try:
+            return precompile.compile_ahead(lambda: dry_run(self.ref, live), device)
+        except Exception as e:  # noqa: BLE001 - nothing compiled ahead: each kernel compiles at its first launch
+            _log.info("graph %d: kernels not compiled ahead (%s)", self.greport.graph_id, error_message(e))
+            return None
 
     # --- building ------------------------------------------------------------------------
     def build(self, exclude: frozenset[str]) -> fx.GraphModule:
@@ -257,6 +281,9 @@ class VerifiedGraph:
         return self._verifies and self.options.verify and self._signature(args) not in self._chosen
 
     def __call__(self, *args: Any) -> Any:
+        if self._ahead is not None:  # the kernels compiled ahead, before any launch needs them
+            self._ahead_done = self._ahead.wait()
+            self._ahead = None
         if not self._verifies:
             return self.ref(*args)
         if not self.options.verify:
@@ -357,17 +384,14 @@ class VerifiedGraph:
         timed = _timings.isEnabledFor(logging.DEBUG)
         start = time.perf_counter()
         live = [c for cid, c in self.checks.items() if cid not in self.rejected]
-        ahead = None
-        if precompile.available() and any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
-            # each kernel's first launch below would compile it, one after another: compile them in parallel first
-            ahead = precompile.compile_while(lambda: dry_run(self.ref, live))
+        ahead, self._ahead_done = self._ahead_done, None  # the compile-time dry run's, on the first verification
+        if ahead is not None:
             if ahead["failed"]:
                 _log.info("graph %d: %d of %d kernel(s) not compiled ahead; they compile at their first launch",
                           self.greport.graph_id, ahead["failed"], ahead["jobs"])
             if timed:
-                _timings.debug("graph %d: kernels compiled ahead: %s, %.4f s", self.greport.graph_id, ahead,
-                               time.perf_counter() - start)
-                start = time.perf_counter()
+                _timings.debug("graph %d: kernels compiled ahead since the compile: %s", self.greport.graph_id,
+                               ahead)
         snapshot = {i: args[i].clone() for i in self._mutated}
         ref_args = list(args)
         for i, t in snapshot.items():

@@ -20,14 +20,14 @@ def _first_call(monkeypatch, tmp_path, workers: int):
     monkeypatch.setenv("DIFFUSION_FUSE_CACHE_DIR", str(tmp_path / "df"))
     monkeypatch.setenv(precompile.WORKERS_ENV, str(workers))
     done, entries = [], []
-    compile_while = precompile.compile_while
+    wait = precompile.Ahead.wait
 
-    def recorded(fn):
-        done.append(compile_while(fn))
+    def recorded(self):
+        done.append(wait(self))
         entries.append(set(os.listdir(tmp_path / "triton")) if (tmp_path / "triton").exists() else set())
         return done[-1]
 
-    monkeypatch.setattr(precompile, "compile_while", recorded)
+    monkeypatch.setattr(precompile.Ahead, "wait", recorded)
     torch._dynamo.reset()
     model, kwargs = build("sana", torch.bfloat16, "cuda")
     report = diffusion_fuse.Report()
@@ -46,11 +46,13 @@ def test_kernels_compiled_ahead_are_found_by_the_checks(monkeypatch, tmp_path):
     (d,) = done
     assert d["jobs"] >= 3 and d["compiled"] == d["jobs"], d
     assert [v["compiled_ahead"] for g in report.graphs for v in g.verifications] == [d]  # in the report too
+    assert 0 <= d["collected"] <= d["seconds"] and 0 <= d["waited"] <= d["seconds"], d
     # compiled in this process after the pool: probes (mean_square's order search) and launches the dry run
     # could not foresee; the checks' kernels are found in the cache
     late = after - entries[0]
     names = sorted(f for e in late for f in os.listdir(tmp_path / "triton" / e) if not f.startswith("__grp__"))
-    print(f"\ncompiled ahead: {d}; compiled at launch afterwards: {len(late)}: {names}")
+    print(f"\ncompiled ahead: {d}; "
+          f"compiled at launch afterwards: {len(late)}: {names}")
     assert len(late) < d["jobs"], (d, len(late))
 
 
