@@ -249,7 +249,6 @@ class VerifiedGraph:
         # A graph the ranks share goes through verification even with no site here: the other ranks' may have some.
         self._verifies = bool(self.checks) or agreement is not None
         self._returned = returned_storage(ref)
-        self._ahead_done: dict[str, Any] | None = None
         self._ahead = self._compile_ahead()
 
     def _compile_ahead(self) -> precompile.Ahead | None:
@@ -281,9 +280,6 @@ class VerifiedGraph:
         return self._verifies and self.options.verify and self._signature(args) not in self._chosen
 
     def __call__(self, *args: Any) -> Any:
-        if self._ahead is not None:  # the kernels compiled ahead, before any launch needs them
-            self._ahead_done = self._ahead.wait()
-            self._ahead = None
         if not self._verifies:
             return self.ref(*args)
         if not self.options.verify:
@@ -373,6 +369,8 @@ class VerifiedGraph:
 
     def _verify_and_run(self, sig: tuple, args: list[Any], use_stored: bool = True) -> Any:
         began = time.perf_counter()
+        # the kernels compiled ahead since the compile (the first verification only), before any launch needs them
+        ahead, self._ahead = (self._ahead.wait() if self._ahead is not None else None), None
         key = parts = None
         # ranks sharing verdicts all verify (one rank's stored verdict would leave the others waiting)
         if self.options.warm_start and self.agreement is None:
@@ -384,7 +382,6 @@ class VerifiedGraph:
         timed = _timings.isEnabledFor(logging.DEBUG)
         start = time.perf_counter()
         live = [c for cid, c in self.checks.items() if cid not in self.rejected]
-        ahead, self._ahead_done = self._ahead_done, None  # the compile-time dry run's, on the first verification
         if ahead is not None:
             if ahead["failed"]:
                 _log.info("graph %d: %d of %d kernel(s) not compiled ahead; they compile at their first launch",
