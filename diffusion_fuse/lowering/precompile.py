@@ -7,9 +7,9 @@ kernel, holding the GIL, so threads do not overlap them. SANA-1.6B's first call 
 skipped: Triton's ``jit_cache_hook`` records the kernel's specialization data instead of compiling it, and a pool of
 worker processes compiles it meanwhile, kernel and launcher, into Triton's on-disk cache, where the real launches
 that follow find their binaries. The verifier runs its site replacements so, on stand-in inputs, when its graph
-is compiled (verify/verifier.py), and waits for the pool at the first call (``Ahead.wait``). Launches
-outside ``launching()`` compile as usual: a plan's probe (kernels/mean_square.py's
-order search) compares a kernel's output with eager's, so it must run for real.
+is compiled (verify/verifier.py), and waits for the pool at its first call (``Ahead.wait``). Launches outside
+``launching()`` compile as usual: a plan's probe (kernels/mean_square.py's order search) compares a kernel's output
+with eager's, so it must run for real.
 
 The workers (``serve``) start with ``start()``, which the backend calls so that they import torch while AOTAutograd
 and the passes run. Each holds an imported torch (about 0.4 GB), so the pool closes once unused for

@@ -146,7 +146,7 @@ def run_with_site_checks(
 
 def dry_run(gm: fx.GraphModule, checks: Sequence[SiteCheck]) -> None:
     """Run each site's replacement once on stand-ins for its inputs (zeros of the reference values' dtypes,
-    shapes, strides and storage offsets, which decide a kernel's specialization): what ``precompile.compile_while``
+    shapes, strides and storage offsets, which decide a kernel's specialization): what ``precompile.compile_ahead``
     watches to learn which kernels the checks will launch. A site whose inputs have no static layout is left out."""
     by_name = {n.name: n for n in gm.graph.nodes}
     for c in checks:
