@@ -23,6 +23,7 @@ def test_high_tier_compiles_through_inductor_with_the_pattern_applied(name):
     # within tolerance).
     n_sites = EXPECTED_SITES[name] + LINEAR_CAT_SITES.get(name, 0) + CHAIN_SITES[name]
     assert sorted(g.inductor_sites) == sorted(g.sites) and len(g.sites) == n_sites
+    assert not any(s.pattern == "pointwise" for s in g.sites.values())  # Inductor fuses pointwise ops here
     assert all(s.status == "kept" for s in g.sites.values())
     assert sorted(s.exact for s in g.sites.values() if s.pattern == "rms_norm_chain") == [False] * CHAIN_SITES[name]
     assert g.verifications[-1]["inductor_within_tolerance"], g.verifications
