@@ -39,9 +39,10 @@ NO_REPEATED_BLOCKS = ["sana", "sd35"]
 XFAIL: dict = {}
 
 WHOLE_RUNS = [(name, False) for name in EXAMPLES]
-# Wan's blocks (wan21's class, wan22_ti2v's too) compiled alone through the backend: tests/test_table_slice_pattern.py
-# (compile_repeated_blocks, both dtypes); the whole-model runs here cover their pipelines
-REPEATED_RUNS = [(name, True) for name in REPEATED_BLOCKS if name not in ("wan21", "wan22_ti2v")]
+# Blocks compiled alone through the backend elsewhere: Wan's (wan21's class, wan22_ti2v's too) in
+# tests/test_table_slice_pattern.py (compile_repeated_blocks, both dtypes), FLUX.1's in tests/test_bench_models.py
+# (regional compilation, bitwise); the whole-model runs here cover their pipelines
+REPEATED_RUNS = [(name, True) for name in REPEATED_BLOCKS if name not in ("flux", "wan21", "wan22_ti2v")]
 # slowest first, so the two workers finish together
 _ORDER = ["qwen_image", "sd35", "wan22_ti2v_image", "wan22_ti2v", "wan21", "flux2", "flux", "sana"]
 
