@@ -1,4 +1,4 @@
-"""kernels/precompile.py on the CPU: a worker compiles a kernel for the H200 (sm_90) into Triton's cache under the
+"""lowering/precompile.py on the CPU: a worker compiles a kernel for the H200 (sm_90) into Triton's cache under the
 key the launch computes, and the collector records only launches inside ``launching()``. The dry run on real
 launches, and its cache hits, are tested on the GPU (tests/gpu/test_precompile_gpu.py)."""
 
@@ -143,3 +143,31 @@ def test_compile_ahead_runs_the_dry_run_on_real_tensors_and_the_wait_gives_what_
     assert (done["jobs"], done["compiled"], done["failed"]) == (1, 0, 0), done
     assert done["collected"] >= 0 and done["waited"] >= 0 and ahead.wait() is done
     assert not precompile.collecting()
+
+
+def test_a_compiler_nobody_waits_for_gives_the_pool_back(monkeypatch):
+    """A graph compiled and never called: its jobs still end, and the pool may close once idle."""
+
+    class Worker:  # answers at once; two compilers' threads may ask it
+        def ask(self, job):
+            return ""
+
+        def close(self):
+            pass
+
+    monkeypatch.setenv(precompile.WORKERS_ENV, "2")
+    monkeypatch.setattr(precompile, "_pool", [Worker(), Worker()])
+    before = precompile._in_use
+
+    def dry_run():
+        with precompile.launching():
+            for spec in "abc":
+                precompile._state.sink(precompile.CompileJob("m", "p", "k", spec, SM90))
+
+    first, second = precompile.compile_ahead(dry_run), precompile.compile_ahead(dry_run)  # neither waited for
+    deadline = time.monotonic() + 30
+    while precompile._in_use != before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert precompile._in_use == before
+    assert [(d["jobs"], d["compiled"]) for d in (first.wait(), second.wait())] == [(3, 3), (3, 3)]
+    assert precompile._in_use == before  # a late wait gives nothing back twice

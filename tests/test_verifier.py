@@ -279,14 +279,16 @@ def test_the_dry_runs_stand_ins_are_laid_out_as_the_values_they_stand_for():
     assert stand_in(3) == 3 and stand_in(None) is None
 
 
-def test_the_dry_run_starts_at_compile_time_and_the_first_call_waits_for_it(monkeypatch, pattern):
-    """On CUDA the verifier's dry run (lowering/precompile.py) runs when the graph is compiled, and the first call
-    waits for the pool before anything runs. Here on the CPU with the device check let through."""
+@pytest.fixture
+def ahead_events(monkeypatch, pattern):
+    """The verifier's dry run and its compile ahead (lowering/precompile.py) on the CPU, the CUDA check let through:
+    the events in order, and a function compiling and calling a model with one site."""
     from diffusion_fuse.lowering import precompile
     from diffusion_fuse.verify import verifier
 
     events = []
     real_dry_run, real_ahead = verifier.dry_run, precompile.compile_ahead
+    real_call = verifier.VerifiedGraph._verify_and_run
 
     def dry_run(gm, checks):
         events.append(("dry run", len(checks)))
@@ -295,8 +297,6 @@ def test_the_dry_run_starts_at_compile_time_and_the_first_call_waits_for_it(monk
     def compile_ahead(fn, device):
         events.append(("started", device))
         return real_ahead(fn, None)
-
-    real_call = verifier.VerifiedGraph._verify_and_run
 
     def verify_and_run(self, *a, **k):
         events.append(("verified",))
@@ -309,10 +309,45 @@ def test_the_dry_run_starts_at_compile_time_and_the_first_call_waits_for_it(monk
     monkeypatch.setattr(verifier, "dry_run", dry_run)
     monkeypatch.setattr(verifier.VerifiedGraph, "_verify_and_run", verify_and_run)
     pattern("sigmoid_modulate_ahead", -1)
-    model = SigmoidModulate()
-    out, report = run(model, inputs())
-    assert bitwise_equal(out, model(*inputs()))
+
+    def compile_and_call(options=None):
+        torch._dynamo.reset()
+        model = SigmoidModulate()
+        out, report = run(model, inputs(), options)
+        assert bitwise_equal(out, model(*inputs()))
+        return report
+
+    return events, compile_and_call
+
+
+def test_the_dry_run_starts_at_compile_time_and_the_first_call_waits_for_it(ahead_events):
+    """On CUDA the verifier's dry run runs when the graph is compiled, and the first verification waits for the
+    pool before anything runs."""
+    events, compile_and_call = ahead_events
+    report = compile_and_call()
     assert events[0] == ("started", torch.device("cuda", 0))
     assert events[1][0] == "dry run" and events[1][1] > 0 and events[2] == ("verified",), events
     (entry,) = [v for g in report.graphs for v in g.verifications]
     assert entry["compiled_ahead"]["jobs"] == 0 and "waited" in entry["compiled_ahead"], entry
+
+
+def test_with_stored_verdicts_the_dry_run_waits_for_the_first_call_to_miss_them(ahead_events, monkeypatch,
+                                                                                 tmp_path):
+    """Warm start: where this graph has stored verdicts, the first call most likely takes them and launches what is
+    in Triton's cache already, so no dry run; where the call's own entry is missing after all, it dry-runs then."""
+    events, compile_and_call = ahead_events
+    monkeypatch.setenv("DIFFUSION_FUSE_CACHE_DIR", str(tmp_path))
+    options = {"warm_start": True}
+    compile_and_call(options)  # nothing stored: the dry run at compile time, then verdicts stored
+    assert [e[0] for e in events] == ["started", "dry run", "verified"]
+    events.clear()
+    report = compile_and_call(options)
+    assert [e[0] for e in events] == ["verified"], events  # stored verdicts taken: no dry run
+    assert [v.get("warm_start") for g in report.graphs for v in g.verifications] == ["hit"]
+    for entry in (tmp_path / "verdicts").glob("*.json"):
+        entry.unlink()  # the graph's mark stays: a call whose own entry is missing
+    events.clear()
+    report = compile_and_call(options)
+    assert [e[0] for e in events] == ["verified", "started", "dry run"], events
+    (entry,) = [v for g in report.graphs for v in g.verifications]
+    assert entry["warm_start"] == "stored" and "compiled_ahead" in entry

@@ -161,19 +161,25 @@ class Ahead:
 
         self._began = time.perf_counter()
         self._compiler = _Compiler()
-        # a backend is called inside the compile's fake mode: the dry run's stand-ins are real tensors
-        with unset_fake_temporarily(), (torch.cuda.device(device) if device is not None
-                                        else contextlib.nullcontext()):
-            collect(fn, self._compiler.submit)
+        try:
+            # a backend is called inside the compile's fake mode: the dry run's stand-ins are real tensors
+            with unset_fake_temporarily(), (torch.cuda.device(device) if device is not None
+                                            else contextlib.nullcontext()):
+                collect(fn, self._compiler.submit)
+        finally:
+            self._compiler.close()  # every job is known: the pool is given back once they are done, waited or not
         self._collected = round(time.perf_counter() - self._began, 3)
         self._result: dict[str, Any] | None = None
+        self._lock = threading.Lock()
 
     def wait(self) -> dict[str, Any]:
-        if self._result is None:
-            began = time.perf_counter()
-            done = self._compiler.finish(self._began)
-            self._result = {**done, "collected": self._collected, "waited": round(time.perf_counter() - began, 3)}
-        return self._result
+        with self._lock:
+            if self._result is None:
+                began = time.perf_counter()
+                done = self._compiler.finish(self._began)
+                self._result = {**done, "collected": self._collected,
+                                "waited": round(time.perf_counter() - began, 3)}
+            return self._result
 
 
 def compile_ahead(fn: Callable[[], Any], device: Any = None) -> Ahead:
@@ -198,14 +204,16 @@ class _Worker:
         self.proc = subprocess.Popen([sys.executable, "-c", _WORKER_MAIN], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self.started = False
+        self.lock = threading.Lock()  # two compilers (two graphs' dry runs) may share the worker
 
     def ask(self, job: CompileJob) -> str:
         """'' once ``job`` is compiled, else why not; raises if the worker is gone or takes past JOB_TIMEOUT_S."""
-        if not self.started:  # its imports done (the first reply)
-            self._reply(START_TIMEOUT_S)
-            self.started = True
-        _send(self.proc.stdin, job)
-        return self._reply(JOB_TIMEOUT_S)
+        with self.lock:
+            if not self.started:  # its imports done (the first reply)
+                self._reply(START_TIMEOUT_S)
+                self.started = True
+            _send(self.proc.stdin, job)
+            return self._reply(JOB_TIMEOUT_S)
 
     def _reply(self, timeout: float) -> Any:
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
@@ -264,7 +272,8 @@ atexit.register(_close_pool)
 
 
 class _Compiler:
-    """One thread per worker, each sending it a job and waiting for its answer, fed until ``finish``."""
+    """One thread per worker, each sending it a job and waiting for its answer, fed until ``close``; the last
+    thread to end gives the pool back (so a compiler nobody waits for still frees it)."""
 
     def __init__(self) -> None:
         global _in_use
@@ -275,9 +284,13 @@ class _Compiler:
         self.todo: queue.SimpleQueue[CompileJob | None] = queue.SimpleQueue()
         self.done = {"jobs": 0, "compiled": 0, "failed": 0}
         self.lock = threading.Lock()
+        self.closed = False
+        self.running = len(pool)
         self.threads = [threading.Thread(target=self._serve, args=(w,), daemon=True) for w in pool]
         for t in self.threads:
             t.start()
+        if not pool:
+            self._release()
 
     def submit(self, job: CompileJob) -> None:
         with self.lock:
@@ -285,33 +298,52 @@ class _Compiler:
         if self.threads:
             self.todo.put(job)
 
-    def finish(self, began: float) -> dict[str, Any]:
+    def close(self) -> None:
+        """No more jobs: each thread ends once the queue is empty."""
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
         for _ in self.threads:
             self.todo.put(None)
+
+    def finish(self, began: float) -> dict[str, Any]:
+        """``close``, then wait for every job; counts and the seconds since ``began``."""
+        self.close()
         for t in self.threads:
             t.join()
+        return {**self.done, "seconds": round(time.perf_counter() - began, 3)}
+
+    @staticmethod
+    def _release() -> None:
         global _in_use
         with _pool_lock:
             _in_use -= 1
             _close_when_idle()
-        return {**self.done, "seconds": round(time.perf_counter() - began, 3)}
 
     def _serve(self, w: _Worker) -> None:
-        while (job := self.todo.get()) is not None:
-            try:
-                why = w.ask(job)
-            except Exception as e:  # noqa: BLE001 - a broken pipe or an unreadable reply: this worker is done
-                why = f"worker lost: {type(e).__name__}: {e}"
-                w.close()
-                with _pool_lock:
-                    if w in _pool:
-                        _pool.remove(w)
+        try:
+            while (job := self.todo.get()) is not None:
+                try:
+                    why = w.ask(job)
+                except Exception as e:  # noqa: BLE001 - a broken pipe or an unreadable reply: this worker is done
+                    why = f"worker lost: {type(e).__name__}: {e}"
+                    w.close()
+                    with _pool_lock:
+                        if w in _pool:
+                            _pool.remove(w)
+                with self.lock:
+                    self.done["failed" if why else "compiled"] += 1
+                if why:
+                    _log.debug("precompile: %s.%s not compiled ahead: %s", job.module, job.name, why)
+                    if why.startswith("worker lost"):
+                        return  # the other threads take the rest
+        finally:
             with self.lock:
-                self.done["failed" if why else "compiled"] += 1
-            if why:
-                _log.debug("precompile: %s.%s not compiled ahead: %s", job.module, job.name, why)
-                if why.startswith("worker lost"):
-                    return  # the other threads take the rest
+                self.running -= 1
+                last = self.running == 0
+            if last:
+                self._release()
 
 
 def _send(stream, obj: Any) -> None:

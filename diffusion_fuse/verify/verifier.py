@@ -249,15 +249,30 @@ class VerifiedGraph:
         # A graph the ranks share goes through verification even with no site here: the other ranks' may have some.
         self._verifies = bool(self.checks) or agreement is not None
         self._returned = returned_storage(ref)
+        self._dry_run_device: torch.device | None = None  # set where the dry run waits for the first call
         self._ahead = self._compile_ahead()
 
     def _compile_ahead(self) -> precompile.Ahead | None:
         """The dry run, now at compile time, and the pool compiling what it found (CUDA): else the first call would
-        compile its kernels one after another."""
+        compile its kernels one after another. Where a warm start will most likely take stored verdicts (their
+        kernels in Triton's cache), the dry run waits for the first call to find none."""
         device = compile_device(self.ref)
         if not (self.checks and self.options.verify and device is not None and precompile.available()):
             return None
-        live = list(self.checks.values())
+        if self.options.warm_start and self.agreement is None and self._graph_stored():
+            self._dry_run_device = device
+            return None
+        return self._start_ahead(device)
+
+    def _graph_stored(self) -> bool:
+        try:
+            return warm_start.graph_stored(self.ref, self.fused, self.options)
+        except OSError as e:  # the package's files unreadable: the first call says so when it makes the key
+            _log.debug("graph %d: warm start's stored graphs not read (%s)", self.greport.graph_id, e)
+            return False
+
+    def _start_ahead(self, device: torch.device) -> precompile.Ahead | None:
+        live = [c for cid, c in self.checks.items() if cid not in self.rejected]
         try:
             return precompile.compile_ahead(lambda: dry_run(self.ref, live), device)
         except Exception as e:  # noqa: BLE001 - nothing compiled ahead: each kernel compiles at its first launch
@@ -381,14 +396,16 @@ class VerifiedGraph:
                 return self._run_stored(sig, args, key, entry, began)
         timed = _timings.isEnabledFor(logging.DEBUG)
         start = time.perf_counter()
+        if self._dry_run_device is not None:  # no stored verdict after all
+            started, self._dry_run_device = self._start_ahead(self._dry_run_device), None
+            ahead = started.wait() if started is not None else None
         live = [c for cid, c in self.checks.items() if cid not in self.rejected]
         if ahead is not None:
             if ahead["failed"]:
                 _log.info("graph %d: %d of %d kernel(s) not compiled ahead; they compile at their first launch",
                           self.greport.graph_id, ahead["failed"], ahead["jobs"])
             if timed:
-                _timings.debug("graph %d: kernels compiled ahead since the compile: %s", self.greport.graph_id,
-                               ahead)
+                _timings.debug("graph %d: kernels compiled ahead: %s", self.greport.graph_id, ahead)
         snapshot = {i: args[i].clone() for i in self._mutated}
         ref_args = list(args)
         for i, t in snapshot.items():

@@ -9,6 +9,10 @@ back are put back, and the runtime rewrites are applied as they were. Where anyt
 and its verdicts stored. The values (weights, inputs) are not in the key: a stored verdict says the kernels matched
 eager on the first process's values, which is what warm start trusts.
 
+Each store also marks its graph (the key without the call's arguments, ``graph_stored``): a graph compiled with
+a mark will most likely take stored verdicts at its first call, so the verifier leaves its dry run (the kernels
+compiled ahead, lowering/precompile.py) to a first call that finds none.
+
 Generated pointwise kernels are reused through their own files (``kernels/pointwise.py``, named by their source's
 hash) and Triton's cache; this module stores only verdicts, under ``config.cache_root()``/verdicts.
 """
@@ -80,17 +84,27 @@ def _placeholder_meta(gm: fx.GraphModule) -> list[str]:
     return out
 
 
+_CALL_PARTS = ("args", "devices", "device_name")  # what only the call's arguments tell
+
+
 def key_parts(ref: fx.GraphModule, fused: fx.GraphModule, args: Sequence[Any], options: Options) -> dict[str, Any]:
     """What the key hashes, as plain data (also stored beside the verdicts, to tell what differed)."""
     devices = sorted({str(a.device) for a in args if isinstance(a, torch.Tensor)})
     first = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
     return {
-        "ref_code": ref.code,
-        "fused_code": fused.code,
-        "placeholders": _placeholder_meta(ref),
+        **graph_parts(ref, fused, options),
         "args": [_value_meta(a) for a in args],
         "devices": devices,
         "device_name": device_name(first),
+    }
+
+
+def graph_parts(ref: fx.GraphModule, fused: fx.GraphModule, options: Options) -> dict[str, Any]:
+    """The key's parts known when the graph is compiled: all but the call's arguments."""
+    return {
+        "ref_code": ref.code,
+        "fused_code": fused.code,
+        "placeholders": _placeholder_meta(ref),
         "options": {"quality": options.quality, "patterns": sorted(options.patterns.items()),
                     "rtol": options.rtol, "atol": options.atol},
         "package": package_digest(),
@@ -99,6 +113,15 @@ def key_parts(ref: fx.GraphModule, fused: fx.GraphModule, args: Sequence[Any], o
         "env": sorted((k, v) for k, v in os.environ.items()
                       if (k == "TRITON_INTERPRET" or k.startswith("DIFFUSION_FUSE_")) and k not in _ENV_SKIP),
     }
+
+
+def graph_stored(ref: fx.GraphModule, fused: fx.GraphModule, options: Options) -> bool:
+    """Whether some call of this graph has stored verdicts (its first call here will most likely take them)."""
+    return os.path.exists(_graph_path(key(graph_parts(ref, fused, options))))
+
+
+def _graph_path(graph_key: str) -> str:
+    return os.path.join(cache_root(), "verdicts", "graphs", graph_key)
 
 
 def key(parts: dict[str, Any]) -> str:
@@ -134,5 +157,10 @@ def store(k: str, entry: dict[str, Any]) -> None:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(entry, f, default=str)
         os.replace(tmp, path)
+        parts = entry.get("key_parts")
+        if isinstance(parts, dict):  # the graph's mark, for graph_stored
+            graph = _graph_path(key({k: v for k, v in parts.items() if k not in _CALL_PARTS}))
+            os.makedirs(os.path.dirname(graph), exist_ok=True)
+            open(graph, "w").close()
     except OSError as e:
         _log.warning("warm start: verdicts not stored at %s (%s)", path, e)

@@ -1,4 +1,4 @@
-"""kernels/precompile.py on CUDA: the verifier's dry run finds the kernels its checks launch, the pool compiles them
+"""lowering/precompile.py on CUDA: the verifier's dry run finds the kernels its checks launch, the pool compiles them
 into Triton's cache, and the first call's output and verdicts are those of a first call without the pool."""
 
 import os
