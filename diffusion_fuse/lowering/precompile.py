@@ -236,17 +236,20 @@ JOB_TIMEOUT_S = 300.0  # one kernel compiles in seconds at most
 IDLE_CLOSE_S = 120.0  # each worker holds an imported torch (hundreds of MB): the pool goes when unused this long
 
 
-def start() -> None:
-    """Start the pool's workers (they import torch and Triton while the caller goes on), unless they run."""
-    if workers() == 0:
-        return
+def start(use: bool = False) -> list[_Worker]:
+    """Start the pool's workers (they import torch and Triton while the caller goes on), unless they run; with
+    ``use``, count the caller in (``_in_use``) under the same lock, so that an idle close cannot come between."""
+    global _in_use
     with _pool_lock:
-        if not _pool:
+        if not _pool and workers():
             try:
                 _pool.extend(_Worker() for _ in range(workers()))
             except OSError as e:
                 _log.warning("precompile: no worker started (%s); kernels compile at their launches", e)
+        if use:
+            _in_use += 1
         _close_when_idle()
+        return list(_pool)
 
 
 def _close_when_idle() -> None:
@@ -276,11 +279,7 @@ class _Compiler:
     thread to end gives the pool back (so a compiler nobody waits for still frees it)."""
 
     def __init__(self) -> None:
-        global _in_use
-        start()
-        with _pool_lock:
-            pool = list(_pool)
-            _in_use += 1
+        pool = start(use=True)
         self.todo: queue.SimpleQueue[CompileJob | None] = queue.SimpleQueue()
         self.done = {"jobs": 0, "compiled": 0, "failed": 0}
         self.lock = threading.Lock()

@@ -267,8 +267,8 @@ class VerifiedGraph:
     def _graph_stored(self) -> bool:
         try:
             return warm_start.graph_stored(self.ref, self.fused, self.options)
-        except OSError as e:  # the package's files unreadable: the first call says so when it makes the key
-            _log.debug("graph %d: warm start's stored graphs not read (%s)", self.greport.graph_id, e)
+        except Exception as e:  # noqa: BLE001 - the first call makes the full key and says what failed
+            _log.debug("graph %d: warm start's graph marks not read (%s)", self.greport.graph_id, error_message(e))
             return False
 
     def _start_ahead(self, device: torch.device) -> precompile.Ahead | None:

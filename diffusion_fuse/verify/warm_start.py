@@ -157,10 +157,14 @@ def store(k: str, entry: dict[str, Any]) -> None:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(entry, f, default=str)
         os.replace(tmp, path)
-        parts = entry.get("key_parts")
-        if isinstance(parts, dict):  # the graph's mark, for graph_stored
-            graph = _graph_path(key({k: v for k, v in parts.items() if k not in _CALL_PARTS}))
-            os.makedirs(os.path.dirname(graph), exist_ok=True)
-            open(graph, "w").close()
     except OSError as e:
         _log.warning("warm start: verdicts not stored at %s (%s)", path, e)
+        return
+    parts = entry.get("key_parts")
+    if isinstance(parts, dict):  # the graph's mark, for graph_stored
+        mark = _graph_path(key({name: v for name, v in parts.items() if name not in _CALL_PARTS}))
+        try:
+            os.makedirs(os.path.dirname(mark), exist_ok=True)
+            open(mark, "w").close()
+        except OSError as e:
+            _log.warning("warm start: graph mark not written at %s (%s); its next compile dry-runs again", mark, e)
