@@ -171,3 +171,42 @@ def test_a_compiler_nobody_waits_for_gives_the_pool_back(monkeypatch):
     assert precompile._in_use == before
     assert [(d["jobs"], d["compiled"]) for d in (first.wait(), second.wait())] == [(3, 3), (3, 3)]
     assert precompile._in_use == before  # a late wait gives nothing back twice
+
+
+def test_a_lost_worker_leaves_its_jobs_to_the_others_and_the_pool_is_given_back(monkeypatch):
+    import threading
+
+    lost_asked = threading.Event()
+
+    class Worker:
+        def __init__(self, lost: bool):
+            self.lost, self.asked, self.closed = lost, 0, False
+
+        def ask(self, job):
+            self.asked += 1
+            if self.lost:
+                lost_asked.set()
+                raise BrokenPipeError("gone")
+            lost_asked.wait(10)  # the lost one takes a job meanwhile
+            return ""
+
+        def close(self):
+            self.closed = True
+
+    lost, alive = Worker(True), Worker(False)
+    monkeypatch.setenv(precompile.WORKERS_ENV, "2")
+    monkeypatch.setattr(precompile, "_pool", [lost, alive])
+    before = precompile._in_use
+
+    def dry_run():
+        with precompile.launching():
+            for spec in "abcde":
+                precompile._state.sink(precompile.CompileJob("m", "p", "k", spec, SM90))
+
+    done = precompile.compile_ahead(dry_run).wait()
+    assert (done["jobs"], done["compiled"] + done["failed"]) == (5, 5) and done["failed"] == lost.asked == 1, done
+    assert lost.closed and precompile._pool == [alive] and precompile._in_use == before
+
+    monkeypatch.setattr(precompile, "_pool", [])
+    monkeypatch.setenv(precompile.WORKERS_ENV, "0")  # no pool at all: nothing to give back later
+    assert precompile.compile_ahead(dry_run).wait()["jobs"] == 5 and precompile._in_use == before
