@@ -2,6 +2,7 @@
 key the launch computes, and the collector records only launches inside ``launching()``. The dry run on real
 launches, and its cache hits, are tested on the GPU (tests/gpu/test_precompile_gpu.py)."""
 
+import json
 import os
 import time
 import types
@@ -39,6 +40,7 @@ def cache_entries(root: str) -> set[str]:
 def test_a_worker_fills_the_cache_the_launch_reads_and_a_failing_job_is_left_to_it(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv(precompile.WORKERS_ENV, "1")
+    monkeypatch.setenv("TORCH_LOGS", "+diffusion_fuse")  # the worker's torch parses it, without our logs registered
     sig, constexprs, attrs, options = lut16_specialization()
     job = precompile.CompileJob(_lut16_kernel.__module__, _lut16_kernel.fn.__code__.co_filename, "_lut16_kernel",
                                 serialize_specialization_data("_lut16_kernel", sig, constexprs, attrs, options, "k"),
@@ -47,6 +49,9 @@ def test_a_worker_fills_the_cache_the_launch_reads_and_a_failing_job_is_left_to_
     noisy_file = tmp_path / "noisy.py"  # prints to stdout, Python's and the descriptor's, then has no kernel
     noisy_file.write_text("import os\nprint('noise')\nos.write(1, b'noise')\n")
     noisy = precompile.CompileJob("noisy_module", str(noisy_file), "k", "{}", SM90)
+    spy_file = tmp_path / "spy.py"  # what the worker has imported: its kernels' needs, not the backend
+    spy_file.write_text("import json, sys\nopen(__file__ + '.json', 'w').write(json.dumps(sorted(sys.modules)))\n")
+    spy = precompile.CompileJob("spy_module", str(spy_file), "k", "{}", SM90)
     slow_file = tmp_path / "slow.py"  # hangs: the worker is killed, the job left to the launch
     slow_file.write_text("import time\ntime.sleep(600)\n")
     slow = precompile.CompileJob("slow_module", str(slow_file), "k", "{}", SM90)
@@ -54,7 +59,7 @@ def test_a_worker_fills_the_cache_the_launch_reads_and_a_failing_job_is_left_to_
     monkeypatch.setattr(precompile, "JOB_TIMEOUT_S", 3.0)
     try:
         compiler = precompile._Compiler()  # one worker: the replies survive the noise
-        for j in (noisy, broken, job, slow):
+        for j in (noisy, broken, spy, job, slow):
             compiler.submit(j)
         done = compiler.finish(time.perf_counter())
         workers = list(precompile._pool)
@@ -65,12 +70,15 @@ def test_a_worker_fills_the_cache_the_launch_reads_and_a_failing_job_is_left_to_
         assert all(w.proc.wait(timeout=30) != 0 for w in workers)  # the slow job's worker was killed
     finally:
         precompile._close_pool()
-    assert (done["jobs"], done["compiled"], done["failed"]) == (4, 1, 3), done
-    filled = cache_entries(str(tmp_path)) - {"noisy.py", "slow.py"}
+    assert (done["jobs"], done["compiled"], done["failed"]) == (5, 1, 4), done
+    imported = set(json.loads((tmp_path / "spy.py.json").read_text()))
+    assert {"torch", "triton.compiler", "diffusion_fuse.kernels"} <= imported
+    assert not imported & {"diffusion_fuse.backend", "diffusion_fuse.fxpasses", "torch._inductor"}, imported
+    filled = cache_entries(str(tmp_path)) - {"noisy.py", "slow.py", "spy.py", "spy.py.json"}
     assert filled
     # the JIT's own compile of the same launch (JITFunction._do_compile) finds the binary: no new cache entry
     triton.compile(ASTSource(_lut16_kernel, sig, constexprs, attrs), target=SM90, options=options.__dict__)
-    assert cache_entries(str(tmp_path)) - {"noisy.py", "slow.py"} == filled
+    assert cache_entries(str(tmp_path)) - {"noisy.py", "slow.py", "spy.py", "spy.py.json"} == filled
 
 
 def test_only_launches_inside_launching_are_recorded_and_skipped():

@@ -194,13 +194,26 @@ def compile_ahead(fn: Callable[[], Any], device: Any = None) -> Ahead:
 
 
 # --- the pool ---------------------------------------------------------------------------------------------
-_WORKER_MAIN = "from diffusion_fuse.lowering.precompile import serve; serve()"
+# The worker imports the package's modules without its ``__init__`` (the backend, the passes, Dynamo): a job needs
+# Triton, torch and a kernel's module only. With the whole package, SANA-1.6B's workers (H100 host) were ready
+# 10-12 s after their start and its first call waited 2.0-2.5 s for them; without, they take the first job 5 s
+# after their start and the first call waits under 0.05 s.
+# The package gets a real spec (torch's TORCH_LOGS parsing looks modules up by name).
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_WORKER_MAIN = ("import importlib.util, os, sys\n"
+                f"spec = importlib.util.spec_from_file_location('diffusion_fuse', os.path.join({_PACKAGE_DIR!r}, "
+                f"'__init__.py'), submodule_search_locations=[{_PACKAGE_DIR!r}])\n"
+                "sys.modules['diffusion_fuse'] = importlib.util.module_from_spec(spec)\n"
+                "from diffusion_fuse.lowering.precompile import serve\n"
+                "serve()\n")
 
 
 class _Worker:
     def __init__(self) -> None:
         # the same interpreter and import path; stdout carries the replies (the worker sends its prints to stderr)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        # without TORCH_LOGS: its output is discarded, and a module name there has torch import that package whole
+        env = {**{k: v for k, v in os.environ.items() if k != "TORCH_LOGS"},
+               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.proc = subprocess.Popen([sys.executable, "-c", _WORKER_MAIN], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self.started = False
@@ -402,7 +415,8 @@ def serve() -> None:
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    import triton.compiler  # noqa: F401 - imported before the first job, while the parent traces
+    import torch  # noqa: F401 - the kernels' modules import it: before the first job, while the parent traces
+    import triton.compiler  # noqa: F401
 
     import diffusion_fuse.kernels  # noqa: F401
 
