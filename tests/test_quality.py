@@ -43,7 +43,9 @@ def test_gate():
     assert not gate.measure(x, x + 0.1)["passed"]
 
 
-@pytest.mark.parametrize("example", ["flux_pipeline.py", "wan21_pipeline.py"])
+# One pipeline: a video's frame-by-frame comparison is tested above, and every example shares the gate's plumbing
+# (examples/_common.py); a tier-high compile runs Inductor's CPU codegen, the suite's dearest step
+@pytest.mark.parametrize("example", ["flux_pipeline.py"])
 def test_tier_high_passes_the_gate_over_twenty_steps(example):
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, f"examples/{example}", "--quality", "high", "--steps", "20",
