@@ -38,28 +38,37 @@ def cache_entries(root: str) -> set[str]:
 
 
 def test_a_worker_fills_the_cache_the_launch_reads_and_a_failing_job_is_left_to_it(tmp_path, monkeypatch):
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    cache, mods = tmp_path / "cache", tmp_path / "mods"  # the launch's Triton cache; the jobs' module files
+    mods.mkdir()
+    # the pool starts under another cache (as before Inductor sets TRITON_CACHE_DIR in this process): each job
+    # carries the one the launch reads
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache_at_start"))
     monkeypatch.setenv(precompile.WORKERS_ENV, "1")
-    monkeypatch.setenv("TORCH_LOGS", "+diffusion_fuse")  # the worker's torch parses it, without our logs registered
+    # kept from the worker: a module name there has torch import that package whole (the spy would see it)
+    monkeypatch.setenv("TORCH_LOGS", "+diffusion_fuse")
     sig, constexprs, attrs, options = lut16_specialization()
     job = precompile.CompileJob(_lut16_kernel.__module__, _lut16_kernel.fn.__code__.co_filename, "_lut16_kernel",
                                 serialize_specialization_data("_lut16_kernel", sig, constexprs, attrs, options, "k"),
-                                SM90)
-    broken = precompile.CompileJob("no_such_module_here", "/nonexistent.py", "k", "{}", SM90)
-    noisy_file = tmp_path / "noisy.py"  # prints to stdout, Python's and the descriptor's, then has no kernel
-    noisy_file.write_text("import os\nprint('noise')\nos.write(1, b'noise')\n")
-    noisy = precompile.CompileJob("noisy_module", str(noisy_file), "k", "{}", SM90)
-    spy_file = tmp_path / "spy.py"  # what the worker has imported: its kernels' needs, not the backend
-    spy_file.write_text("import json, sys\nopen(__file__ + '.json', 'w').write(json.dumps(sorted(sys.modules)))\n")
-    spy = precompile.CompileJob("spy_module", str(spy_file), "k", "{}", SM90)
-    slow_file = tmp_path / "slow.py"  # hangs: the worker is killed, the job left to the launch
-    slow_file.write_text("import time\ntime.sleep(600)\n")
-    slow = precompile.CompileJob("slow_module", str(slow_file), "k", "{}", SM90)
+                                SM90, str(cache))
+
+    def module_job(name: str, source: str) -> precompile.CompileJob:
+        (mods / f"{name}.py").write_text(source)
+        return precompile.CompileJob(name, str(mods / f"{name}.py"), "k", "{}", SM90, str(cache))
+
+    broken = precompile.CompileJob("no_such_module_here", "/nonexistent.py", "k", "{}", SM90, str(cache))
+    # prints to stdout, Python's and the descriptor's, then has no kernel
+    noisy = module_job("noisy", "import os\nprint('noise')\nos.write(1, b'noise')\n")
+    # what the worker has imported with every kernel module: the kernels' needs, not the backend
+    spy = module_job("spy", "import importlib, json, pkgutil, sys\nimport diffusion_fuse.kernels as k\n"
+                            "for m in pkgutil.iter_modules(k.__path__):\n"
+                            "    importlib.import_module(f'diffusion_fuse.kernels.{m.name}')\n"
+                            "open(__file__ + '.json', 'w').write(json.dumps(sorted(sys.modules)))\n")
+    slow = module_job("slow", "import time\ntime.sleep(600)\n")  # hangs: the worker is killed, the launch has it
     monkeypatch.setattr(precompile, "IDLE_CLOSE_S", 0.2)
     monkeypatch.setattr(precompile, "JOB_TIMEOUT_S", 3.0)
     try:
         compiler = precompile._Compiler()  # one worker: the replies survive the noise
-        for j in (noisy, broken, spy, job, slow):
+        for j in (noisy, broken, job, spy, slow):
             compiler.submit(j)
         done = compiler.finish(time.perf_counter())
         workers = list(precompile._pool)
@@ -71,14 +80,15 @@ def test_a_worker_fills_the_cache_the_launch_reads_and_a_failing_job_is_left_to_
     finally:
         precompile._close_pool()
     assert (done["jobs"], done["compiled"], done["failed"]) == (5, 1, 4), done
-    imported = set(json.loads((tmp_path / "spy.py.json").read_text()))
-    assert {"torch", "triton.compiler", "diffusion_fuse.kernels"} <= imported
+    imported = set(json.loads((mods / "spy.py.json").read_text()))
+    assert {"torch", "triton.compiler", "diffusion_fuse.kernels.lut16"} <= imported
     assert not imported & {"diffusion_fuse.backend", "diffusion_fuse.fxpasses", "torch._inductor"}, imported
-    filled = cache_entries(str(tmp_path)) - {"noisy.py", "slow.py", "spy.py", "spy.py.json"}
-    assert filled
+    filled = cache_entries(str(cache))
+    assert filled and not cache_entries(str(tmp_path / "cache_at_start"))
     # the JIT's own compile of the same launch (JITFunction._do_compile) finds the binary: no new cache entry
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
     triton.compile(ASTSource(_lut16_kernel, sig, constexprs, attrs), target=SM90, options=options.__dict__)
-    assert cache_entries(str(tmp_path)) - {"noisy.py", "slow.py", "spy.py", "spy.py.json"} == filled
+    assert cache_entries(str(cache)) == filled
 
 
 def test_only_launches_inside_launching_are_recorded_and_skipped():

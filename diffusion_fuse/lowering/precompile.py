@@ -57,6 +57,7 @@ class CompileJob:
     name: str
     specialization: str  # Triton's serialized specialization data (JSON)
     target: Any  # triton.backends.compiler.GPUTarget
+    cache_dir: str = ""  # the caller's Triton cache when the job was found ('': the worker's own)
 
 
 def workers() -> int:
@@ -109,8 +110,12 @@ def _hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled):  # noq
                                   already_compiled=already_compiled)
         return None
     jf = fn.jit_function
+    from triton import knobs
+
+    # the cache the launch will read: Inductor sets TRITON_CACHE_DIR in its process when it first compiles, which
+    # a pool started before then does not see
     job = CompileJob(fn.module, inspect.getsourcefile(jf.fn) or "", fn.name, compile["specialization_data"],
-                     jf.device_caches[compile["device"]][2])
+                     jf.device_caches[compile["device"]][2], knobs.cache.dir)
     if (job.path, job.name, job.specialization) not in _state.seen:
         _state.seen.add((job.path, job.name, job.specialization))
         sink(job)
@@ -198,7 +203,7 @@ def compile_ahead(fn: Callable[[], Any], device: Any = None) -> Ahead:
 # Triton, torch and a kernel's module only. With the whole package, SANA-1.6B's workers (H100 host) were ready
 # 10-12 s after their start and its first call waited 2.0-2.5 s for them; without, they take the first job 5 s
 # after their start and the first call waits under 0.05 s.
-# The package gets a real spec (torch's TORCH_LOGS parsing looks modules up by name).
+# The package gets a real spec: importlib.util.find_spec raises on a module without one.
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _WORKER_MAIN = ("import importlib.util, os, sys\n"
                 f"spec = importlib.util.spec_from_file_location('diffusion_fuse', os.path.join({_PACKAGE_DIR!r}, "
@@ -380,6 +385,8 @@ def compile_job(job: CompileJob) -> None:
     from triton.compiler import ASTSource, make_backend
     from triton.compiler import compile as triton_compile
 
+    if job.cache_dir:
+        os.environ["TRITON_CACHE_DIR"] = job.cache_dir
     module = sys.modules.get(job.module)
     if module is None:
         try:
