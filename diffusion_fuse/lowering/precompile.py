@@ -201,7 +201,7 @@ def compile_ahead(fn: Callable[[], Any], device: Any = None) -> Ahead:
 # --- the pool ---------------------------------------------------------------------------------------------
 # The worker imports the package's modules without its ``__init__`` (the backend, the passes, Dynamo): a job needs
 # Triton, torch and a kernel's module only. With the whole package, SANA-1.6B's workers (H100 host) were ready
-# 10-12 s after their start and its first call waited 2.0-2.5 s for them; without, they take the first job 5 s
+# 10-12 s after their start and its first call waited 2.2-2.5 s for them; without, they take the first job 5 s
 # after their start and the first call waits under 0.05 s.
 # The package gets a real spec: importlib.util.find_spec raises on a module without one.
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
