@@ -18,7 +18,8 @@ input is a gated residual ``residual + gate * x`` goes to family gated_residual_
   only the (unused) text stream and is dead code in the graph
 - plain_dit (a DiT in plain PyTorch): the first block's norm1 reads the patch embedding (norm_modulate); the other
   three block LayerNorms and the final one read a gated residual (4); its QK norms
-  (``nn.RMSNorm``, composite on the CPU: pow → mean → rsqrt) give four mean_square sites at head dim 32
+  (``nn.RMSNorm``, composite on the CPU: pow → mean → rsqrt) at head dim 32 are summed inside their tails'
+  pointwise kernels (patterns/mean_square.py ``tail_reads_rows``): no mean_square site
 - sd35: 8 LayerNorms with 9 modulates: the dual-attention block's SD35AdaLayerNormZeroX
   normalizes once for two modulates (one site, two ops); 6 LayerNorms read a gated residual
   (norm2 and norm2_context of both blocks, and block 1's norm1/norm1_context)
@@ -58,9 +59,10 @@ LINEAR_CAT_SITES = {"flux": 1, "flux2": 1, "qwen_image": 1}
 # linear: no group)
 GG = "grouped_gemv"
 GROUPED_GEMV_SITES = {"flux": 1, "flux2": 1, "qwen_image": 1, "sd35": 1, "plain_dit": 1}
-# Family mean_square: RMSNorm variances over rows the kernel takes (the diffusers models' head dims of 16 are not)
+# Family mean_square: RMSNorm variances over rows its kernel takes and no tail's kernel does (the diffusers models'
+# head dims of 16 are near misses; plain_dit's 32 go to the pointwise tails)
 MS = "mean_square"
-MEAN_SQUARE_SITES = {"plain_dit": 4}
+MEAN_SQUARE_SITES: dict[str, int] = {}
 FAMILIES = (N, G, R, P, L, GG, MS)
 
 

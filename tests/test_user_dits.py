@@ -14,12 +14,12 @@ import diffusion_fuse
 from diffusion_fuse.census import classify
 from diffusion_fuse.testing.user_dits import USER_DITS, build_user_dit
 
-# kept sites per family (bf16): RMSDiT's 12 RMSNorm variances (4 block norms and 2 QK norms a block, 2 blocks),
-# the final LayerNorm reading the last gated residual; JointDiT's 16 LayerNorms (the streams' and the QK norms,
+# kept sites per family (bf16): RMSDiT's 12 RMSNorm variances (4 block norms and 2 QK norms a block, 2 blocks) in
+# their tails' pointwise kernels (no mean_square site), the final LayerNorm reading the last gated residual; JointDiT's 16 LayerNorms (the streams' and the QK norms,
 # each a layer_norm site: an addcmul modulate is not norm_modulate's form); each model's modulation linears of one
 # silu(temb) in one grouped_gemv
 EXPECTED = {
-    "rms_dit": {"mean_square": 12, "gated_residual_norm_modulate": 1, "grouped_gemv": 1},
+    "rms_dit": {"mean_square": 0, "gated_residual_norm_modulate": 1, "grouped_gemv": 1},
     "joint_dit": {"layer_norm": 16, "grouped_gemv": 1},
 }
 
@@ -47,7 +47,7 @@ def test_user_dit_is_eager_bitwise_with_its_forms_found(name):
         # the norms' shared fp32 copy of x is folded into their tails (patterns/mean_square.py), and the complex
         # RoPE is grouped with the QK norms' tails
         assert not [op for op in left if "_to_copy" in op], left
-        assert fused["view_as_complex"] == 4 and fused["mul"] > 0, fused
+        assert fused["view_as_complex"] == 4 and fused["mul"] > 0 and fused["mean"] == 12, fused
     else:
         # addcmul's modulates and gated residuals join the pointwise groups (one small lone residual stays eager)
         assert fused["addcmul"] >= 10, fused

@@ -5,7 +5,9 @@ sites the verifier put back, are opaque here) and only in the lossless tier. Wha
 the ops of kernels/pointwise_ops.py's table (each checked: dtypes bf16/fp16/fp32, scalars it
 can reproduce), ``cat``/``stack``, ``constant_pad_nd`` (non-negative pads, a finite fill: SANA pads its fp32
 value with a row of ones), and the views (view, unsqueeze, expand, permute, slice,
-select, unbind/split items, ...) between them.
+select, unbind/split items, ...) between them. An RMSNorm's variance ``mean(pow(x, 2), [-1], keepdim)`` joins its
+tail's group where the tail reads it on every element of rows a program can hold (patterns/mean_square.py,
+``tail_reads_rows``): the kernel sums the rows in eager's order (kernels/pointwise.py, ``_row_mean``).
 
 Grouping, in graph order: each computed node joins the groups of the values it reads, looking
 through views (a view joins the group whose value it views when a node of that group reads it;
@@ -56,6 +58,7 @@ from ..kernels.pointwise import (
     MULTI_VIEW_OPS,
     STRUCTURAL_OPS,
     VIEW_OPS,
+    Unsupported,
     pad_fill,
 )
 from ..kernels.pointwise_ops import FLOAT_DTYPES, LUT16_OPS, RECIPES, lookup_only
@@ -69,6 +72,7 @@ from ..lowering.pointwise import (
     register_program,
 )
 from ..patterns.match_utils import describe
+from ..patterns.mean_square import tail_reads_rows
 from ..patterns.registry import Site
 from ..verify.compare import compare_bitwise
 from .base import GraphPass, PassContext, register_pass
@@ -121,6 +125,8 @@ def classify(n: fx.Node) -> str | None:
         return None  # a crop (negative pad) or a non-finite fill: eager's op
     if t in STRUCTURAL_OPS:
         return "compute" if all(_tensor(a.meta.get("val")) for a in ins) and ins else None
+    if t is torch.ops.aten.mean.dim:
+        return "compute" if tail_reads_rows(n) else None  # an RMSNorm's variance, with its tail: a row mean
     r = RECIPES.get(t)
     if r is None or (r.check(n) and not _looked_up(n, v)):
         return None
@@ -373,6 +379,8 @@ def group_site(group: list[fx.Node], opaque: set[fx.Node] = frozenset()) -> Site
             continue
         live.add(n)
         stack.extend(a for a in n.all_input_nodes if a in members)
+    if any(n.target is torch.ops.aten.mean.dim for n in kept):
+        return None  # a row mean is computed on its tail's lanes only, never as a value of its own
     replaced = [n for n in group if n not in kept]
     compute = [n for n in replaced if kinds[n] == "compute"]
     body = [n for n in group if n in live]
@@ -535,9 +543,12 @@ def diagnose(key: str, inputs) -> str:
     gm = PROGRAMS[key].gm
     for n, value in node_values(gm, inputs):
         if (n.op != "call_function" or not isinstance(value, torch.Tensor) or value.dtype not in FLOAT_DTYPES
-                or n.target in VIEW_OPS or n.target is operator.getitem):
-            continue  # an input or a view: judged through the ops that read it
-        (got,) = launch_once(register_program(_prefix_program(gm, n), describe([n])), list(inputs))
+                or n.target in VIEW_OPS or n.target is operator.getitem or n.target is torch.ops.aten.mean.dim):
+            continue  # an input, a view or a row mean (computed on its tail's lanes): judged through its readers
+        try:
+            (got,) = launch_once(register_program(_prefix_program(gm, n), describe([n])), list(inputs))
+        except Unsupported:
+            continue  # not a kernel's output alone (a value on a row mean's rows): judged through its readers
         v = compare_bitwise(value, got)
         if not v:
             return f"first op to differ from eager: {describe([n])[0]} ({v.detail})"

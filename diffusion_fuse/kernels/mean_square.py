@@ -65,6 +65,10 @@ flight together (as the QK RMSNorm does) and the tree as warp shuffles on a stat
 
 The sums are the same bits as the generic kernel's (the tests check every kernel against one numpy model); the
 lane kernels run eager's forms because they are faster (``benchmarks/bench_rms_norm.py`` times the op).
+
+``row_sums`` is the same order as a function of a [R, D] tile that a kernel already holds: the generated pointwise
+kernels (kernels/pointwise.py) sum an RMSNorm's variance inside the norm's tail with it, where a program's lanes
+hold whole rows (D a power of two up to 1024; ``row_sum_form``).
 """
 
 from __future__ import annotations
@@ -238,6 +242,87 @@ def mean_square_strided_lanes_kernel(X, OUT, n_rows, N, L1, L2, x_s0, x_s1, x_s2
     s = _row_tree(s, ROWS, 32, SHUFFLE)
     r = first + tl.arange(0, ROWS)
     tl.store(OUT + _row_offsets(r, L1, L2, o_s0, o_s1, o_s2, ROW_DIMS), s * factor, mask=r < n_rows)
+
+
+@triton.jit
+def _pick(a, j, R: tl.constexpr, P: tl.constexpr, W: tl.constexpr):
+    """``a[:, j, :]`` of an [R, P, W] tile: a sum of one value and zeros, exact (the values are squares or sums
+    of squares, never -0)."""
+    return tl.sum(tl.where(tl.arange(0, P)[None, :, None] == j, a, 0.0), axis=1)
+
+
+@triton.jit
+def _in_order(a, R: tl.constexpr, P: tl.constexpr, W: tl.constexpr):
+    """[R, P, W] -> [R, W]: ``a[:, 0] + a[:, 1] + ... + a[:, P - 1]`` added left to right (two: one add, in
+    any order)."""
+    if P == 1:
+        s = tl.reshape(a, [R, W])
+    elif P == 2:
+        s = tl.sum(a, axis=1)
+    else:
+        s = _pick(a, 0, R, P, W)
+        for j in tl.static_range(1, P):
+            s = s + _pick(a, j, R, P, W)
+    return s
+
+
+@triton.jit
+def row_sums(v, R: tl.constexpr, D: tl.constexpr, FORM: tl.constexpr, DESC: tl.constexpr, LPR: tl.constexpr):
+    """[R, D] fp32 -> [R] row sums in one of eager's orders (FORM, DESC, LPR lanes a row: ``row_sum_form``), the
+    same bits as this module's kernels give for the sums of these values. For kernels whose lanes already hold
+    whole rows (kernels/pointwise.py's row means): every add of the lanes' sums and of the warp tree is a sum of
+    two (a reshape's axis of size 2: one add, which no summation order changes), so the bits do not depend on how
+    Triton lays the tile out."""
+    if FORM == 3:  # vector lanes: lane t's vectors t + LPR k, element i of each into accumulator i
+        K: tl.constexpr = D // (4 * LPR)
+        acc = _in_order(tl.reshape(v, [R, K, LPR * 4]), R, K, LPR * 4)
+        even, odd = tl.split(tl.reshape(acc, [R * LPR, 2, 2]))  # (accumulators 0, 2) and (1, 3) of each lane
+        a0, a2 = tl.split(even)
+        a1, a3 = tl.split(odd)
+        s = tl.reshape(((a0 + a1) + a2) + a3, [R, LPR])
+    else:  # strided lanes: lane t's elements t + 32 i
+        P: tl.constexpr = D // 32
+        a = tl.reshape(v, [R, P, 32])
+        if FORM == 0:
+            s = _in_order(a, R, P, 32)
+        else:
+            tl.static_assert(P == 4, "tree and halves: 4 elements a lane")
+            e0 = _pick(a, 0, R, P, 32)
+            e1 = _pick(a, 1, R, P, 32)
+            e2 = _pick(a, 2, R, P, 32)
+            e3 = _pick(a, 3, R, P, 32)
+            s = (e0 + e1) + (e2 + e3) if FORM == 1 else (e0 + e2) + (e1 + e3)
+    # the warp tree: offset W adds lane t + W to lane t (descending), or lane 2j + 1 to lane 2j (ascending)
+    if LPR >= 32:
+        s = tl.sum(tl.reshape(s, [R, 2, 16]), axis=1) if DESC else tl.sum(tl.reshape(s, [R, 16, 2]), axis=2)
+    if LPR >= 16:
+        s = tl.sum(tl.reshape(s, [R, 2, 8]), axis=1) if DESC else tl.sum(tl.reshape(s, [R, 8, 2]), axis=2)
+    if LPR >= 8:
+        s = tl.sum(tl.reshape(s, [R, 2, 4]), axis=1) if DESC else tl.sum(tl.reshape(s, [R, 4, 2]), axis=2)
+    if LPR >= 4:
+        s = tl.sum(tl.reshape(s, [R, 2, 2]), axis=1) if DESC else tl.sum(tl.reshape(s, [R, 2, 2]), axis=2)
+    if LPR >= 2:
+        s = tl.sum(s, axis=1)
+    else:
+        s = tl.reshape(s, [R])
+    return s
+
+
+def row_sum_form(device: torch.device, d: int) -> tuple[int, bool, int] | None:
+    """(lane form, descending warp offsets, lanes a row) of eager's mean over rows of ``d`` on ``device``, for
+    ``row_sums``; None where ``row_sums`` takes no such rows (``d`` a power of two from 32 to 1024), eager's order
+    is none this module knows, or it is not known yet inside a CUDA graph capture (finding it runs kernels)."""
+    if d < MIN_D or d > 1024 or d & (d - 1):
+        return None
+    if device.type == "cuda" and (device, d) not in _orders and torch.cuda.is_current_stream_capturing():
+        return None
+    order = eager_order(device, d)
+    if order is None:
+        return None
+    form, desc = order
+    if form in (TREE, HALVES) and d != 4 * LANES:
+        return None
+    return form, desc, lanes_per_row(form, d)
 
 
 def rows_of(x: torch.Tensor) -> tuple[tuple[int, int, int], tuple[int, int, int]] | None:

@@ -56,6 +56,7 @@ import torch.fx as fx
 from ..config import cache_root
 from ..log import get_logger
 from . import triton_interpret
+from .mean_square import mean_factor, row_sum_form
 from .optional_triton import triton
 from .pointwise_ops import (
     DEFAULT_VARIANTS,
@@ -66,6 +67,7 @@ from .pointwise_ops import (
     Val,
     Variants,
     complex_mul,
+    lit,
     lookup_only,
     round_code,
     to_common,
@@ -347,6 +349,8 @@ class Generator(Emit):
         # lanes of a pair and under which every index read under ``mask`` is valid on both (generate fills it)
         self._pair_mask: dict[str, str] = {}
         self._swapped: dict[str, str] = {}
+        self._mask_tests: dict[str, tuple[Lin, ...]] = {}  # mask -> the indices it tests beyond the kernel's own
+        self.row_means = False  # a row mean's lanes (_row_mean): the source imports row_sums
 
     # --- emission --------------------------------------------------------------------------
     def tmp(self, expr: str) -> str:
@@ -536,6 +540,8 @@ class Generator(Emit):
             return self._scatter(n, idx, mask)
         if t in STRUCTURAL_OPS:
             return self._select(n, idx, mask)
+        if t is aten.mean.dim:
+            return self._row_mean(n, idx, mask)
         r = RECIPES.get(t)
         if r is None:
             raise Unsupported(f"op {t}")
@@ -584,6 +590,7 @@ class Generator(Emit):
         parity alone, and holds for one lane of each pair: a stack's or a size-2 cat's input) keeps the unnarrowed
         mask as the one both lanes may load under."""
         new = self.tmp(f"{mask} & {cond}")
+        self._mask_tests[new] = (*self._mask_tests.get(mask, ()), *on)
         base = self._pair_mask.get(mask)
         if base is not None and new not in self._pair_mask:
             if all(_pair_invariant(i) for i in on):  # (a cat inside a stack's input: the same test of the base)
@@ -591,6 +598,38 @@ class Generator(Emit):
             elif parity_split and base == mask:
                 self._pair_mask[new] = mask
         return new
+
+    # --- row means --------------------------------------------------------------------------
+    def _row_mean(self, n: fx.Node, idx: list[Lin], mask: str) -> Val:
+        """``mean.dim(v, [-1], keepdim=True)`` of a value ``v`` of the group (an RMSNorm's squares, which the pass
+        groups only with a tail that reads the mean on every element: fxpasses/pointwise.py) at ``idx``. In a flat
+        kernel whose lanes ``f`` hold element ``f % D`` of the row ``f // D`` selects, a program's ``BLOCK`` lanes
+        are whole rows: they compute ``v`` there and sum each row in eager's order (kernels/mean_square.py's
+        ``row_sums``, the order ``mean_square`` reproduces), then ``* factor`` as ATen's mean does. Every lane gets
+        its row's mean; ``v`` is never stored."""
+        v = n.args[0]
+        spec = self.meta(v)
+        d = spec.shape[-1]
+        if self.block_shape != "[BLOCK]" or self.block % d or self.bounds.get("f", 0) % d:
+            raise Unsupported(f"a mean over rows of {d} needs a flat kernel whose programs hold whole rows")
+
+        def per_row(i: Lin) -> bool:  # the same on the D lanes of a row
+            return all(t.var == "f" and t.div % d == 0 for t, _ in i.terms)
+
+        row = idx[:-1]
+        if not all(map(per_row, row)) or not all(map(per_row, self._mask_tests.get(mask, ()))):
+            raise Unsupported(f"a mean over rows of {d} read where a program's lanes are not whole rows")
+        form = row_sum_form(self.device, d) if self.device is not None else None
+        if form is None:
+            raise Unsupported(f"no known eager order of a mean over rows of {d} on {self.device}")
+        sq = self.value(v, [*row, Lin.of(Term("f", 1, d))], mask)
+        r = self.block // d
+        self.row_means = True
+        s = self.tmp(f"row_sums(tl.reshape(tl.broadcast_to({sq.code}, [BLOCK]), [{r}, {d}]), {r}, {d}, "
+                     f"{form[0]}, {form[1]}, {form[2]})")
+        factor = mean_factor(math.prod(spec.shape[:-1]), d)
+        return Val(self.tmp(f"tl.reshape(tl.broadcast_to(({s} * {lit(factor)})[:, None], [{r}, {d}]), [BLOCK])"),
+                   torch.float32)
 
     # --- complex values ---------------------------------------------------------------------
     def _view_as_real(self, n: fx.Node, idx: list[Lin], mask: str) -> Val:
@@ -989,6 +1028,8 @@ class Generator(Emit):
                      else "from triton.language.extra import libdevice\n")
         if self.tables:
             libdevice += "from diffusion_fuse.kernels.lut16 import lut16_apply\n"
+        if self.row_means:
+            libdevice += "from diffusion_fuse.kernels.mean_square import row_sums\n"
         digest = hashlib.sha256(f"{libdevice}{','.join(params)}{text}".encode()).hexdigest()[:16]
         name = f"pointwise_{digest}"
         header = "".join(f"# {ln}\n" for ln in title.splitlines())

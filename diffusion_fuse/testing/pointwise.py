@@ -184,6 +184,23 @@ def joint_value_cat(v_img, v_txt, heads: int):  # SD3: [B, S, H*D] projections a
     return torch.cat([heads_first(v_img), heads_first(v_txt)], dim=2)
 
 
+def rms_norm_explicit(x, w, eps=1e-6):  # diffusers' RMSNorm (a half-precision weight): the pow → mean → rsqrt chain
+    variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+    return (x * torch.rsqrt(variance + eps)).to(w.dtype) * w
+
+
+def joint_qk_norm(q_img, q_txt, w_img, w_txt, heads: int):  # SD3: both QK norms on [B, H, S, D] views, cat along S
+    def heads_first(v):
+        return v.view(v.shape[0], -1, heads, v.shape[-1] // heads).transpose(1, 2)
+
+    return torch.cat([rms_norm_explicit(heads_first(q_img), w_img), rms_norm_explicit(heads_first(q_txt), w_txt)],
+                     dim=2)
+
+
+def qwen_qk_norm_rope_cat(txt, img, w_txt, w_img, txt_freqs, img_freqs):  # Qwen-Image: QK norm, RoPE, cat([txt, img])
+    return qwen_rope_cat(rms_norm_explicit(txt, w_txt), rms_norm_explicit(img, w_img), txt_freqs, img_freqs)
+
+
 def split_rope(x, cos, sin):  # LTX-2's split RoPE: x [B, T, H*D], cos/sin [B, H, T, D/2] fp32, halves by addcmul_
     b, h, t, r = cos.shape
     x = x.reshape(b, t, h, -1).swapaxes(1, 2)
@@ -211,7 +228,8 @@ def conv_glu(h, w, b):  # GLUMBConv: the depthwise 3x3 conv (bias), chunked in t
 CHAINS = ("flux_rope_single", "flux_rope_double", "flux_gated_residual", "flux_gelu_cat", "flux_residual_split_cat",
           "flux_gelu_clone", "swiglu", "wan_fp32_residual", "sana_query_relu", "sana_key_relu", "sana_value_float",
           "sana_attn_out", "sana_bias_add", "sana_conv_silu", "sana_conv_glu", "wan_rope", "sana_value_pad",
-          "qwen_rope_cat", "rope_into_slice", "sd35_value_cat", "split_rope", "gelu_erf_cat")
+          "qwen_rope_cat", "rope_into_slice", "sd35_value_cat", "split_rope", "gelu_erf_cat", "sd35_qk_norm_cat",
+          "qwen_qk_norm_rope_cat")
 
 
 # Unary ops a bf16 table of eager's outputs can stand for (kernels/lut16.py): the lookup tests and the probe
@@ -260,6 +278,13 @@ def chain(name: str, device="cuda", seed: int = 0):
         "rope_into_slice": (rope_into_slice, (rn(1, 4352, 24, 64), cos[:4096, :, :64], sin[:4096, :, :64])),
         # SD3.5-large at 1024², batch 2: the joint attention's value cat, 4096 image and 333 text tokens, 38 heads of 64
         "sd35_value_cat": (functools.partial(joint_value_cat, heads=38), (rn(2, 4096, 2432), rn(2, 333, 2432))),
+        # the same shapes' QK norms (diffusers' RMSNorm, its variance summed in the tail's kernel), then the cat
+        "sd35_qk_norm_cat": (functools.partial(joint_qk_norm, heads=38), (rn(2, 4096, 2432), rn(2, 333, 2432),
+                                                                          rn(64), rn(64))),
+        # Qwen-Image's QK norms over its heads of 128, then its RoPE and the cat
+        "qwen_qk_norm_rope_cat": (qwen_qk_norm_rope_cat, (rn(1, 256, 24, 128), rn(1, 4096, 24, 128), rn(128), rn(128),
+                                                          rope_freqs(256, 64, device, g),
+                                                          rope_freqs(4096, 64, device, g))),
         # LTX-2's split RoPE at 6144 video tokens, 32 heads of 128: fp32 tables per head and token
         "split_rope": (split_rope, (rn(1, 6144, 4096), rn(1, 32, 6144, 64, dtype=f32), rn(1, 32, 6144, 64, dtype=f32))),
         "sana_attn_out": (sana_attn_out, (rn(2, 70, 33, 1024, dtype=f32),)),

@@ -71,15 +71,15 @@ def test_kernel_is_eagers_mean_in_the_order_it_finds():
 
 
 def test_through_the_backend_the_site_runs_the_kernel_and_is_kept():
-    """A QK norm at head dim 64: the site is kept, the output is eager's bits, and the kernel ran (not the
-    reference path). The tiny models' head dim (16) is not the family's."""
+    """A QK norm at head dim 96 (the pointwise kernels take rows of powers of two with the norm's tail): the site
+    is kept, the output is eager's bits, and the kernel ran (not the reference path)."""
     import diffusion_fuse
     from diffusion_fuse.lowering import counters
     from diffusion_fuse.testing.tiny_models import QKNorm
 
     torch._dynamo.reset()
-    model = QKNorm(24, 64).to("cuda", torch.bfloat16)
-    x = torch.randn(1, 512, 24 * 64, device="cuda").bfloat16()
+    model = QKNorm(24, 96).to("cuda", torch.bfloat16)
+    x = torch.randn(1, 512, 24 * 96, device="cuda").bfloat16()
     report = diffusion_fuse.Report()
     counters.reset()
     with torch.no_grad():
@@ -134,8 +134,8 @@ def test_through_the_backend_a_transposed_qk_norm_runs_the_kernel_and_is_kept():
     from diffusion_fuse.lowering import counters
 
     torch._dynamo.reset()
-    model = TransposedQKNorm(24, 64).to("cuda", torch.bfloat16)
-    x = torch.randn(2, 512, 24 * 64, device="cuda").bfloat16()
+    model = TransposedQKNorm(24, 96).to("cuda", torch.bfloat16)  # (64: pointwise's, tests/gpu/test_pointwise_gpu.py)
+    x = torch.randn(2, 512, 24 * 96, device="cuda").bfloat16()
     report = diffusion_fuse.Report()
     counters.reset()
     with torch.no_grad():

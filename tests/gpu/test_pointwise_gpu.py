@@ -23,6 +23,7 @@ Prints a table; writes ``$OUT/pointwise_gpu.json`` when OUT is set. About a minu
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 
@@ -335,6 +336,37 @@ def test_a_very_large_lone_gelu_is_looked_up_through_the_verifier(approximate):
     assert ndiff(ref, got) == 0
     assert site.status == "kept", site.reason
     assert ndiff(fn(x), compiled(x)) == 0  # the verified graph alone
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 256, 512, 1024])
+def test_a_norms_variance_in_its_tails_kernel_through_the_verifier(head_dim, dtype):
+    """diffusers' RMSNorm on SD3's transposed [B, H, S, D] views, then the joint cat: the variance is summed in the
+    tail's kernel (patterns/mean_square.py ``tail_reads_rows``) in the order the device's eager uses, so the one
+    site is kept and its kernel's output is eager's bits; wide-range rows make other orders give other bits."""
+    import diffusion_fuse
+    from diffusion_fuse.testing.pointwise import joint_qk_norm
+
+    heads = max(1, 1024 // head_dim)
+    g = torch.Generator(device="cuda").manual_seed(head_dim)
+    amp = torch.logspace(-2, 2, head_dim, device="cuda").repeat(heads)
+    img = (torch.randn(2, 300, heads * head_dim, device="cuda", generator=g) * amp).to(dtype)
+    txt = torch.randn(2, 77, heads * head_dim, device="cuda", generator=g).to(dtype)
+    w = [torch.randn(head_dim, device="cuda", generator=g).to(dtype) for _ in range(2)]
+    fn = functools.partial(joint_qk_norm, heads=heads)
+    report = diffusion_fuse.Report()
+    torch._dynamo.reset()
+    counters.reset()
+    compiled = torch.compile(fn, backend=diffusion_fuse.DiffusionFuseBackend(None, report))
+    ref, got = fn(img, txt, *w), compiled(img, txt, *w)
+    sites = report.sites()
+    _record(kind="norm", op=f"qk norm cat d{head_dim}", dtype=str(dtype), ndiff={"default": ndiff(ref, got)},
+            numel=ref.numel(), site=",".join(f"{s.pattern}:{s.status}" for s in sites))
+    assert ndiff(ref, got) == 0
+    assert [(s.pattern, s.status) for s in sites] == [("pointwise", "kept")], report.table()
+    assert sum("mean" in op for op in sites[0].before) == 2, sites[0].before
+    assert counters.snapshot()["kernel"].get("pointwise", 0) >= 1, counters.snapshot()
+    assert ndiff(fn(img, txt, *w), compiled(img, txt, *w)) == 0  # the verified graph alone
 
 
 def test_cuda_graph_capture_and_replay_after_input_mutation():

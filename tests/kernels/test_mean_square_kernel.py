@@ -27,6 +27,9 @@ ORDERS = {f"{form}_{'desc' if desc else 'asc'}": (k, desc) for k, form in
           {0: "sequential", 1: "tree", 2: "halves", 3: "vector"}.items() for desc in (True, False)}
 
 
+ROW_SUM_SIZES = (32, 64, 128, 256, 1024)  # row_sums' rows (powers of two up to a generated kernel's block)
+
+
 def orders_of(d: int) -> dict[str, tuple[int, bool]]:
     """The orders a row of ``d`` can be summed in by some kernel: every candidate of ``candidates(d)``, and at the
     measured head dims every form of the generic kernel."""
@@ -77,7 +80,14 @@ def _wide(rows, d, seed, dtype=torch.float32):
 
 
 def worker() -> dict:
-    from diffusion_fuse.kernels.mean_square import can_use_mean_square, eager_order, plan_mean_square, rows_of
+    from diffusion_fuse.kernels.mean_square import (
+        can_use_mean_square,
+        eager_order,
+        lanes_per_row,
+        mean_factor,
+        plan_mean_square,
+        rows_of,
+    )
 
     res = {}
     for rows, d in CASES:
@@ -111,6 +121,14 @@ def worker() -> dict:
                      "contiguous": got.is_contiguous(), "accepted": can_use_mean_square(x)[0],
                      "row_dims": sum(n != 1 for n in rows_of(x)[0]), "equal": bool(np.array_equal(
                          got.reshape(-1).numpy().view(np.int32), emulate(x.contiguous(), order).view(np.int32)))}
+    # row_sums (the generated pointwise kernels' row means): every form it takes, on 16 rows a program
+    for d in ROW_SUM_SIZES:
+        x = _wide(16, d, 100 + d)
+        for oname, (form, desc) in orders_of(d).items():
+            got = torch.empty(16)
+            row_sums_probe[(1,)](x, got, mean_factor(16, d), 16, d, form, desc, lanes_per_row(form, d))
+            res[f"row_sums:{d}:{oname}"] = bool(np.array_equal(got.numpy().view(np.int32),
+                                                               emulate(x, (form, desc)).view(np.int32)))
     res["guard"] = {name: can_use_mean_square(x)[1] for name, x in {
         "ok": torch.zeros(16, 128), "d96": torch.zeros(16, 96), "d2048": torch.zeros(16, 2048),
         "d16": torch.zeros(16, 16), "d130": torch.zeros(16, 130), "d32768": torch.zeros(16, 32768),
@@ -134,6 +152,13 @@ def test_kernel_sums_in_the_contracts_order(results, case):
     assert r["equal"] and r["close_to_eager"], r
     if case.split(":")[1] == "float32":
         assert r["other_differs"], "inputs too tame: another order gives the same bits"
+
+
+@pytest.mark.parametrize("case", [f"row_sums:{d}:{o}" for d in ROW_SUM_SIZES for o in orders_of(d)])
+def test_row_sums_add_in_the_contracts_order(results, case):
+    """The reshape form of the lanes and the warp tree (what a generated pointwise kernel sums a row mean with)
+    gives the kernels' bits in every order it may be asked for."""
+    assert results[case], case
 
 
 @pytest.mark.parametrize("case, row_dims", [("heads_view", 1), ("padded_rows", 1), ("heads_transposed_b1", 2),
@@ -259,7 +284,16 @@ def test_strided_lanes_kernel_compiles_for_sm90_with_one_element_per_lane(per, r
             assert layouts and layouts <= lane_layouts(ms.LANE_GROUPS), layouts
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the worker's probe kernel (a jit function resolves its callees as module globals)
+    from diffusion_fuse.kernels.mean_square import row_sums
+    from diffusion_fuse.kernels.optional_triton import tl, triton
+
+    @triton.jit
+    def row_sums_probe(X, OUT, factor, R: tl.constexpr, D: tl.constexpr, FORM: tl.constexpr, DESC: tl.constexpr,
+                       LPR: tl.constexpr):
+        v = tl.load(X + tl.arange(0, R * D)).to(tl.float32)
+        tl.store(OUT + tl.arange(0, R), row_sums(tl.reshape(v * v, [R, D]), R, D, FORM, DESC, LPR) * factor)
+
     worker_main(worker)
 
 

@@ -262,6 +262,43 @@ def random_layouts(n: int = 40) -> list:
     return out
 
 
+ROW_MEAN_SIZES = (32, 64, 128, 256)
+
+
+def row_means() -> dict:
+    """SD3's joint QK norms (diffusers' RMSNorm on transposed [B, H, S, D] views, then the cat) in fp32, the
+    variance summed inside the tail's kernel: the same bits as ``mean_square``'s kernel's variance followed by the
+    tail (whose ops the interpreter and CPU eager compute alike in fp32), per row size."""
+    from diffusion_fuse.kernels.mean_square import plan_mean_square
+    from diffusion_fuse.lowering import counters
+    from diffusion_fuse.lowering.pointwise import generate_source
+    from diffusion_fuse.testing import pointwise as pw
+    from diffusion_fuse.testing.pointwise import fuse, program_of, site_ops
+
+    def heads_first(v):
+        return v.view(v.shape[0], -1, 4, v.shape[-1] // 4).transpose(1, 2)
+
+    def tail(x, w):
+        return (x * torch.rsqrt(plan_mean_square(x)(x) + 1e-6)).to(w.dtype) * w
+
+    out = {}
+    for d in ROW_MEAN_SIZES:
+        g = torch.Generator().manual_seed(d)
+        amp = torch.logspace(-3, 3, d)[torch.randperm(d, generator=g)]  # wide rows: other orders give other bits
+        args = (torch.randn(2, 40, 4 * d, generator=g) * amp.repeat(4), torch.randn(2, 20, 4 * d, generator=g),
+                torch.randn(d, generator=g), torch.randn(d, generator=g))
+        fn = functools.partial(pw.joint_qk_norm, heads=4)
+        gm, sites = fuse(fn, *args)
+        counters.reset()
+        got = gm(*args)
+        want = torch.cat([tail(heads_first(args[0]), args[2]), tail(heads_first(args[1]), args[3])], 2)
+        src = generate_source(list(args), program_of(fn, *args))
+        out[str(d)] = {"sites": [",".join(site_ops(s)) for s in sites], "counters": counters.snapshot(),
+                       "equal": torch.equal(got, want), "strides": [list(got.stride()), list(fn(*args).stride())],
+                       "row_sums": src.source.count("row_sums(")}
+    return out
+
+
 def worker() -> dict:
     from diffusion_fuse.fxpasses.pointwise import CONV_BIAS_DEVICES
     from diffusion_fuse.kernels.pointwise_ops import Variants
@@ -314,6 +351,7 @@ def worker() -> dict:
                     "warps": lut_src.num_warps, "tables": len(lut_src.tables)} if lut_src else None,
         }
     res["random_layouts"] = random_layouts()
+    res["row_means"] = row_means()
     # Through the backend: the interpreter's fp32 -> bf16 cast truncates, so the verifier rejects
     # this bf16 group, and the report names the first op whose kernel differs from eager.
     import diffusion_fuse
@@ -481,6 +519,16 @@ def test_a_rejected_group_names_the_op_that_differs(results):
     assert r["equal"]  # the verifier put the group back
     (reason,) = r["reasons"]
     assert "elements differ" in reason and "; first op to differ from eager: mul.Tensor (" in reason, reason
+
+
+@pytest.mark.parametrize("d", ROW_MEAN_SIZES)
+def test_a_norms_variance_is_summed_in_its_tails_kernel(results, d):
+    """The pow → mean → rsqrt chain and its cat are one site, one launch, whose variance has mean_square's bits."""
+    r = results["row_means"][str(d)]
+    assert len(r["sites"]) == 1 and r["sites"][0].count("mean") == 2, r["sites"]
+    assert r["counters"]["kernel"] == {"pointwise": 1} and not r["counters"]["fallback"], r["counters"]
+    assert r["equal"] and r["strides"][0] == r["strides"][1], r
+    assert r["row_sums"] == 2, r  # one per norm (the cat's two branches)
 
 
 if __name__ == "__main__":
