@@ -101,3 +101,17 @@ def test_off_in_tier_high_and_by_option():
     ref, out, report = _compile(model, x, {"patterns": {"mean_square": False}})
     assert bitwise_equal(ref, out) and not [s for s in report.sites() if s.pattern == "mean_square"]
 
+
+def test_a_symbolic_row_size_is_left_to_the_guard():
+    """A dynamic-shape graph whose row size is symbolic: the static guard leaves it to the call's guard (it used to
+    raise on the symbolic size, and the whole graph ran as traced)."""
+    def variance(x):
+        return x.float().pow(2).mean(-1, keepdim=True) * 2
+
+    report = diffusion_fuse.Report()
+    torch._dynamo.reset()
+    compiled = torch.compile(variance, backend=diffusion_fuse.DiffusionFuseBackend(None, report), dynamic=True)
+    x = torch.randn(4, 20, 96).bfloat16()
+    assert bitwise_equal(variance(x), compiled(x))
+    assert not [n for g in report.graphs for n in g.notes if "raised" in n], report.table()
+    assert [s.pattern for s in report.sites()].count("mean_square") == 1, report.table()
