@@ -74,7 +74,8 @@ def workloads():
     yield "FLUX single QK norm + RoPE [1,4608,24,128]", "rms_norm_rope", (rn(1, 4608, 24, 128), rn(128), 1e-6, cos, sin)
     yield "FLUX double q: text + image norms, cat, RoPE [1,512+4096,24,128]", "rms_norm_cat_rope", (
         rn(1, 512, 24, 128), rn(128), 1e-6, rn(1, 4096, 24, 128), rn(128), 1e-6, 1, cos, sin)
-    # diffusers RMSNorm's variance (family mean_square): Qwen-Image's image and text q at 1024², SD3.5's image q
+    # diffusers RMSNorm's variance alone (the op of family mean_square) at Qwen-Image's and SD3.5's q shapes, where the
+    # models' own QK norms sum it in their tails' pointwise kernels (bench_pointwise.py's qk_norm chains)
     yield "Qwen-Image q variance [1,4096,24,128]", "mean_square", (rn(1, 4096, 24, 128),)
     yield "Qwen-Image text q variance [1,512,24,128]", "mean_square", (rn(1, 512, 24, 128),)
     yield "SD3.5 q variance [2,4096,24,64]", "mean_square", (rn(2, 4096, 24, 64),)

@@ -103,8 +103,8 @@ def test_off_in_tier_high_and_by_option():
 
 
 def test_a_symbolic_row_size_is_left_to_the_guard():
-    """A dynamic-shape graph whose row size is symbolic: the static guard leaves it to the call's guard (it used to
-    raise on the symbolic size, and the whole graph ran as traced)."""
+    """A dynamic-shape graph whose row size is symbolic: the static guard leaves it to the call's guard, and the
+    graph's passes run (a pass that raises leaves the graph as traced, with a note)."""
     def variance(x):
         return x.float().pow(2).mean(-1, keepdim=True) * 2
 
@@ -113,5 +113,41 @@ def test_a_symbolic_row_size_is_left_to_the_guard():
     compiled = torch.compile(variance, backend=diffusion_fuse.DiffusionFuseBackend(None, report), dynamic=True)
     x = torch.randn(4, 20, 96).bfloat16()
     assert bitwise_equal(variance(x), compiled(x))
-    assert not [n for g in report.graphs for n in g.notes if "raised" in n], report.table()
+    assert not [n for g in report.graphs for n in g.notes if "runs as traced" in n], report.table()
     assert [s.pattern for s in report.sites()].count("mean_square") == 1, report.table()
+
+
+def _mean_of(fn, *args):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(fn)(*args)
+    return next(n for n in gm.graph.nodes if n.target is torch.ops.aten.mean.dim)
+
+
+def _norm(x, w):
+    variance = x.float().pow(2).mean(-1, keepdim=True)
+    return (x * torch.rsqrt(variance + 1e-6)).to(w.dtype) * w
+
+
+def test_which_variances_the_tail_takes():
+    from diffusion_fuse.patterns.mean_square import tail_reads_rows
+
+    w = torch.ones(64).bfloat16()
+    x = torch.randn(2, 20, 64).bfloat16()
+    assert tail_reads_rows(_mean_of(_norm, x, w))
+    assert tail_reads_rows(_mean_of(_norm, x.transpose(0, 1), w))  # rows of any order, unit stride along them
+    for d in (16, 96, 2048):  # not a power of two from 32 to 1024
+        assert not tail_reads_rows(_mean_of(_norm, torch.randn(2, 20, d).bfloat16(), torch.ones(d).bfloat16()))
+    assert not tail_reads_rows(_mean_of(_norm, torch.randn(1, 15, 64).bfloat16(), w))  # fewer than 16 rows
+
+    def also_returns_the_variance(x):
+        v = x.float().pow(2).mean(-1, keepdim=True)
+        return x * torch.rsqrt(v + 1e-6), v
+
+    def scales_a_row_value(x):  # the rsqrt read at the mean's own size, not on every element of the row
+        v = x.float().pow(2).mean(-1, keepdim=True)
+        return torch.rsqrt(v + 1e-6) * v
+
+    for fn in (also_returns_the_variance, scales_a_row_value):
+        assert not tail_reads_rows(_mean_of(fn, x)), fn.__name__
+

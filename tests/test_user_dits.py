@@ -15,9 +15,9 @@ from diffusion_fuse.census import classify
 from diffusion_fuse.testing.user_dits import USER_DITS, build_user_dit
 
 # kept sites per family (bf16): RMSDiT's 12 RMSNorm variances (4 block norms and 2 QK norms a block, 2 blocks) in
-# their tails' pointwise kernels (no mean_square site), the final LayerNorm reading the last gated residual; JointDiT's 16 LayerNorms (the streams' and the QK norms,
-# each a layer_norm site: an addcmul modulate is not norm_modulate's form); each model's modulation linears of one
-# silu(temb) in one grouped_gemv
+# their tails' pointwise kernels (no mean_square site), the final LayerNorm reading the last gated residual;
+# JointDiT's 16 LayerNorms (the streams' and the QK norms, each a layer_norm site: an addcmul modulate is not
+# norm_modulate's form); each model's modulation linears of one silu(temb) in one grouped_gemv
 EXPECTED = {
     "rms_dit": {"mean_square": 0, "gated_residual_norm_modulate": 1, "grouped_gemv": 1},
     "joint_dit": {"layer_norm": 16, "grouped_gemv": 1},

@@ -379,8 +379,11 @@ def group_site(group: list[fx.Node], opaque: set[fx.Node] = frozenset()) -> Site
             continue
         live.add(n)
         stack.extend(a for a in n.all_input_nodes if a in members)
-    if any(n.target is torch.ops.aten.mean.dim for n in kept):
-        return None  # a row mean is computed on its tail's lanes only, never as a value of its own
+    # a row mean is computed on lanes that hold its rows, its tail's products: they must be the group's (a product
+    # left outside would make ``+ eps`` or ``rsqrt`` an output of one value a row, a kernel the generator refuses)
+    tails = [r for n in group if n.target is torch.ops.aten.mean.dim for a in n.users for r in a.users]
+    if any(u not in members or u in kept for r in tails for u in (r, *r.users)):
+        return None
     replaced = [n for n in group if n not in kept]
     compute = [n for n in replaced if kinds[n] == "compute"]
     body = [n for n in group if n in live]
@@ -541,6 +544,13 @@ def diagnose(key: str, inputs) -> str:
     if not ok:
         return f"the reference path ran ({why}): the difference is not the kernel's"
     gm = PROGRAMS[key].gm
+    # a row mean is never a kernel's output alone: an op that reads one, directly or not, may differ through it
+    reads_mean, stack = set(), [n for n in gm.graph.nodes if n.target is torch.ops.aten.mean.dim]
+    while stack:
+        for u in stack.pop().users:
+            if u not in reads_mean:
+                reads_mean.add(u)
+                stack.append(u)
     for n, value in node_values(gm, inputs):
         if (n.op != "call_function" or not isinstance(value, torch.Tensor) or value.dtype not in FLOAT_DTYPES
                 or n.target in VIEW_OPS or n.target is operator.getitem or n.target is torch.ops.aten.mean.dim):
@@ -551,5 +561,6 @@ def diagnose(key: str, inputs) -> str:
             continue  # not a kernel's output alone (a value on a row mean's rows): judged through its readers
         v = compare_bitwise(value, got)
         if not v:
-            return f"first op to differ from eager: {describe([n])[0]} ({v.detail})"
+            mean = "; it reads a row mean the kernel sums (mean.dim)" if n in reads_mean else ""
+            return f"first op to differ from eager: {describe([n])[0]} ({v.detail}){mean}"
     return "each op alone equals eager"

@@ -1,10 +1,11 @@
 """``x.float().pow(2).mean(-1, keepdim=True)`` in one pass, summed in the order of ATen's reduce kernel.
 
-diffusers' ``RMSNorm`` (Qwen-Image's and SD3.5's QK norms, SANA's) computes its variance as
+diffusers' ``RMSNorm`` (LTX's and Lumina's block norms, QK norms; SANA's) computes its variance as
 ``hidden_states.to(torch.float32).pow(2).mean(-1, keepdim=True)``: eager writes the fp32 squares (a
-[rows, D] fp32 tensor), then ``reduce_kernel<512, 1>`` reads them back and writes the means. This kernel
-reads x once and writes the means: on Qwen-Image at 1024² (4608 tokens x 24 heads of 128 per q or k)
-the squares alone are 57 MB written and read again, 240 times a forward.
+[rows, D] fp32 tensor), then ``reduce_kernel<512, 1>`` reads them back and writes the means. These kernels
+read x once and write the means: at Qwen-Image's QK norms (4608 tokens x 24 heads of 128 per q or k, 1024²)
+the squares alone would be 57 MB written and read again, 240 times a forward. Where the norm's tail reads the
+mean on rows a generated pointwise kernel can hold (QK norms), that kernel sums them itself with ``row_sums``.
 
 Numerics contract (what the result must equal bitwise, for the rows ``can_use_mean_square`` accepts):
 ATen's ``mean_kernel_cuda`` launches ``gpu_reduce_kernel`` with ``MeanOps`` (``reduce``/``combine``: ``a + b``
@@ -281,6 +282,7 @@ def row_sums(v, R: tl.constexpr, D: tl.constexpr, FORM: tl.constexpr, DESC: tl.c
         a1, a3 = tl.split(odd)
         s = tl.reshape(((a0 + a1) + a2) + a3, [R, LPR])
     else:  # strided lanes: lane t's elements t + 32 i
+        tl.static_assert(LPR == 32, "strided lanes: a warp a row")
         P: tl.constexpr = D // 32
         a = tl.reshape(v, [R, P, 32])
         if FORM == 0:

@@ -56,7 +56,7 @@ import torch.fx as fx
 from ..config import cache_root
 from ..log import get_logger
 from . import triton_interpret
-from .mean_square import mean_factor, row_sum_form
+from .mean_square import MIN_ROWS, mean_factor, row_sum_form
 from .optional_triton import triton
 from .pointwise_ops import (
     DEFAULT_VARIANTS,
@@ -350,6 +350,7 @@ class Generator(Emit):
         self._pair_mask: dict[str, str] = {}
         self._swapped: dict[str, str] = {}
         self._mask_tests: dict[str, tuple[Lin, ...]] = {}  # mask -> the indices it tests beyond the kernel's own
+        self._mask_parent: dict[str, str] = {}  # a narrowed mask -> the mask it narrowed
         self.row_means = False  # a row mean's lanes (_row_mean): the source imports row_sums
 
     # --- emission --------------------------------------------------------------------------
@@ -591,6 +592,7 @@ class Generator(Emit):
         mask as the one both lanes may load under."""
         new = self.tmp(f"{mask} & {cond}")
         self._mask_tests[new] = (*self._mask_tests.get(mask, ()), *on)
+        self._mask_parent.setdefault(new, mask)
         base = self._pair_mask.get(mask)
         if base is not None and new not in self._pair_mask:
             if all(_pair_invariant(i) for i in on):  # (a cat inside a stack's input: the same test of the base)
@@ -617,8 +619,16 @@ class Generator(Emit):
             return all(t.var == "f" and t.div % d == 0 for t, _ in i.terms)
 
         row = idx[:-1]
-        if not all(map(per_row, row)) or not all(map(per_row, self._mask_tests.get(mask, ()))):
+        if not all(map(per_row, row)):
             raise Unsupported(f"a mean over rows of {d} read where a program's lanes are not whole rows")
+        rows = math.prod(spec.shape[:-1])
+        if rows < MIN_ROWS or rows * d >= 2**31:
+            raise Unsupported(f"{rows} rows of {d}: eager sums them in another order")
+        # under a mask that tests an index inside the row (a cat or slice write along it), the row is summed under
+        # the nearest enclosing mask that holds on all of its lanes: its elements are read there, whichever lanes
+        # use the mean
+        while not all(map(per_row, self._mask_tests.get(mask, ()))):
+            mask = self._mask_parent[mask]
         form = row_sum_form(self.device, d) if self.device is not None else None
         if form is None:
             raise Unsupported(f"no known eager order of a mean over rows of {d} on {self.device}")
@@ -778,8 +788,8 @@ class Generator(Emit):
         the table once per 1024 elements)."""
         if len(outs) != 1 or len(shape) < 2 or shape[-1] % BLOCK:
             return False
-        if any(n.target is aten.unbind.int for n in self.gm.graph.nodes):
-            return False  # the pair rotation (RoPE) reshapes flat [BLOCK] lanes
+        if any(n.target in (aten.unbind.int, aten.mean.dim) for n in self.gm.graph.nodes):
+            return False  # the pair rotation (RoPE) and row means reshape flat [BLOCK] lanes
         uniform = self._uniform_cat(outs[0], self.unravel(Lin.of(Term("f", 1, 0)), shape))
         return uniform is not None and uniform[0].div == 1
 

@@ -3,10 +3,10 @@
 Becomes ``diffusion_fuse::mean_square`` (lowering/mean_square.py): one pass over x, no fp32 squares written
 and read back. Exact: the kernel sums in the order of ATen's reduce kernel (kernels/mean_square.py), and the
 verifier checks every site. The rest of the norm (``x * rsqrt(var + eps)``, the cast, the weight) stays for
-the pointwise pass, which on Qwen-Image joins it with the RoPE and the text/image cat.
+the pointwise pass.
 
-Covered ATen forms (diffusers ``RMSNorm.forward``: QK norms over a head, as Qwen-Image's and SD3.5's, and norms over
-the hidden size, as LTX's and Lumina's)::
+Covered ATen forms (diffusers ``RMSNorm.forward``: norms over the hidden size, as LTX's and Lumina's, and QK norms
+over heads whose tail does not take the variance itself, below)::
 
     mean.dim(pow.Tensor_Scalar(_to_copy(x, dtype=float32), 2), [-1], True)   # x bf16/fp16 (the cast may have
                                                                                # other users: the op reads x)
@@ -19,6 +19,7 @@ Where the norm's tail reads the mean on every element of its rows and the rows f
 kernel (``tail_reads_rows``: rows of 32 to 1024 elements, a power of two; SD3.5's and Qwen-Image's QK norms), the
 family leaves the variance to the pointwise pass instead, which computes it in eager's order inside the tail's
 kernel (kernels/pointwise.py, ``_row_mean``): x is read once for the whole norm, not once here and again there.
+With ``options={"patterns": {"pointwise": False}}`` such a variance runs as eager's ops.
 """
 
 from __future__ import annotations

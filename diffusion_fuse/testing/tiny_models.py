@@ -342,8 +342,9 @@ def wider(name: str, kwargs: dict, seed: int = 0) -> dict:
 
 class QKNorm(torch.nn.Module):
     """An attention's q/k norm as diffusers builds it for Qwen-Image and SD3.5: ``RMSNorm`` over the head dim of
-    ``[B, S, heads * head_dim]`` projections (family ``mean_square`` takes its variance where ``head_dim`` is 32,
-    64 or 128, the tiny models' 16 being none of those)."""
+    ``[B, S, heads * head_dim]`` projections (at a ``head_dim`` of 32 to 1024, a power of two, the tail's pointwise
+    kernel sums the variance; at others of 32 and more family ``mean_square`` takes it; the tiny models' 16 is
+    neither's)."""
 
     def __init__(self, heads: int, head_dim: int, weight: bool = True):
         super().__init__()

@@ -349,7 +349,8 @@ def test_a_norms_variance_in_its_tails_kernel_through_the_verifier(head_dim, dty
 
     heads = max(1, 1024 // head_dim)
     g = torch.Generator(device="cuda").manual_seed(head_dim)
-    amp = torch.logspace(-2, 2, head_dim, device="cuda").repeat(heads)
+    amp = torch.logspace(-2, 2, head_dim, device="cuda")  # wide rows, their magnitudes in no order
+    amp = amp[torch.randperm(head_dim, device="cuda", generator=g)].repeat(heads)
     img = (torch.randn(2, 300, heads * head_dim, device="cuda", generator=g) * amp).to(dtype)
     txt = torch.randn(2, 77, heads * head_dim, device="cuda", generator=g).to(dtype)
     w = [torch.randn(head_dim, device="cuda", generator=g).to(dtype) for _ in range(2)]

@@ -27,7 +27,7 @@ ORDERS = {f"{form}_{'desc' if desc else 'asc'}": (k, desc) for k, form in
           {0: "sequential", 1: "tree", 2: "halves", 3: "vector"}.items() for desc in (True, False)}
 
 
-ROW_SUM_SIZES = (32, 64, 128, 256, 1024)  # row_sums' rows (powers of two up to a generated kernel's block)
+ROW_SUM_SIZES = (32, 64, 128, 256, 512, 1024)  # row_sums' rows (powers of two up to a generated kernel's block)
 
 
 def orders_of(d: int) -> dict[str, tuple[int, bool]]:
@@ -295,6 +295,17 @@ if __name__ == "__main__":  # the worker's probe kernel (a jit function resolves
         tl.store(OUT + tl.arange(0, R), row_sums(tl.reshape(v * v, [R, D]), R, D, FORM, DESC, LPR) * factor)
 
     worker_main(worker)
+
+
+def test_row_sums_take_the_rows_a_program_can_hold():
+    """``row_sum_form``: powers of two from 32 to 1024 (a generated kernel's program holds whole rows), in the
+    interpreter's order (each size's first candidate); None elsewhere."""
+    from diffusion_fuse.kernels.mean_square import SEQUENTIAL, VECTOR, row_sum_form
+
+    cpu = torch.device("cpu")
+    assert row_sum_form(cpu, 64) == (SEQUENTIAL, True, 32) and row_sum_form(cpu, 32) == (SEQUENTIAL, True, 32)
+    assert all(row_sum_form(cpu, d) == (VECTOR, True, 32) for d in (128, 256, 512, 1024))
+    assert all(row_sum_form(cpu, d) is None for d in (16, 96, 160, 2048))
 
 
 def test_transposed_heads_are_walked_in_memory_order():

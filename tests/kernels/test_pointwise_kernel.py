@@ -296,6 +296,22 @@ def row_means() -> dict:
         out[str(d)] = {"sites": [",".join(site_ops(s)) for s in sites], "counters": counters.snapshot(),
                        "equal": torch.equal(got, want), "strides": [list(got.stride()), list(fn(*args).stride())],
                        "row_sums": src.source.count("row_sums(")}
+    # two norms cat along the row itself: each branch's mask tests the index inside the row, and the rows are
+    # summed under the kernel's own mask
+    g = torch.Generator().manual_seed(1)
+    args = tuple(torch.randn(*s, generator=g) for s in ((2, 40, 64), (2, 40, 64), (64,), (64,)))
+
+    def last_dim_cat(a, b, wa, wb):
+        return torch.cat([pw.rms_norm_explicit(a, wa), pw.rms_norm_explicit(b, wb)], -1)
+
+    gm, sites = fuse(last_dim_cat, *args)
+    counters.reset()
+    got = gm(*args)
+    want = torch.cat([tail(args[0], args[2]), tail(args[1], args[3])], -1)
+    out["last_dim_cat"] = {"sites": [",".join(site_ops(s)) for s in sites], "counters": counters.snapshot(),
+                           "equal": torch.equal(got, want), "strides": [list(got.stride()), list(want.stride())],
+                           "row_sums": generate_source(list(args), program_of(last_dim_cat, *args)).source.count(
+                               "row_sums(")}
     return out
 
 
@@ -521,10 +537,10 @@ def test_a_rejected_group_names_the_op_that_differs(results):
     assert "elements differ" in reason and "; first op to differ from eager: mul.Tensor (" in reason, reason
 
 
-@pytest.mark.parametrize("d", ROW_MEAN_SIZES)
+@pytest.mark.parametrize("d", [*map(str, ROW_MEAN_SIZES), "last_dim_cat"])
 def test_a_norms_variance_is_summed_in_its_tails_kernel(results, d):
     """The pow → mean → rsqrt chain and its cat are one site, one launch, whose variance has mean_square's bits."""
-    r = results["row_means"][str(d)]
+    r = results["row_means"][d]
     assert len(r["sites"]) == 1 and r["sites"][0].count("mean") == 2, r["sites"]
     assert r["counters"]["kernel"] == {"pointwise": 1} and not r["counters"]["fallback"], r["counters"]
     assert r["equal"] and r["strides"][0] == r["strides"][1], r
