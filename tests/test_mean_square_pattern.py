@@ -56,6 +56,9 @@ def test_a_variance_its_tail_reads_on_every_element_is_left_to_the_tails_kernel(
     # the reference path
     _, _, report = _compile(model, torch.randn(1, 5, 3 * head_dim).to(dtype))
     assert "mean_square" in [s.pattern for s in report.sites()], report.table()
+    # with the pointwise family off, mean_square takes the variance (it yields to pointwise only while searched)
+    ref, out, report = _compile(model, torch.randn(2, 20, 3 * head_dim).to(dtype), {"patterns": {"pointwise": False}})
+    assert bitwise_equal(ref, out) and [s.pattern for s in report.sites()] == ["mean_square"], report.table()
 
 
 class UpcastRMSNorm(torch.nn.Module):

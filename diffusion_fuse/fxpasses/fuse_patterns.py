@@ -214,13 +214,14 @@ class FusePatternsPass(GraphPass):
             return
         claimed: set[fx.Node] = set()
         chosen: list[Site] = []
+        names = {f.name for f in searched}
         for node in list(graph.nodes):
             if node.op != "call_function" or node in claimed:
                 continue  # an anchor inside a site chosen before (a quantizer a norm site took) is not tried
             misses: list[NearMiss] = []
             for fam in by_anchor.get(node.target, ()):
                 try:
-                    res = fam.match(node)
+                    res = None if fam.yields_to in names and fam.yields(node) else fam.match(node)
                 except Exception as e:  # noqa: BLE001 - a broken matcher must not break compilation
                     res = NearMiss(fam.name, node, f"matcher raised {type(e).__name__}: {e}")
                 if res is None:

@@ -223,10 +223,12 @@ class PointwiseFusionPass(GraphPass):
     after = ("interleave_scatter",)
 
     def config_key(self) -> str:
-        # The grouping rules live in this module's functions and the op table: both key the uuid.
+        # The grouping rules live in this module's functions, the op table and which variances the tails take
+        # (patterns/mean_square.py): all key the uuid.
         from ..kernels import pointwise_ops
+        from ..patterns import mean_square
 
-        srcs = (inspect.getsource(sys.modules[__name__]), inspect.getsource(pointwise_ops))
+        srcs = tuple(inspect.getsource(m) for m in (sys.modules[__name__], pointwise_ops, mean_square))
         return hashlib.sha256("\0".join(srcs).encode()).hexdigest()
 
     def __call__(self, graph: fx.Graph, ctx: PassContext) -> None:

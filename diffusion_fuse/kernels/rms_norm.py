@@ -66,7 +66,7 @@ for bit, with all 128 threads busy. Rows of D <= 512 run ``SMALL_D_ROW_GROUPS`` 
 program, each thread a lane of every group, all their loads issued before the first shuffle (one
 group's bytes per thread are too few to cover DRAM latency).
 
-Lane epilogue (rows of D = 32, 64, 128 with unit stride along D, the QK norms of FLUX, SD3.5, Qwen-Image, Wan):
+Lane epilogue (rows of D = 32, 64, 128 with unit stride along D, the QK norms of FLUX, FLUX.2 and Wan):
 each lane keeps the 4-element vector it loaded in registers, the tree's levels run as butterflies
 (``shfl.sync.bfly``: lane l adds the same pair as shfl_down's lane l mod offset, and an fp32 add is
 commutative, so every lane ends with lane 0's sum), and the lane normalizes, applies the tail and RoPE

@@ -19,7 +19,7 @@ Where the norm's tail reads the mean on every element of its rows and the rows f
 kernel (``tail_reads_rows``: rows of 32 to 1024 elements, a power of two; SD3.5's and Qwen-Image's QK norms), the
 family leaves the variance to the pointwise pass instead, which computes it in eager's order inside the tail's
 kernel (kernels/pointwise.py, ``_row_mean``): x is read once for the whole norm, not once here and again there.
-With ``options={"patterns": {"pointwise": False}}`` such a variance runs as eager's ops.
+With ``options={"patterns": {"pointwise": False}}`` this family takes it (``yields_to``).
 """
 
 from __future__ import annotations
@@ -93,6 +93,7 @@ class MeanSquare(PatternFamily):
     name = "mean_square"
     tier = "lossless"
     lossless_only = True
+    yields_to = "pointwise"
     anchors = (aten.mean.dim,)
     description = "x.float().pow(2).mean(-1, keepdim=True) in one pass (diffusers RMSNorm's variance)"
     variants = (
@@ -113,9 +114,10 @@ class MeanSquare(PatternFamily):
 
         return variance, (example_tensor(2, 8, 4, 16),)
 
+    def yields(self, node: fx.Node) -> bool:
+        return tail_reads_rows(node)  # the pointwise pass sums it inside the tail's kernel
+
     def match(self, node: fx.Node) -> Site | None:
-        if tail_reads_rows(node):
-            return None  # the pointwise pass computes it inside the tail's kernel
         sq = node.args[0]
         if not (_last_dim_only(node) and is_op(sq, aten.pow.Tensor_Scalar) and sq.args[1] == 2
                 and single_user(sq) is node and dtype_of(node) == torch.float32):

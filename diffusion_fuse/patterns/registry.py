@@ -98,6 +98,9 @@ class PatternFamily:
     # The kernels/ module whose kernel the family's op launches: its own (kernels/<name>.py) by default, another
     # family's when it runs that kernel with another epilogue, None when its op calls ATen (cuBLAS) only.
     kernel: ClassVar[str | None] = ""
+    # The family whose pass takes the anchors ``yields(node)`` selects, while that family is searched (the fuse pass
+    # then does not try this one there): mean_square leaves a variance its tail's pointwise kernel sums
+    yields_to: ClassVar[str | None] = None
     # True for a family added by ``diffusion_fuse.register_pattern``: the report says when it goes unused
     user: bool = False
 
@@ -107,6 +110,10 @@ class PatternFamily:
 
     def match(self, node: fx.Node) -> Site | NearMiss | None:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def yields(self, node: fx.Node) -> bool:
+        """Whether ``yields_to``'s pass takes this anchor."""
+        return False
 
     def example(self) -> Example | None:
         """One of the family's forms: compiled, it holds at least one of the family's sites."""
