@@ -637,7 +637,7 @@ class Generator(Emit):
         self.row_means = True
         s = self.tmp(f"row_sums(tl.reshape(tl.broadcast_to({sq.code}, [BLOCK]), [{r}, {d}]), {r}, {d}, "
                      f"{form[0]}, {form[1]}, {form[2]})")
-        factor = mean_factor(math.prod(spec.shape[:-1]), d)
+        factor = mean_factor(rows, d)
         return Val(self.tmp(f"tl.reshape(tl.broadcast_to(({s} * {lit(factor)})[:, None], [{r}, {d}]), [BLOCK])"),
                    torch.float32)
 

@@ -177,11 +177,12 @@ def rope_into_slice(q, cos, sin):  # ``q[:, :, text:] = rope(q[:, :, text:])``: 
     return q
 
 
-def joint_value_cat(v_img, v_txt, heads: int):  # SD3: [B, S, H*D] projections as [B, H, S, D], cat along S
-    def heads_first(v):
-        return v.view(v.shape[0], -1, heads, v.shape[-1] // heads).transpose(1, 2)
+def heads_first(v, heads: int):  # SD3's attention: a [B, S, H*D] projection viewed as [B, H, S, D]
+    return v.view(v.shape[0], -1, heads, v.shape[-1] // heads).transpose(1, 2)
 
-    return torch.cat([heads_first(v_img), heads_first(v_txt)], dim=2)
+
+def joint_value_cat(v_img, v_txt, heads: int):  # SD3: the projections as [B, H, S, D], cat along S
+    return torch.cat([heads_first(v_img, heads), heads_first(v_txt, heads)], dim=2)
 
 
 def rms_norm_explicit(x, w, eps=1e-6):  # diffusers' RMSNorm (a half-precision weight): the pow → mean → rsqrt chain
@@ -190,11 +191,8 @@ def rms_norm_explicit(x, w, eps=1e-6):  # diffusers' RMSNorm (a half-precision w
 
 
 def joint_qk_norm(q_img, q_txt, w_img, w_txt, heads: int):  # SD3: both QK norms on [B, H, S, D] views, cat along S
-    def heads_first(v):
-        return v.view(v.shape[0], -1, heads, v.shape[-1] // heads).transpose(1, 2)
-
-    return torch.cat([rms_norm_explicit(heads_first(q_img), w_img), rms_norm_explicit(heads_first(q_txt), w_txt)],
-                     dim=2)
+    return torch.cat([rms_norm_explicit(heads_first(q_img, heads), w_img),
+                      rms_norm_explicit(heads_first(q_txt, heads), w_txt)], dim=2)
 
 
 def qwen_qk_norm_rope_cat(txt, img, w_txt, w_img, txt_freqs, img_freqs):  # Qwen-Image: QK norm, RoPE, cat([txt, img])

@@ -275,9 +275,6 @@ def row_means() -> dict:
     from diffusion_fuse.testing import pointwise as pw
     from diffusion_fuse.testing.pointwise import fuse, program_of, site_ops
 
-    def heads_first(v):
-        return v.view(v.shape[0], -1, 4, v.shape[-1] // 4).transpose(1, 2)
-
     def tail(x, w):
         return (x * torch.rsqrt(plan_mean_square(x)(x) + 1e-6)).to(w.dtype) * w
 
@@ -291,7 +288,7 @@ def row_means() -> dict:
         gm, sites = fuse(fn, *args)
         counters.reset()
         got = gm(*args)
-        want = torch.cat([tail(heads_first(args[0]), args[2]), tail(heads_first(args[1]), args[3])], 2)
+        want = torch.cat([tail(pw.heads_first(args[0], 4), args[2]), tail(pw.heads_first(args[1], 4), args[3])], 2)
         src = generate_source(list(args), program_of(fn, *args))
         out[str(d)] = {"sites": [",".join(site_ops(s)) for s in sites], "counters": counters.snapshot(),
                        "equal": torch.equal(got, want), "strides": [list(got.stride()), list(fn(*args).stride())],
