@@ -28,6 +28,7 @@ FAMILIES: tuple[str, ...] = (
     "static_quant",
     "cat_quant",
     "layer_norm",
+    "depthwise_conv",
 )
 
 STAGES = ("patterns", "lowering", "fxpasses")

@@ -1,0 +1,94 @@
+"""Depthwise convolutions at real shapes: eager vs Inductor vs diffusion_fuse vs the HBM floor, in one run.
+
+Workloads: SANA-1.6B's GLUMBConv ``conv_depth`` (3 x 3, 11200 channels, 32 x 32 latents, batch 2, channels-last
+as the 1 x 1 convolution before it leaves it, bias), the same at SANA's 2048² (64 x 64 latents, batch 1), and a
+contiguous [2, 2560, 64, 64] one (ATen's own depthwise kernel). For each, the convolution alone and the GLUMBConv
+tail ``x, gate = conv(h).chunk(2, 1); x * silu(gate)``: eager, Inductor (default mode), the lossless backend
+(``backend="diffusion_fuse"``: the ``depthwise_conv`` op, then the pointwise pass's GLU), and the floor (input and
+output bytes over the copy bandwidth of a 1 GiB copy measured in the same run). Times are ``benchmarks/steady.py``
+medians (calls back to back in one CUDA graph, inputs cycled out of L2); "exact" is ours bitwise against eager.
+
+    python benchmarks/bench_depthwise_conv.py [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+from tabulate import tabulate
+from triton.testing import do_bench
+
+import diffusion_fuse  # noqa: F401  (registers backend="diffusion_fuse")
+
+try:
+    from steady import input_sets, steady_us
+except ImportError:  # imported as benchmarks.bench_depthwise_conv
+    from benchmarks.steady import input_sets, steady_us
+
+WORKLOADS = {  # name: (batch, channels, height, width, channels_last)
+    "sana_1600m_1024px": (2, 11200, 32, 32, True),
+    "sana_1600m_2048px": (1, 11200, 64, 64, True),
+    "contiguous_2560": (2, 2560, 64, 64, False),
+}
+
+
+def conv(h, w, b):
+    return torch.nn.functional.conv2d(h, w, b, padding=1, groups=h.shape[1])
+
+
+def conv_glu(h, w, b):
+    x, gate = torch.chunk(conv(h, w, b), 2, dim=1)
+    return x * torch.nn.functional.silu(gate)
+
+
+def copy_bandwidth() -> float:
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    return 2 * n / (do_bench(lambda: b.copy_(a), warmup=25, rep=200, return_mode="median") * 1e-3)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_depthwise_conv.json"))
+    args = ap.parse_args()
+    bw = copy_bandwidth()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows, records = [], []
+    for name, (n, c, hh, ww, cl) in WORKLOADS.items():
+        h = torch.randn(n, c, hh, ww, device="cuda", generator=g).bfloat16()
+        if cl:
+            h = h.to(memory_format=torch.channels_last)
+        w = (torch.randn(c, 1, 3, 3, device="cuda", generator=g) * 0.3).bfloat16()
+        b = torch.randn(c, device="cuda", generator=g).bfloat16()
+        for fn in (conv, conv_glu):
+            torch._dynamo.reset()
+            ours = torch.compile(fn, backend="diffusion_fuse", fullgraph=True)
+            inductor = torch.compile(fn, fullgraph=True)
+            with torch.no_grad():
+                want, got = fn(h, w, b), ours(h, w, b)
+                exact = torch.equal(want.view(torch.int16), got.view(torch.int16)) and want.stride() == got.stride()
+                moved = (h.numel() + w.numel() + b.numel() + want.numel()) * 2
+                sets = input_sets((h, w, b), moved)
+                t = {k: steady_us([lambda s=s, f=f: f(*s) for s in sets])
+                     for k, f in (("eager", fn), ("inductor", inductor), ("ours", ours))}
+            floor = moved / bw * 1e6
+            records.append({"workload": name, "chain": fn.__name__, **{f"{k}_us": v for k, v in t.items()},
+                            "floor_us": floor, "exact": exact})
+            rows.append([name, fn.__name__, f"{t['eager']:.1f}", f"{t['inductor']:.1f}", f"{t['ours']:.1f}",
+                         f"{floor:.1f}", f"{t['inductor'] / t['ours']:.2f}x", exact])
+            sets = None
+        torch.cuda.empty_cache()
+    print(tabulate(rows, headers=["workload", "chain", "eager µs", "Inductor µs", "ours µs", "floor µs",
+                                  "ours vs Inductor", "exact"]))
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; copy bandwidth {bw / 1e9:.0f} GB/s")
+    with open(args.json, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_GBps": bw / 1e9,
+                   "rows": records}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""Triton kernel for ``diffusion_fuse::depthwise_conv``: a 2-D depthwise convolution (one filter a channel, stride
+1, no dilation) in the order of the kernel eager runs for it.
+
+Numerics contract (lossless tier): per output element, in fp32 and rounded once to x's dtype::
+
+    acc = bias (BIAS_FIRST) or 0
+    for each tap (i, j) in the order ``TAP_ORDER`` names, skipping taps that fall in the padding (SKIP)
+    or adding their zero product (not SKIP):
+        acc = acc + w[c, i, j] * x[n, c, h + i - pad_h, w + j - pad_w]
+    y = round(acc)
+    y = round(float(y) + float(bias))            # bias added after the convolution (not BIAS_FIRST)
+
+A product of two bf16 or two fp16 values is exact in fp32, so an FMA and a multiply then add agree and only
+the order of the adds and where the bias enters decide the bits. ATen runs cuDNN for a channels-last input
+(``use_cudnn_depthwise``; the bias is a separate ``add_``, Convolution.cpp) and its own
+``conv_depthwise2d_forward_kernel`` for a contiguous bf16 one (the bias first, the taps row-major, out-of-range
+taps skipped). Which of the candidates a layout's eager kernel matches is found once per layout by running
+eager on a wide-range draw of that layout (``eager_order``); a layout none matches runs eager's convolution.
+
+One program computes ``ROWS`` output rows of ``BLOCK_C`` channels, ``BLOCK_W`` columns at a time: the three (K)
+input rows an output row reads were loaded for the rows before it, so they come from the cache; x is read from
+memory about once. fp32 inputs are not taken: cuDNN convolves them in TF32 by default.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import triton_interpret
+from .launch import CachedLaunch
+from .optional_triton import tl, triton
+
+DTYPES = (torch.bfloat16, torch.float16)
+MAX_K = 7  # filter sizes up to 7 x 7 (the taps are unrolled)
+ROW_MAJOR, COL_MAJOR = 0, 1
+# (tap order, bias first, skip the padding's taps): the orders eager's kernels were found to sum in (H100, torch
+# 2.11: cuDNN's conv2d_c1_k1_nhwc / _nchw_shmem_tiling row-major with the bias after, ATen's own kernel row-major
+# from the bias); each layout's is found among them on first use. The kernel also takes the others (tests).
+CANDIDATES = ((ROW_MAJOR, False, True), (ROW_MAJOR, True, True))
+ORDERS = tuple((o, bf, skip) for bf in (False, True) for o in (ROW_MAJOR, COL_MAJOR) for skip in (True, False))
+BLOCK_C, MAX_BLOCK_W, ROWS, NUM_WARPS = 64, 32, 8, 4
+
+
+@triton.jit
+def depthwise_conv_kernel(X, Wt, B, Y, C, H, W, H_OUT, W_OUT, xs_n, xs_c, xs_h, xs_w, ys_n, ys_c, ys_h, ys_w,
+                          h_blocks, KH: tl.constexpr, KW: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
+                          BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr, ROWS: tl.constexpr,
+                          HAS_BIAS: tl.constexpr, BIAS_FIRST: tl.constexpr, TAP_ORDER: tl.constexpr,
+                          SKIP: tl.constexpr):
+    pid = tl.program_id(1)
+    n = pid // h_blocks
+    h0 = (pid % h_blocks) * ROWS
+    c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)[:, None]
+    c_ok = c < C
+    x_nc = X + n.to(tl.int64) * xs_n + c.to(tl.int64) * xs_c
+    y_nc = Y + n.to(tl.int64) * ys_n + c.to(tl.int64) * ys_c
+    if HAS_BIAS:
+        bias = tl.load(B + c, mask=c_ok, other=0.0).to(tl.float32)
+    w0 = 0
+    while w0 < W_OUT:  # a while loop: the interpreter cannot take a runtime bound in range()
+        w = w0 + tl.arange(0, BLOCK_W)[None, :]
+        for r in range(ROWS):  # a loop, not unrolled: the taps already are
+            h = h0 + r
+            acc = tl.zeros((BLOCK_C, BLOCK_W), tl.float32)
+            if HAS_BIAS and BIAS_FIRST:
+                acc += bias
+            for t in tl.static_range(KH * KW):
+                if TAP_ORDER == 0:
+                    i = t // KW
+                    j = t % KW
+                else:
+                    i = t % KH
+                    j = t // KH
+                h_in = h + i - PAD_H
+                w_in = w + j - PAD_W
+                inside = (h_in >= 0) & (h_in < H) & (w_in >= 0) & (w_in < W)
+                xv = tl.load(x_nc + h_in * xs_h + w_in * xs_w, mask=c_ok & inside, other=0.0).to(tl.float32)
+                wv = tl.load(Wt + c * (KH * KW) + (i * KW + j), mask=c_ok, other=0.0).to(tl.float32)
+                if SKIP:
+                    acc = tl.where(inside, acc + wv * xv, acc)
+                else:
+                    acc = acc + wv * xv
+            y = acc.to(Y.dtype.element_ty)
+            if HAS_BIAS and not BIAS_FIRST:
+                y = (y.to(tl.float32) + bias).to(Y.dtype.element_ty)
+            tl.store(y_nc + h * ys_h + w * ys_w, y, mask=c_ok & (h < H_OUT) & (w < W_OUT))
+        w0 += BLOCK_W
+
+
+def output_strides(x: torch.Tensor, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Eager's output layout: channels-last for a channels-last input (cuDNN keeps it), else contiguous."""
+    n, c, h, w = shape
+    if channels_last(x):
+        return (h * w * c, 1, w * c, c)
+    return (c * h * w, h * w, w, 1)
+
+
+def channels_last(x: torch.Tensor) -> bool:
+    return not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+
+
+def plan_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, has_bias: bool, padding: tuple[int, int],
+                        order: tuple[int, bool, bool]):
+    """launch(x, weight, bias) -> y for this layout, summing in ``order`` (tap order, bias first, skip)."""
+    n, c, h, w = x.shape
+    kh, kw = weight.shape[-2:]
+    ph, pw = padding
+    shape = (n, c, h + 2 * ph - kh + 1, w + 2 * pw - kw + 1)
+    strides = output_strides(x, shape)
+    block_w = min(triton.next_power_of_2(shape[3]), MAX_BLOCK_W)
+    h_blocks = triton.cdiv(shape[2], ROWS)
+    tap_order, bias_first, skip = order
+    kernel = CachedLaunch(depthwise_conv_kernel, (triton.cdiv(c, BLOCK_C), n * h_blocks),
+                          dict(KH=kh, KW=kw, PAD_H=ph, PAD_W=pw, BLOCK_C=BLOCK_C, BLOCK_W=block_w, ROWS=ROWS,
+                               HAS_BIAS=has_bias, BIAS_FIRST=bias_first, TAP_ORDER=tap_order, SKIP=skip),
+                          num_warps=NUM_WARPS)
+
+    def launch(x, weight, bias):
+        y = torch.empty_strided(shape, strides, dtype=x.dtype, device=x.device)
+        kernel(x, weight, bias if bias is not None else weight, y, c, h, w, shape[2], shape[3], *x.stride(),
+               *strides, h_blocks)
+        return y
+
+    return launch
+
+
+_orders: dict[tuple, tuple[int, bool, bool] | None] = {}
+
+
+def _draw(x: torch.Tensor, weight: torch.Tensor, has_bias: bool):
+    """Inputs of x's and weight's layout whose sums round differently in each candidate order: magnitudes over
+    2**-8..2**8, zero (and negative zero) channels, and a negative-zero bias where the padding meets them."""
+    g = torch.Generator(device=x.device).manual_seed(0)
+
+    def wide(t: torch.Tensor) -> torch.Tensor:
+        v = torch.randn(t.shape, generator=g, device=t.device)
+        v = v * torch.exp2(torch.randint(-8, 9, t.shape, generator=g, device=t.device).float())
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(v)
+
+    xs, ws = wide(x), wide(weight)
+    xs[:, :2] = 0.0
+    xs[:, 2:4] = -0.0
+    b = wide(weight.new_empty(weight.shape[0])) if has_bias else None
+    if b is not None:
+        b[:4] = -0.0
+    return xs, ws, b
+
+
+def eager_order(x: torch.Tensor, weight: torch.Tensor, has_bias: bool, padding: tuple[int, int]):
+    """The candidate order (tap order, bias first, skip) that gives eager's bits on a wide-range draw of this
+    layout, or None; cached per layout. It runs eager's convolution and the kernel, so it is not asked inside a
+    CUDA graph capture (None there until known)."""
+    key = (x.device, x.dtype, tuple(x.shape), x.stride(), tuple(weight.shape), weight.stride(), has_bias, padding)
+    if key in _orders:
+        return _orders[key]
+    if x.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    xs, ws, b = _draw(x, weight, has_bias)
+    want = torch.ops.aten.convolution(xs, ws, b, [1, 1], list(padding), [1, 1], False, [0, 0], x.shape[1])
+    bits = torch.int16
+    found = None
+    # most likely first: cuDNN (channels-last) adds the bias after, ATen's own kernel first
+    # without a bias the candidates differ in where it enters only
+    for order in sorted(CANDIDATES, key=lambda o: o[1] == channels_last(x))[:None if has_bias else 1]:
+        got = plan_depthwise_conv(x, weight, has_bias, padding, order)(xs, ws, b)
+        if got.stride() == want.stride() and torch.equal(got.view(bits), want.view(bits)):
+            found = order
+            break
+    _orders[key] = found
+    return found
+
+
+def can_use_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                           padding: tuple[int, int]) -> tuple[bool, str]:
+    """Whether the kernel gives eager's bits for this convolution (the contract above); else the reason."""
+    if x.device.type != "cuda" and not (x.device.type == "cpu" and triton_interpret()):
+        return False, f"device is {x.device.type}"
+    tensors = [t for t in (weight, bias) if t is not None]
+    if x.dtype not in DTYPES or any(t.dtype != x.dtype or t.device != x.device for t in tensors):
+        return False, f"dtypes (kernel takes x, weight and bias of one dtype among {[str(d) for d in DTYPES]})"
+    if x.dim() != 4 or weight.dim() != 4 or weight.shape[:2] != (x.shape[1], 1):
+        return False, f"x {tuple(x.shape)}, weight {tuple(weight.shape)}: not one filter a channel"
+    kh, kw = weight.shape[-2:]
+    if kh > MAX_K or kw > MAX_K or not weight.is_contiguous():
+        return False, f"filter {kh}x{kw} (kernel takes contiguous filters up to {MAX_K}x{MAX_K})"
+    if not (x.is_contiguous() or channels_last(x)):
+        return False, "x neither contiguous nor channels-last (eager's backend then depends on more)"
+    if x.numel() == 0 or x.numel() >= 2**31:
+        return False, f"{x.numel()} elements"
+    if x.device.type == "cuda" and eager_order(x, weight, bias is not None, padding) is None:
+        return False, "eager's convolution for this layout sums in no order the kernel knows"
+    return True, ""

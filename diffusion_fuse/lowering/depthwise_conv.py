@@ -1,0 +1,42 @@
+"""``diffusion_fuse::depthwise_conv``: a 2-D depthwise convolution, stride 1, no dilation (patterns/depthwise_conv.py)::
+
+    y = convolution(x, weight, bias, stride=[1, 1], padding, dilation=[1, 1], groups=channels)
+
+CUDA inputs the guard accepts run kernels/depthwise_conv.py in the order eager's convolution sums for that layout
+(found once per layout); the output has eager's layout (channels-last for a channels-last input).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..kernels.depthwise_conv import CANDIDATES, DTYPES, MAX_K, can_use_depthwise_conv, eager_order, plan_depthwise_conv
+from .spec import OpSpec, register_op
+
+
+def depthwise_conv(x: Tensor, weight: Tensor, bias: Tensor | None, padding: list[int]) -> Tensor:
+    return torch.ops.aten.convolution(x, weight, bias, [1, 1], padding, [1, 1], False, [0, 0], x.shape[1])
+
+
+def _guard(a) -> tuple[bool, str]:
+    return can_use_depthwise_conv(a.x, a.weight, a.bias, tuple(a.padding))
+
+
+def _static_guard(a) -> str:
+    if a.x.dtype not in DTYPES:
+        return f"dtype {a.x.dtype} (kernel takes {[str(d) for d in DTYPES]}; cuDNN convolves fp32 in TF32)"
+    kh, kw = a.weight.shape[-2:]
+    if isinstance(kh, int) and isinstance(kw, int) and (kh > MAX_K or kw > MAX_K):
+        return f"filter {kh}x{kw} (kernel takes up to {MAX_K}x{MAX_K})"
+    return ""
+
+
+def _plan(a):
+    padding = tuple(a.padding)
+    order = eager_order(a.x, a.weight, a.bias is not None, padding) if a.x.device.type == "cuda" else CANDIDATES[0]
+    run = plan_depthwise_conv(a.x, a.weight, a.bias is not None, padding, order)
+    return lambda a: run(a.x, a.weight, a.bias)
+
+
+SPEC = register_op(OpSpec("depthwise_conv", depthwise_conv, guard=_guard, plan=_plan, static_guard=_static_guard))

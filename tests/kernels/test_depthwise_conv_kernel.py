@@ -1,0 +1,128 @@
+"""CPU checks of kernels/depthwise_conv.py: its summation orders in Triton's interpreter, its guard and layouts.
+
+The interpreter runs fp32 arithmetic one IEEE op at a time, so each candidate order must equal ``emulate`` (the
+module's contract in torch ops, one add at a time) bit for bit; wide-range inputs make the orders differ from each
+other (checked too). fp32 stands in for bf16 here (the interpreter's bf16 cast truncates). Which order is eager's
+on a GPU is tests/gpu/test_depthwise_conv_gpu.py's job.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":
+    os.environ["TRITON_INTERPRET"] = "1"
+    sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parent)]
+
+import pytest
+import torch
+from _interp import run_worker, worker_main
+
+# (batch, channels, height, width, kh, kw, pad_h, pad_w, channels_last): blocks of the kernel only partly filled,
+# a non-square filter, no padding, more columns than one column block; every order on the first case, the
+# candidates on the rest
+CASES = [(1, 70, 4, 5, 3, 3, 1, 1, True), (1, 8, 9, 40, 3, 3, 1, 1, False), (1, 8, 6, 6, 5, 3, 2, 1, False),
+         (2, 8, 4, 5, 3, 3, 0, 0, True)]
+
+
+def emulate(x, w, b, padding, order):
+    """The contract: per output, ``acc`` from 0 or the bias, plus each tap's product in the order's turn (the
+    padding's taps skipped or added as zeros), rounded once; the bias added after when not first."""
+    from diffusion_fuse.kernels.depthwise_conv import ROW_MAJOR
+
+    tap_order, bias_first, skip = order
+    n, c, h, wd = x.shape
+    kh, kw = w.shape[-2:]
+    ph, pw = padding
+    ho, wo = h + 2 * ph - kh + 1, wd + 2 * pw - kw + 1
+    xp = torch.nn.functional.pad(x.float(), (pw, pw, ph, ph))
+    inside = torch.nn.functional.pad(torch.ones(h, wd, dtype=torch.bool), (pw, pw, ph, ph))
+    acc = torch.zeros(n, c, ho, wo)
+    if b is not None and bias_first:
+        acc = acc + b.float().view(1, c, 1, 1)
+    taps = [(i, j) for i in range(kh) for j in range(kw)] if tap_order == ROW_MAJOR else \
+        [(i, j) for j in range(kw) for i in range(kh)]
+    for i, j in taps:
+        p = acc + w[:, 0, i, j].float().view(1, c, 1, 1) * xp[:, :, i:i + ho, j:j + wo]
+        acc = torch.where(inside[i:i + ho, j:j + wo], p, acc) if skip else p
+    y = acc.to(x.dtype)
+    if b is not None and not bias_first:
+        y = (y.float() + b.float().view(1, c, 1, 1)).to(x.dtype)
+    return y
+
+
+def worker() -> dict:
+    from diffusion_fuse.kernels.depthwise_conv import (
+        CANDIDATES,
+        ORDERS,
+        _draw,
+        can_use_depthwise_conv,
+        plan_depthwise_conv,
+    )
+
+    res = {}
+    for k, (n, c, h, wd, kh, kw, ph, pw, cl) in enumerate(CASES):
+        x = torch.empty(n, c, h, wd)
+        x = x.to(memory_format=torch.channels_last) if cl else x
+        torch.manual_seed(k)
+        x, w, b = _draw(x, torch.empty(c, 1, kh, kw), True)
+        for bias in (b, None) if k == 0 else (b,):
+            wants = {o: emulate(x, w, bias, (ph, pw), o) for o in ORDERS}
+            for order in ORDERS if k == 0 else CANDIDATES:
+                got = plan_depthwise_conv(x, w, bias is not None, (ph, pw), order)(x, w, bias)
+                key = f"{k}:{'bias' if bias is not None else 'nobias'}:{order}"
+                want = wants[order]
+                res[key] = {"equal": torch.equal(got.view(torch.int32), want.view(torch.int32)),
+                            "strides": list(got.stride()), "want_strides": list(torch.ops.aten.convolution(
+                                x, w, bias, [1, 1], [ph, pw], [1, 1], False, [0, 0], c).stride()),
+                            "tap_order_matters": not torch.equal(want, wants[(1 - order[0], *order[1:])])}
+    x = torch.zeros(1, 8, 4, 4)
+    res["guard"] = {str(dt)[6:]: can_use_depthwise_conv(x.to(dt), torch.zeros(8, 1, 3, 3, dtype=dt), None, (1, 1))
+                    for dt in (torch.float32, torch.bfloat16)}
+    res["guard"]["not_depthwise"] = can_use_depthwise_conv(x.bfloat16(), torch.zeros(16, 1, 3, 3).bfloat16(), None,
+                                                           (1, 1))
+    res["guard"]["strided"] = can_use_depthwise_conv(x.bfloat16()[:, :, ::2], torch.zeros(8, 1, 3, 3).bfloat16(),
+                                                     None, (1, 1))
+    return res
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_worker(__file__)
+
+
+def test_every_order_is_its_contract(results):
+    orders = {k: v for k, v in results.items() if k != "guard"}
+    assert orders and all(v["equal"] for v in orders.values()), [k for k, v in orders.items() if not v["equal"]]
+
+
+def test_the_output_has_eagers_layout(results):
+    """Channels-last in, channels-last out (cuDNN keeps the layout); contiguous in, contiguous out."""
+    orders = [v for k, v in results.items() if k != "guard"]
+    assert all(v["strides"] == v["want_strides"] for v in orders)
+
+
+def test_the_draw_tells_the_tap_orders_apart(results):
+    """eager_order's draw gives other bits in the other tap order for every case with a 3 x 3 filter or larger."""
+    assert all(v["tap_order_matters"] for k, v in results.items() if k != "guard")
+
+
+def test_the_guard(results):
+    """In the interpreter: bf16 taken; fp32 not (cuDNN convolves it in TF32), nor a channel multiplier or a
+    strided x; on a plain CPU nothing is."""
+    from diffusion_fuse.kernels.depthwise_conv import can_use_depthwise_conv
+
+    guard = results["guard"]
+    assert guard["bfloat16"] == [True, ""]
+    assert not guard["float32"][0] and "dtypes" in guard["float32"][1]
+    assert not guard["not_depthwise"][0] and "one filter a channel" in guard["not_depthwise"][1]
+    assert not guard["strided"][0] and "channels-last" in guard["strided"][1]
+    x = torch.zeros(1, 8, 4, 4, dtype=torch.bfloat16)
+    assert can_use_depthwise_conv(x, torch.zeros(8, 1, 3, 3, dtype=torch.bfloat16), None, (1, 1)) == \
+        (False, "device is cpu")
+
+
+if __name__ == "__main__":
+    worker_main(worker)

@@ -1,0 +1,58 @@
+"""Family depthwise_conv: a 2-D depthwise convolution (stride 1) is one site with eager's bits; strided, dilated
+or multiplied depthwise convolutions are near misses with the reason; dense and grouped convolutions are not the
+family's. On the CPU the op runs its reference (the kernel's order is the GPU test's: tests/gpu/)."""
+
+import pytest
+import torch
+from helpers import bitwise_equal, compile_and_run
+
+from diffusion_fuse.patterns.registry import example_tensor
+
+F = "depthwise_conv"
+
+
+def _conv(c_out: int = 32, k: int = 3, groups: int = 32, **kw) -> torch.nn.Conv2d:
+    torch.manual_seed(0)
+    return torch.nn.Conv2d(32, c_out, k, groups=groups, **kw).bfloat16()
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("k,padding", [(3, 1), (5, 2), (3, 0)])
+def test_a_depthwise_conv_is_one_site(bias, k, padding):
+    conv = _conv(k=k, padding=padding, bias=bias)
+    ref, out, report = compile_and_run(conv, dict(input=example_tensor(2, 32, 8, 8)))
+    assert bitwise_equal(ref, out) and out.stride() == ref.stride()
+    (site,) = report.sites()
+    assert site.pattern == F and site.status == "kept" and site.before == ["convolution"]
+
+
+def test_a_channels_last_input_keeps_its_layout():
+    conv = _conv(padding=1)
+    x = example_tensor(2, 32, 8, 8).to(memory_format=torch.channels_last)
+    ref, out, report = compile_and_run(conv, dict(input=x))
+    assert bitwise_equal(ref, out) and out.stride() == ref.stride() and report.count(F) == 1
+
+
+@pytest.mark.parametrize("kw,why", [(dict(stride=2, padding=1), "stride [2, 2]"),
+                                    (dict(dilation=2, padding=2), "dilation [2, 2]"),
+                                    (dict(c_out=64, padding=1), "a channel multiplier of 2")])
+def test_other_depthwise_convs_are_near_misses(kw, why):
+    ref, out, report = compile_and_run(_conv(**kw), dict(input=example_tensor(2, 32, 8, 8)))
+    assert bitwise_equal(ref, out) and report.count(F) == 0
+    (miss,) = [m for g in report.graphs for m in g.near_misses if m.pattern == F]
+    assert why in miss.reason
+
+
+@pytest.mark.parametrize("groups", [1, 4])
+def test_dense_and_grouped_convs_are_not_the_familys(groups):
+    ref, out, report = compile_and_run(_conv(groups=groups, padding=1), dict(input=example_tensor(2, 32, 8, 8)))
+    assert bitwise_equal(ref, out) and report.count(F) == 0
+    assert not [m for g in report.graphs for m in g.near_misses if m.pattern == F]
+
+
+def test_an_fp32_conv_is_a_near_miss():
+    conv = _conv(padding=1).float()
+    ref, out, report = compile_and_run(conv, dict(input=example_tensor(2, 32, 8, 8, dtype=torch.float32)))
+    assert bitwise_equal(ref, out) and report.count(F) == 0
+    (miss,) = [m for g in report.graphs for m in g.near_misses if m.pattern == F]
+    assert "TF32" in miss.reason
