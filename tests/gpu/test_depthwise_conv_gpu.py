@@ -1,10 +1,10 @@
 """GPU check of kernels/depthwise_conv.py against eager's convolution (bitwise, with eager's output strides).
 
 For each layout (channels-last, as SANA's GLUMBConv hands its ``conv_depth`` the output of a 1 x 1 convolution,
-and contiguous; bf16 and fp16; with and without a bias; 3 x 3 and 5 x 5 filters, same and no padding, sizes that
-are no multiple of the kernel's blocks) every candidate order is run and compared with eager; the test passes when
-``eager_order`` finds one for every layout and the op (guard, plan, launch) gives eager's bits. The order found
-per layout goes to $OUT/depthwise_conv_gpu.json. A GLUMBConv-like block compiled with the backend keeps its site.
+and contiguous; bf16 and fp16; with and without a bias; 3 x 3 and 5 x 5 filters, sizes that are no multiple of
+the kernel's blocks) ``eager_order`` must find an order and the op (guard, plan, launch) must give eager's bits and
+strides. The order found per layout goes to $OUT/depthwise_conv_gpu_*.json. A GLUMBConv-like block compiled with
+the backend keeps its site.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 # (batch, channels, height, width, filter, padding)
-SHAPES = [(2, 640, 32, 32, 3, 1), (1, 200, 17, 45, 3, 1), (2, 96, 16, 16, 5, 2), (1, 64, 9, 9, 3, 0),
-          (2, 11200, 32, 32, 3, 1)]
+SHAPES = [(2, 11200, 32, 32, 3, 1), (1, 200, 17, 45, 3, 1), (2, 96, 16, 16, 5, 2)]
 
 
 def _inputs(shape, dtype, layout, bias, seed):
@@ -37,12 +36,7 @@ def _inputs(shape, dtype, layout, bias, seed):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("layout", ["channels_last", "contiguous"])
 def test_kernel_is_eagers_convolution(dtype, layout):
-    from diffusion_fuse.kernels.depthwise_conv import (
-        CANDIDATES,
-        can_use_depthwise_conv,
-        eager_order,
-        plan_depthwise_conv,
-    )
+    from diffusion_fuse.kernels.depthwise_conv import can_use_depthwise_conv, eager_order
     from diffusion_fuse.lowering.depthwise_conv import SPEC
 
     found = {}
@@ -52,17 +46,12 @@ def test_kernel_is_eagers_convolution(dtype, layout):
             pad = (shape[-1], shape[-1])
             want = torch.ops.aten.convolution(x, w, b, [1, 1], list(pad), [1, 1], False, [0, 0], x.shape[1])
             name = f"{str(dtype)[6:]}:{layout}:{'x'.join(map(str, shape))}:{'bias' if bias else 'nobias'}"
-            order = eager_order(x, w, bias, pad)
-            found[name] = order
+            found[name] = eager_order(x, w, bias, pad)
             ok, why = can_use_depthwise_conv(x, w, b, pad)
             assert ok, f"{name}: {why}"
-            for cand in CANDIDATES:
-                got = plan_depthwise_conv(x, w, bias, pad, cand)(x, w, b)
-                assert got.stride() == want.stride(), name
-                same = torch.equal(got.view(torch.int16), want.view(torch.int16))
-                assert same or cand != order, f"{name}: the order found, {cand}, differs on the test draw"
             got = SPEC.run_kernel(x, w, b, list(pad))
-            assert torch.equal(got.view(torch.int16), want.view(torch.int16)) and got.stride() == want.stride()
+            assert got.stride() == want.stride(), name
+            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), name
     with open(os.path.join(os.environ.get("OUT", "."), f"depthwise_conv_gpu_{str(dtype)[6:]}_{layout}.json"),
               "w") as f:
         json.dump(found, f, indent=1)
