@@ -8,7 +8,7 @@ tail ``x, gate = conv(h).chunk(2, 1); x * silu(gate)``: eager, Inductor (default
 output bytes over the copy bandwidth of a 1 GiB copy measured in the same run). Times are ``benchmarks/steady.py``
 medians (calls back to back in one CUDA graph, inputs cycled out of L2); "exact" is ours bitwise against eager.
 
-    python benchmarks/bench_depthwise_conv.py [--json PATH]
+    python benchmarks/bench_depthwise_conv.py [--workloads A,B] [--json PATH]
 """
 
 from __future__ import annotations
@@ -54,11 +54,13 @@ def copy_bandwidth() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_depthwise_conv.json"))
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, from {list(WORKLOADS)}")
     args = ap.parse_args()
     bw = copy_bandwidth()
     g = torch.Generator(device="cuda").manual_seed(0)
     rows, records = [], []
-    for name, (n, c, hh, ww, cl) in WORKLOADS.items():
+    for name in args.workloads.split(","):
+        n, c, hh, ww, cl = WORKLOADS[name]
         h = torch.randn(n, c, hh, ww, device="cuda", generator=g).bfloat16()
         if cl:
             h = h.to(memory_format=torch.channels_last)
