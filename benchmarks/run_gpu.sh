@@ -82,6 +82,8 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = nosass ]; then
   # shellcheck disable=SC2086
   want bench_e2e && step bench_e2e "${E2E_LIMIT:-400}" python3 benchmarks/bench_e2e.py --json "$OUT/bench_e2e.json" ${BENCH_E2E_ARGS:-}
   want bench_wan_temb && step bench_wan_temb 400 python3 benchmarks/bench_wan_temb.py --json "$OUT/bench_wan_temb.json"
+  want bench_depthwise_conv && step bench_depthwise_conv 300 python3 benchmarks/bench_depthwise_conv.py \
+    --json "$OUT/bench_depthwise_conv.json"
 fi
 [ -n "$CLOCKS_PID" ] && kill "$CLOCKS_PID" 2>/dev/null
 if [ -f "$OUT/gpu_clocks.csv" ]; then
@@ -102,4 +104,5 @@ cat "$OUT/summary.txt"
 [ -f "$OUT/bench_e2e.log" ] && tail -n 4 "$OUT/bench_e2e.log"
 [ -f "$OUT/bench_models.log" ] && grep -E "^(==|[A-Z].*  (eager|inductor|lossless|high))" "$OUT/bench_models.log"
 [ -f "$OUT/bench_wan_temb.log" ] && tail -n 14 "$OUT/bench_wan_temb.log"
+[ -f "$OUT/bench_depthwise_conv.log" ] && tail -n 9 "$OUT/bench_depthwise_conv.log"
 exit $status

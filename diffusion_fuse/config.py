@@ -29,7 +29,8 @@ class Options:
     verify:   compare every rewritten site with its reference subgraph on the first real call
               (and on each new input signature); rejected sites go back to their ATen nodes.
     patterns: {pattern name: bool} to enable or disable families; names not listed keep
-              their default (enabled when the family's tier is allowed by ``quality``).
+              their default (enabled when the family's tier is allowed by ``quality``, unless the
+              family is off by default: ``PatternFamily.on_by_default``).
     report:   path of a file the report is written to after each verification (``.json``
               for JSON, ``.html`` for the HTML report, anything else for the text table), or None.
     rtol/atol: tolerance for non-exact sites and outputs in tier "high": relative L2 error
@@ -55,10 +56,10 @@ class Options:
     warm_start: bool = False
     mode: str | None = None
 
-    def pattern_enabled(self, name: str, tier: str) -> bool:
+    def pattern_enabled(self, name: str, tier: str, on_by_default: bool = True) -> bool:
         if name in self.patterns:
             return bool(self.patterns[name])
-        return tier == "lossless" or self.quality == "high"
+        return on_by_default and (tier == "lossless" or self.quality == "high")
 
 
 def cache_root() -> str:

@@ -9,6 +9,7 @@ from helpers import bitwise_equal, compile_and_run
 from diffusion_fuse.patterns.registry import example_tensor
 
 F = "depthwise_conv"
+ON = {"patterns": {F: True}}  # the family is off by default (patterns/depthwise_conv.py)
 
 
 def _conv(c_out: int = 32, k: int = 3, groups: int = 32, **kw) -> torch.nn.Conv2d:
@@ -20,7 +21,7 @@ def _conv(c_out: int = 32, k: int = 3, groups: int = 32, **kw) -> torch.nn.Conv2
 @pytest.mark.parametrize("k,padding", [(3, 1), (5, 2), (3, 0)])
 def test_a_depthwise_conv_is_one_site(bias, k, padding):
     conv = _conv(k=k, padding=padding, bias=bias)
-    ref, out, report = compile_and_run(conv, dict(input=example_tensor(2, 32, 8, 8)))
+    ref, out, report = compile_and_run(conv, dict(input=example_tensor(2, 32, 8, 8)), ON)
     assert bitwise_equal(ref, out) and out.stride() == ref.stride()
     (site,) = report.sites()
     assert site.pattern == F and site.status == "kept" and site.before == ["convolution"]
@@ -29,7 +30,7 @@ def test_a_depthwise_conv_is_one_site(bias, k, padding):
 def test_a_channels_last_input_keeps_its_layout():
     conv = _conv(padding=1)
     x = example_tensor(2, 32, 8, 8).to(memory_format=torch.channels_last)
-    ref, out, report = compile_and_run(conv, dict(input=x))
+    ref, out, report = compile_and_run(conv, dict(input=x), ON)
     assert bitwise_equal(ref, out) and out.stride() == ref.stride() and report.count(F) == 1
 
 
@@ -37,7 +38,7 @@ def test_a_channels_last_input_keeps_its_layout():
                                     (dict(dilation=2, padding=2), "dilation [2, 2]"),
                                     (dict(c_out=64, padding=1), "a channel multiplier of 2")])
 def test_other_depthwise_convs_are_near_misses(kw, why):
-    ref, out, report = compile_and_run(_conv(**kw), dict(input=example_tensor(2, 32, 8, 8)))
+    ref, out, report = compile_and_run(_conv(**kw), dict(input=example_tensor(2, 32, 8, 8)), ON)
     assert bitwise_equal(ref, out) and report.count(F) == 0
     (miss,) = [m for g in report.graphs for m in g.near_misses if m.pattern == F]
     assert why in miss.reason
@@ -45,14 +46,22 @@ def test_other_depthwise_convs_are_near_misses(kw, why):
 
 @pytest.mark.parametrize("groups", [1, 4])
 def test_dense_and_grouped_convs_are_not_the_familys(groups):
-    ref, out, report = compile_and_run(_conv(groups=groups, padding=1), dict(input=example_tensor(2, 32, 8, 8)))
+    ref, out, report = compile_and_run(_conv(groups=groups, padding=1), dict(input=example_tensor(2, 32, 8, 8)), ON)
     assert bitwise_equal(ref, out) and report.count(F) == 0
     assert not [m for g in report.graphs for m in g.near_misses if m.pattern == F]
 
 
 def test_an_fp32_conv_is_a_near_miss():
     conv = _conv(padding=1).float()
-    ref, out, report = compile_and_run(conv, dict(input=example_tensor(2, 32, 8, 8, dtype=torch.float32)))
+    ref, out, report = compile_and_run(conv, dict(input=example_tensor(2, 32, 8, 8, dtype=torch.float32)), ON)
     assert bitwise_equal(ref, out) and report.count(F) == 0
     (miss,) = [m for g in report.graphs for m in g.near_misses if m.pattern == F]
     assert "TF32" in miss.reason
+
+
+def test_the_family_is_off_by_default():
+    """Without the option the convolution stays eager's (on CUDA the pointwise pass then adds its bias in the
+    kernel that reads it: tests/test_pointwise_pass.py)."""
+    ref, out, report = compile_and_run(_conv(padding=1), dict(input=example_tensor(2, 32, 8, 8)))
+    assert bitwise_equal(ref, out) and report.count(F) == 0
+    assert not [m for g in report.graphs for m in g.near_misses if m.pattern == F]

@@ -25,11 +25,17 @@ from diffusion_fuse.patterns.registry import REGISTRY
 FAMILIES = [f.name for f in REGISTRY.families()]
 
 
+def family_options(family) -> dict:
+    """Options under which ``family`` is searched: its tier, and the family turned on if it is off by default."""
+    options = {"quality": family.tier} if family.tier == "high" else {}
+    return options if family.on_by_default else {**options, "patterns": {family.name: True}}
+
+
 def compile_example(family, example, calls: int = 1):
     """(eager output, compiled output, report, the runtime graphs' op calls with their argument values)."""
     fn, args = example
     report = diffusion_fuse.Report()
-    options = {"quality": family.tier} if family.tier == "high" else None
+    options = family_options(family)
     compiled = torch.compile(fn, backend=diffusion_fuse.DiffusionFuseBackend(options, report), fullgraph=True)
     with torch.no_grad():
         ref = fn(*args)
@@ -88,7 +94,7 @@ def test_the_example_is_a_kept_site_with_eagers_output(name):
 def test_the_fake_impl_is_the_references_layout(name):
     family = REGISTRY.get(name)
     fn, args = family.example()
-    calls = op_calls(fn, args, {"quality": family.tier} if family.tier == "high" else None)
+    calls = op_calls(fn, args, family_options(family))
     assert calls
     for target, a in calls:
         torch.library.opcheck(target, a, test_utils=("test_schema", "test_faketensor"))
@@ -98,7 +104,7 @@ def test_the_fake_impl_is_the_references_layout(name):
 def test_a_rejected_guard_takes_the_reference_path(name):
     family = REGISTRY.get(name)
     fn, args = family.example()
-    calls = op_calls(fn, args, {"quality": family.tier} if family.tier == "high" else None)
+    calls = op_calls(fn, args, family_options(family))
     for target, a in calls:
         spec = BY_OVERLOAD[target]
         a = tuple(a)

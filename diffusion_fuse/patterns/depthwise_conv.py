@@ -9,7 +9,8 @@ Eager runs it as cuDNN's depthwise kernel (channels-last input) or ATen's own (c
 copy bandwidth at a DiT's channel counts; the op sums each output's taps in the order eager's kernel does
 (kernels/depthwise_conv.py) and reads x about once. Depthwise convolutions with a stride, a dilation or a channel
 multiplier are near misses with the reason; other convolutions (a patch embedding, a 1 x 1 projection) are not
-this family's.
+this family's. The family is off by default (``on_by_default``): turn it on with
+``options={"patterns": {"depthwise_conv": True}}``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ class DepthwiseConv(PatternFamily):
     tier = "lossless"
     anchors = (aten.convolution.default,)
     description = "2-D depthwise convolution (stride 1), summed in eager's kernel's order"
+    # opt-in (options={"patterns": {"depthwise_conv": True}}) until benchmarks/bench_depthwise_conv.py shows it
+    # ahead of cuDNN's kernel on a GPU
+    on_by_default = False
     variants = ("convolution(x, w [C, 1, kh, kw], b?, stride 1, padding, dilation 1, groups=C)   (nn.Conv2d, "
                 "groups=C: GLUMBConv's conv_depth)",)
 

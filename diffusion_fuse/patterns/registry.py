@@ -103,6 +103,8 @@ class PatternFamily:
     yields_to: ClassVar[str | None] = None
     # True for a family added by ``diffusion_fuse.register_pattern``: the report says when it goes unused
     user: bool = False
+    # False: searched only where ``options["patterns"]`` turns it on (a family whose speed is not measured yet)
+    on_by_default: ClassVar[bool] = True
 
     @classmethod
     def kernel_module(cls) -> str | None:
@@ -154,7 +156,7 @@ class Registry:
         return list(self._families.values())
 
     def enabled(self, pattern_enabled: Callable[..., bool]) -> list[PatternFamily]:
-        return [f for f in self.families() if pattern_enabled(f.name, f.tier)]
+        return [f for f in self.families() if pattern_enabled(f.name, f.tier, f.on_by_default)]
 
     def searched(self, options) -> list[PatternFamily]:
         """The families the fuse pass looks for under ``options`` (an ``Options``): the enabled ones; in tier

@@ -9,8 +9,8 @@
    CHAINS: RoPE with and without the txt/img cat, gated residual, gelu + cat, residual + split
    + cat, gelu + clone, SwiGLU, Wan's fp32 residual, SANA's GLUMBConv with its convolutions' biases added in
    the kernel): through the registered op (kernel hits counted), repeated calls, CUDA-graph replay; and
-   through the backend, SANA's 1 x 1 convolution with its bias in the SiLU's kernel, channels-last and
-   contiguous: the verifier decides, and the output is eager's either way.
+   through the backend, a depthwise conv on NCHW input (ATen's own kernel adds the bias inside): the verifier
+   decides, and the output is eager's either way.
 3. Exhaustively: ``tanh`` on all 2**32 fp32 patterns (normal and subnormal inputs reported apart),
    gelu-tanh on every bf16/fp16 value, every libdevice op on every fp32 subnormal input with libdevice's
    flush-to-zero reflect off (the default, ``Variants.reflect_ftz``) and, recorded beside it, on (Triton's
@@ -303,15 +303,14 @@ def test_fused_chain_is_bitwise_eager(name):
 def test_conv_bias_in_the_kernel_through_the_verifier(layout):
     import diffusion_fuse
 
-    # the 1 x 1 convolution before the SiLU (the depthwise one after it is family depthwise_conv's)
-    fn, (h, w, b) = chain("sana_conv_silu")
+    fn, (h, w, b) = chain("sana_conv_glu")
     if layout == "contiguous":
         h = h.contiguous()
     report = diffusion_fuse.Report()
     compiled = torch.compile(fn, backend=diffusion_fuse.DiffusionFuseBackend(None, report))
     ref, got = fn(h, w, b), compiled(h, w, b)
     (site,) = report.sites()
-    _record(kind="conv", op=f"conv_silu {layout}", site=site.status, ndiff={"default": ndiff(ref, got)},
+    _record(kind="conv", op=f"conv_glu {layout}", site=site.status, ndiff={"default": ndiff(ref, got)},
             numel=ref.numel(), reason=site.reason)
     assert ndiff(ref, got) == 0
     assert "convolution" in site.before
