@@ -205,6 +205,8 @@ VARIANTS = ("eager", "inductor", "inductor-max-autotune", "lossless", "high",
             "aot-eager", "lossless-nofuse", "lossless-nopw",
             # lossless under CUDA graphs without the grouped_gemv family (each modulation linear its own cuBLAS call)
             "lossless-nogemv-cudagraphs",
+            # lossless under CUDA graphs with the opt-in families on (depthwise_conv: SANA's GLUMBConv)
+            "lossless-optin-cudagraphs",
             # CUDA graphs (torch's cudagraph trees) for host-bound models: mode="reduce-overhead" for Inductor,
             # options={"cudagraphs": True} (the same mode) for lossless
             "inductor-cudagraphs", "lossless-cudagraphs",
@@ -244,6 +246,11 @@ def compile_kwargs(variant: str, report) -> dict:
     elif variant == "lossless-nogemv-cudagraphs":
         opts["patterns"] = {"grouped_gemv": False}
         opts["cudagraphs"] = True
+    elif variant == "lossless-optin-cudagraphs":
+        from diffusion_fuse.patterns.registry import REGISTRY
+
+        opts["patterns"] = {f.name: True for f in REGISTRY.families() if not f.on_by_default}
+        opts["cudagraphs"] = True
     return dict(backend=diffusion_fuse.DiffusionFuseBackend(opts, report), dynamic=False)
 
 
@@ -252,12 +259,12 @@ def compile_kwargs(variant: str, report) -> dict:
 COMPILE_S = {"eager": 0, "inductor": 30, "inductor-max-autotune": 240, "lossless": 8, "high": 40, "aot-eager": 8,
              "lossless-nofuse": 8, "lossless-nopw": 8, "inductor-cudagraphs": 30,
              "lossless-cudagraphs": 8,
-             "lossless-cudagraphs-tagguards": 8, "lossless-nogemv-cudagraphs": 8}
+             "lossless-cudagraphs-tagguards": 8, "lossless-nogemv-cudagraphs": 8, "lossless-optin-cudagraphs": 8}
 FIRST_CALL_FORWARDS = {"eager": 1, "inductor": 1, "inductor-max-autotune": 1, "lossless": 3, "high": 3,
                        "aot-eager": 1, "lossless-nofuse": 1, "lossless-nopw": 3,
                        "inductor-cudagraphs": 3, "lossless-cudagraphs": 4,
                        "lossless-cudagraphs-tagguards": 4,
-                       "lossless-nogemv-cudagraphs": 4}
+                       "lossless-nogemv-cudagraphs": 4, "lossless-optin-cudagraphs": 4}
 BUILD_S = 10
 
 
