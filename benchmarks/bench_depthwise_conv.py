@@ -8,7 +8,7 @@ the family off (its default: cuDNN convolves, the pointwise pass adds the bias i
 (``options={"patterns": {"depthwise_conv": True}}``: the ``depthwise_conv`` op, then the pointwise pass's GLU), and
 the floor (input and output bytes over the copy bandwidth of a 1 GiB copy measured in the same run). Times are
 ``benchmarks/steady.py`` medians (calls back to back in one CUDA graph, inputs cycled out of L2); "exact": both
-lossless variants bitwise against eager.
+lossless variants bitwise against eager; "kernel ran": the family's op ran its kernel (not eager's convolution).
 
     python benchmarks/bench_depthwise_conv.py [--workloads A,B] [--json PATH]
 """
@@ -24,6 +24,7 @@ from tabulate import tabulate
 from triton.testing import do_bench
 
 import diffusion_fuse  # noqa: F401  (registers backend="diffusion_fuse")
+from diffusion_fuse.lowering import counters
 
 try:
     from steady import input_sets, steady_us
@@ -76,6 +77,9 @@ def main() -> None:
             inductor = torch.compile(fn, fullgraph=True)
             with torch.no_grad():
                 want = fn(h, w, b)
+                before = counters.snapshot()["kernel"].get("depthwise_conv", 0)
+                ours(h, w, b)
+                ran = counters.snapshot()["kernel"].get("depthwise_conv", 0) > before  # else the guard declined
                 exact = all(torch.equal(want.view(torch.int16), got.view(torch.int16)) and want.stride() == got.stride()
                             for got in (ours(h, w, b), default(h, w, b)))
                 moved = (h.numel() + w.numel() + b.numel() + want.numel()) * 2
@@ -84,13 +88,15 @@ def main() -> None:
                      for k, f in (("eager", fn), ("inductor", inductor), ("off", default), ("ours", ours))}
             floor = moved / bw * 1e6
             records.append({"workload": name, "chain": fn.__name__, **{f"{k}_us": v for k, v in t.items()},
-                            "floor_us": floor, "exact": exact})
+                            "floor_us": floor, "exact": exact, "kernel_ran": ran})
             rows.append([name, fn.__name__, f"{t['eager']:.1f}", f"{t['inductor']:.1f}", f"{t['off']:.1f}",
-                         f"{t['ours']:.1f}", f"{floor:.1f}", f"{t['inductor'] / t['ours']:.2f}x", exact])
+                         f"{t['ours']:.1f}", f"{floor:.1f}", f"{t['off'] / t['ours']:.2f}x",
+                         f"{t['inductor'] / t['ours']:.2f}x", exact, ran])
             sets = None
         torch.cuda.empty_cache()
     print(tabulate(rows, headers=["workload", "chain", "eager µs", "Inductor µs", "lossless, family off µs",
-                                  "lossless, family on µs", "floor µs", "on vs Inductor", "exact"]))
+                                  "lossless, family on µs", "floor µs", "on vs off", "on vs Inductor", "exact",
+                                  "kernel ran"]))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; copy bandwidth {bw / 1e9:.0f} GB/s")
     with open(args.json, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_GBps": bw / 1e9,

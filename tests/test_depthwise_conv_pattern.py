@@ -56,7 +56,7 @@ def test_an_fp32_conv_is_a_near_miss():
     ref, out, report = compile_and_run(conv, dict(input=example_tensor(2, 32, 8, 8, dtype=torch.float32)), ON)
     assert bitwise_equal(ref, out) and report.count(F) == 0
     (miss,) = [m for g in report.graphs for m in g.near_misses if m.pattern == F]
-    assert "TF32" in miss.reason
+    assert "exact in fp32" in miss.reason
 
 
 def test_the_family_is_off_by_default():

@@ -3,7 +3,7 @@
 
 Numerics contract (lossless tier): per output element, in fp32 and rounded once to x's dtype::
 
-    acc = bias (BIAS_FIRST) or 0
+    acc = bias (BIAS_FIRST: the bias itself, so a -0 bias stays -0) or 0
     for each tap (i, j) in the order ``TAP_ORDER`` names, skipping taps that fall in the padding (SKIP)
     or adding their zero product (not SKIP):
         acc = acc + w[c, i, j] * x[n, c, h + i - pad_h, w + j - pad_w]
@@ -12,14 +12,17 @@ Numerics contract (lossless tier): per output element, in fp32 and rounded once 
 
 A product of two bf16 or two fp16 values is exact in fp32, so an FMA and a multiply then add agree and only
 the order of the adds and where the bias enters decide the bits. ATen runs cuDNN for a channels-last input
-(``use_cudnn_depthwise``; the bias is a separate ``add_``, Convolution.cpp) and its own
-``conv_depthwise2d_forward_kernel`` for a contiguous bf16 one (the bias first, the taps row-major, out-of-range
-taps skipped). Which of the candidates a layout's eager kernel matches is found once per layout by running
-eager on a wide-range draw of that layout (``eager_order``); a layout none matches runs eager's convolution.
+and a contiguous fp16 one (``use_cudnn_depthwise``; the bias is a separate ``add_``, Convolution.cpp), and its own
+``conv_depthwise2d_forward_kernel`` for a contiguous bf16 one (from the bias, the taps row-major, out-of-range
+taps skipped). Which candidate (``CANDIDATES``: row-major, padding skipped, the bias after or first) a layout's
+eager kernel matches is found once per layout and cuDNN flags by running eager on a wide-range draw of that
+layout (``eager_order``); a layout that no single candidate matches runs eager's convolution, and so does one
+under ``cudnn.benchmark`` (cuDNN then picks its kernel by timing). ``ORDERS`` are the forms the kernel takes.
 
 One program computes ``ROWS`` output rows of ``BLOCK_C`` channels, ``BLOCK_W`` columns at a time: the three (K)
 input rows an output row reads were loaded for the rows before it, so they come from the cache; x is read from
-memory about once. fp32 inputs are not taken: cuDNN convolves them in TF32 by default.
+memory about once. fp32 inputs are not taken: their products are not exact (an FMA and a multiply then add
+differ), and cuDNN convolves them in TF32 by default.
 """
 
 from __future__ import annotations
@@ -47,10 +50,10 @@ def depthwise_conv_kernel(X, Wt, B, Y, C, H, W, H_OUT, W_OUT, xs_n, xs_c, xs_h, 
                           BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr, ROWS: tl.constexpr,
                           HAS_BIAS: tl.constexpr, BIAS_FIRST: tl.constexpr, TAP_ORDER: tl.constexpr,
                           SKIP: tl.constexpr):
-    pid = tl.program_id(1)
+    pid = tl.program_id(0)  # batch x row blocks on the axis without the 65535 limit
     n = pid // h_blocks
     h0 = (pid % h_blocks) * ROWS
-    c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)[:, None]
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[:, None]
     c_ok = c < C
     x_nc = X + n.to(tl.int64) * xs_n + c.to(tl.int64) * xs_c
     y_nc = Y + n.to(tl.int64) * ys_n + c.to(tl.int64) * ys_c
@@ -61,9 +64,10 @@ def depthwise_conv_kernel(X, Wt, B, Y, C, H, W, H_OUT, W_OUT, xs_n, xs_c, xs_h, 
         w = w0 + tl.arange(0, BLOCK_W)[None, :]
         for r in range(ROWS):  # a loop, not unrolled: the taps already are
             h = h0 + r
-            acc = tl.zeros((BLOCK_C, BLOCK_W), tl.float32)
-            if HAS_BIAS and BIAS_FIRST:
-                acc += bias
+            if HAS_BIAS and BIAS_FIRST:  # the bias itself, not 0 + bias (a -0 bias stays -0)
+                acc = tl.broadcast_to(bias, (BLOCK_C, BLOCK_W))
+            else:
+                acc = tl.zeros((BLOCK_C, BLOCK_W), tl.float32)
             for t in tl.static_range(KH * KW):
                 if TAP_ORDER == 0:
                     i = t // KW
@@ -110,7 +114,7 @@ def plan_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, has_bias: bool, p
     block_w = min(triton.next_power_of_2(shape[3]), MAX_BLOCK_W)
     h_blocks = triton.cdiv(shape[2], ROWS)
     tap_order, bias_first, skip = order
-    kernel = CachedLaunch(depthwise_conv_kernel, (triton.cdiv(c, BLOCK_C), n * h_blocks),
+    kernel = CachedLaunch(depthwise_conv_kernel, (n * h_blocks, triton.cdiv(c, BLOCK_C)),
                           dict(KH=kh, KW=kw, PAD_H=ph, PAD_W=pw, BLOCK_C=BLOCK_C, BLOCK_W=block_w, ROWS=ROWS,
                                HAS_BIAS=has_bias, BIAS_FIRST=bias_first, TAP_ORDER=tap_order, SKIP=skip),
                           num_warps=NUM_WARPS)
@@ -125,12 +129,15 @@ def plan_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, has_bias: bool, p
 
 
 _orders: dict[tuple, tuple[int, bool, bool] | None] = {}
+MAX_ORDERS = 4096  # layouts remembered (as dispatch's plans)
 
 
-def _draw(x: torch.Tensor, weight: torch.Tensor, has_bias: bool):
+def _draw(x: torch.Tensor, weight: torch.Tensor, has_bias: bool, seed: int = 0):
     """Inputs of x's and weight's layout whose sums round differently in each candidate order: magnitudes over
-    2**-8..2**8, zero (and negative zero) channels, and a negative-zero bias where the padding meets them."""
-    g = torch.Generator(device=x.device).manual_seed(0)
+    2**-8..2**8, and the first filter-height rows zero (negative zero in every other channel) so that the outputs
+    next to them sum zeros. Every fourth channel has positive weights, negative zeros there and a negative-zero
+    bias: its zero sums are -0 from the bias and +0 from 0 with the bias added after."""
+    g = torch.Generator(device=x.device).manual_seed(seed)
 
     def wide(t: torch.Tensor) -> torch.Tensor:
         v = torch.randn(t.shape, generator=g, device=t.device)
@@ -138,19 +145,28 @@ def _draw(x: torch.Tensor, weight: torch.Tensor, has_bias: bool):
         return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(v)
 
     xs, ws = wide(x), wide(weight)
-    xs[:, :2] = 0.0
-    xs[:, 2:4] = -0.0
+    kh = weight.shape[-2]  # zero rows enough for a window of them, whatever the padding
+    xs[:, :, :kh] = 0.0
+    xs[:, 1::2, :kh] = -0.0
+    xs[:, ::4, :kh] = -0.0
+    ws[::4] = ws[::4].abs()
     b = wide(weight.new_empty(weight.shape[0])) if has_bias else None
     if b is not None:
-        b[:4] = -0.0
+        b[::4] = -0.0
     return xs, ws, b
 
 
+def _cudnn_flags() -> tuple[bool, bool, bool]:
+    """What decides which kernel eager's convolution runs, beside the layout."""
+    return torch.backends.cudnn.enabled, torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
+
+
 def eager_order(x: torch.Tensor, weight: torch.Tensor, has_bias: bool, padding: tuple[int, int]):
-    """The candidate order (tap order, bias first, skip) that gives eager's bits on a wide-range draw of this
-    layout, or None; cached per layout. It runs eager's convolution and the kernel, so it is not asked inside a
-    CUDA graph capture (None there until known)."""
-    key = (x.device, x.dtype, tuple(x.shape), x.stride(), tuple(weight.shape), weight.stride(), has_bias, padding)
+    """The candidate order (tap order, bias first, skip) that alone gives eager's bits on a wide-range draw of this
+    layout, or None (none does, or the draw cannot tell two apart); cached per layout and cuDNN flags. It runs
+    eager's convolution and the kernel, so it is not asked inside a CUDA graph capture (None there until known)."""
+    key = (x.device, x.dtype, tuple(x.shape), x.stride(), tuple(weight.shape), weight.stride(), has_bias, padding,
+           _cudnn_flags())
     if key in _orders:
         return _orders[key]
     if x.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -158,16 +174,16 @@ def eager_order(x: torch.Tensor, weight: torch.Tensor, has_bias: bool, padding: 
     xs, ws, b = _draw(x, weight, has_bias)
     want = torch.ops.aten.convolution(xs, ws, b, [1, 1], list(padding), [1, 1], False, [0, 0], x.shape[1])
     bits = torch.int16
-    found = None
-    # most likely first: cuDNN (channels-last) adds the bias after, ATen's own kernel first
+    found = []
     # without a bias the candidates differ in where it enters only
-    for order in sorted(CANDIDATES, key=lambda o: o[1] == channels_last(x))[:None if has_bias else 1]:
+    for order in CANDIDATES if has_bias else CANDIDATES[:1]:
         got = plan_depthwise_conv(x, weight, has_bias, padding, order)(xs, ws, b)
         if got.stride() == want.stride() and torch.equal(got.view(bits), want.view(bits)):
-            found = order
-            break
-    _orders[key] = found
-    return found
+            found.append(order)
+    if len(_orders) >= MAX_ORDERS:
+        _orders.clear()
+    _orders[key] = found[0] if len(found) == 1 else None
+    return _orders[key]
 
 
 def can_use_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -181,12 +197,24 @@ def can_use_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     if x.dim() != 4 or weight.dim() != 4 or weight.shape[:2] != (x.shape[1], 1):
         return False, f"x {tuple(x.shape)}, weight {tuple(weight.shape)}: not one filter a channel"
     kh, kw = weight.shape[-2:]
-    if kh > MAX_K or kw > MAX_K or not weight.is_contiguous():
-        return False, f"filter {kh}x{kw} (kernel takes contiguous filters up to {MAX_K}x{MAX_K})"
+    if kh > MAX_K or kw > MAX_K or not weight.is_contiguous() or (bias is not None and not bias.is_contiguous()):
+        return False, f"filter {kh}x{kw} (kernel takes contiguous filters up to {MAX_K}x{MAX_K}, a contiguous bias)"
     if not (x.is_contiguous() or channels_last(x)):
         return False, "x neither contiguous nor channels-last (eager's backend then depends on more)"
-    if x.numel() == 0 or x.numel() >= 2**31:
-        return False, f"{x.numel()} elements"
-    if x.device.type == "cuda" and eager_order(x, weight, bias is not None, padding) is None:
-        return False, "eager's convolution for this layout sums in no order the kernel knows"
+    h_out, w_out = x.shape[2] + 2 * padding[0] - kh + 1, x.shape[3] + 2 * padding[1] - kw + 1
+    out_numel = x.shape[0] * x.shape[1] * h_out * w_out
+    if x.numel() == 0 or max(x.numel(), out_numel) >= 2**31 or h_out <= 0 or w_out <= 0:
+        return False, f"{x.numel()} elements in, {out_numel} out (kernel takes 1 to 2**31 - 1)"
+    if x.device.type != "cuda":
+        return True, ""
+    if any(t.data_ptr() % 16 for t in (x, *tensors)):
+        return False, "an operand not 16-byte aligned (eager's order is found on aligned tensors)"
+    if torch.backends.cudnn.benchmark:
+        return False, "torch.backends.cudnn.benchmark is on: cuDNN picks its kernel by timing, so its order may vary"
+    try:
+        order = eager_order(x, weight, bias is not None, padding)
+    except Exception as e:  # noqa: BLE001 - finding the order runs eager and the kernel: never the forward's error
+        return False, f"finding eager's order failed: {type(e).__name__}: {e}"
+    if order is None:
+        return False, "eager's convolution for this layout sums in no one order the kernel knows"
     return True, ""

@@ -25,7 +25,7 @@ def _guard(a) -> tuple[bool, str]:
 
 def _static_guard(a) -> str:
     if a.x.dtype not in DTYPES:
-        return f"dtype {a.x.dtype} (kernel takes {[str(d) for d in DTYPES]}; cuDNN convolves fp32 in TF32)"
+        return f"dtype {a.x.dtype} (kernel takes {[str(d) for d in DTYPES]}: their products are exact in fp32)"
     kh, kw = a.weight.shape[-2:]
     if isinstance(kh, int) and isinstance(kw, int) and (kh > MAX_K or kw > MAX_K):
         return f"filter {kh}x{kw} (kernel takes up to {MAX_K}x{MAX_K})"
@@ -35,6 +35,8 @@ def _static_guard(a) -> str:
 def _plan(a):
     padding = tuple(a.padding)
     order = eager_order(a.x, a.weight, a.bias is not None, padding) if a.x.device.type == "cuda" else CANDIDATES[0]
+    if order is None:  # the guard said so already; a plan asked for directly (SPEC.run_kernel) says it too
+        raise ValueError("eager's convolution for this layout sums in no one order the kernel knows")
     run = plan_depthwise_conv(a.x, a.weight, a.bias is not None, padding, order)
     return lambda a: run(a.x, a.weight, a.bias)
 

@@ -5,8 +5,8 @@ Covered ATen form (``nn.Conv2d(C, C, k, padding=p, groups=C)``, as SANA's GLUMBC
     convolution(x, w [C, 1, kh, kw], b?, stride=[1, 1], padding, dilation=[1, 1], transposed=False,
                 output_padding=[0, 0], groups=C)
 
-Eager runs it as cuDNN's depthwise kernel (channels-last input) or ATen's own (contiguous input), neither near the
-copy bandwidth at a DiT's channel counts; the op sums each output's taps in the order eager's kernel does
+Eager runs it as cuDNN's depthwise kernel (channels-last or fp16 input) or ATen's own (contiguous bf16), neither near
+the copy bandwidth at a DiT's channel counts; the op sums each output's taps in the order eager's kernel does
 (kernels/depthwise_conv.py) and reads x about once. Depthwise convolutions with a stride, a dilation or a channel
 multiplier are near misses with the reason; other convolutions (a patch embedding, a 1 x 1 projection) are not
 this family's. The family is off by default (``on_by_default``): turn it on with
@@ -51,18 +51,18 @@ class DepthwiseConv(PatternFamily):
     def match(self, node: fx.Node) -> Site | NearMiss | None:
         if len(node.args) != 9:
             return None
-        x, w, b, stride, padding, dilation, transposed, output_padding, groups = node.args
+        x, w, b, stride, padding, dilation, transposed, _output_padding, groups = node.args
         vx, vw = val(x), val(w)
         if vx is None or vw is None or vx.dim() != 4 or vw.dim() != 4 or transposed:
             return None
         if not isinstance(groups, int) or groups == 1 or groups != vx.shape[1]:
             return None  # not depthwise: a dense or grouped convolution
         why = ""
-        if vw.shape[0] != groups or vw.shape[1] != 1:
+        if vw.shape[0] != groups:  # groups == C_in: the weight's second dim is 1
             why = f"weight {tuple(vw.shape)}: a channel multiplier of {vw.shape[0] // groups} (the op takes 1)"
         elif list(stride) != [1, 1] or list(dilation) != [1, 1]:
             why = f"stride {list(stride)}, dilation {list(dilation)} (the op takes 1 and 1)"
-        elif len(padding) != 2 or any(p < 0 for p in padding) or any(p != 0 for p in output_padding):
+        elif len(padding) != 2:
             why = f"padding {list(padding)}"
         if why:
             return NearMiss(self.name, node, why)

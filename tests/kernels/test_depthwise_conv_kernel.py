@@ -23,8 +23,8 @@ from _interp import run_worker, worker_main
 # (batch, channels, height, width, kh, kw, pad_h, pad_w, channels_last): blocks of the kernel only partly filled,
 # a non-square filter, no padding, more columns than one column block; every order on the first case, the
 # candidates on the rest
-CASES = [(1, 70, 4, 5, 3, 3, 1, 1, True), (1, 8, 9, 40, 3, 3, 1, 1, False), (1, 8, 6, 6, 5, 3, 2, 1, False),
-         (2, 8, 4, 5, 3, 3, 0, 0, True)]
+CASES = [(1, 70, 6, 5, 3, 3, 1, 1, True), (1, 8, 9, 40, 3, 3, 1, 1, False), (1, 8, 12, 6, 5, 3, 2, 1, False),
+         (2, 8, 8, 5, 3, 3, 0, 0, True)]
 
 
 def emulate(x, w, b, padding, order):
@@ -40,8 +40,8 @@ def emulate(x, w, b, padding, order):
     xp = torch.nn.functional.pad(x.float(), (pw, pw, ph, ph))
     inside = torch.nn.functional.pad(torch.ones(h, wd, dtype=torch.bool), (pw, pw, ph, ph))
     acc = torch.zeros(n, c, ho, wo)
-    if b is not None and bias_first:
-        acc = acc + b.float().view(1, c, 1, 1)
+    if b is not None and bias_first:  # the bias itself (0 + b would turn a -0 bias into +0)
+        acc = b.float().view(1, c, 1, 1).expand(n, c, ho, wo).clone()
     taps = [(i, j) for i in range(kh) for j in range(kw)] if tap_order == ROW_MAJOR else \
         [(i, j) for j in range(kw) for i in range(kh)]
     for i, j in taps:
@@ -66,8 +66,7 @@ def worker() -> dict:
     for k, (n, c, h, wd, kh, kw, ph, pw, cl) in enumerate(CASES):
         x = torch.empty(n, c, h, wd)
         x = x.to(memory_format=torch.channels_last) if cl else x
-        torch.manual_seed(k)
-        x, w, b = _draw(x, torch.empty(c, 1, kh, kw), True)
+        x, w, b = _draw(x, torch.empty(c, 1, kh, kw), True, seed=k)
         for bias in (b, None) if k == 0 else (b,):
             wants = {o: emulate(x, w, bias, (ph, pw), o) for o in ORDERS}
             for order in ORDERS if k == 0 else CANDIDATES:
@@ -77,7 +76,11 @@ def worker() -> dict:
                 res[key] = {"equal": torch.equal(got.view(torch.int32), want.view(torch.int32)),
                             "strides": list(got.stride()), "want_strides": list(torch.ops.aten.convolution(
                                 x, w, bias, [1, 1], [ph, pw], [1, 1], False, [0, 0], c).stride()),
-                            "tap_order_matters": not torch.equal(want, wants[(1 - order[0], *order[1:])])}
+                            "tap_order_matters": not torch.equal(want, wants[(1 - order[0], *order[1:])]),
+                            "neg_zeros": int(((got == 0) & got.signbit()).sum())}
+            if bias is not None:  # the candidates eager_order chooses between give other bits on its draw
+                res[f"{k}:candidates_differ"] = not torch.equal(wants[CANDIDATES[0]].view(torch.int32),
+                                                                wants[CANDIDATES[1]].view(torch.int32))
     x = torch.zeros(1, 8, 4, 4)
     res["guard"] = {str(dt)[6:]: can_use_depthwise_conv(x.to(dt), torch.zeros(8, 1, 3, 3, dtype=dt), None, (1, 1))
                     for dt in (torch.float32, torch.bfloat16)}
@@ -85,7 +88,14 @@ def worker() -> dict:
                                                            (1, 1))
     res["guard"]["strided"] = can_use_depthwise_conv(x.bfloat16()[:, :, ::2], torch.zeros(8, 1, 3, 3).bfloat16(),
                                                      None, (1, 1))
+    res["guard"]["strided_bias"] = can_use_depthwise_conv(x.bfloat16(), torch.zeros(8, 1, 3, 3).bfloat16(),
+                                                          torch.zeros(16).bfloat16()[::2], (1, 1))
     return res
+
+
+def _orders(results: dict) -> dict:
+    """The per-order records (case:bias:order)."""
+    return {k: v for k, v in results.items() if isinstance(v, dict) and "equal" in v}
 
 
 @pytest.fixture(scope="module")
@@ -94,19 +104,29 @@ def results():
 
 
 def test_every_order_is_its_contract(results):
-    orders = {k: v for k, v in results.items() if k != "guard"}
+    orders = _orders(results)
     assert orders and all(v["equal"] for v in orders.values()), [k for k, v in orders.items() if not v["equal"]]
 
 
 def test_the_output_has_eagers_layout(results):
     """Channels-last in, channels-last out (cuDNN keeps the layout); contiguous in, contiguous out."""
-    orders = [v for k, v in results.items() if k != "guard"]
+    orders = _orders(results).values()
     assert all(v["strides"] == v["want_strides"] for v in orders)
 
 
-def test_the_draw_tells_the_tap_orders_apart(results):
-    """eager_order's draw gives other bits in the other tap order for every case with a 3 x 3 filter or larger."""
-    assert all(v["tap_order_matters"] for k, v in results.items() if k != "guard")
+def test_the_draw_tells_the_orders_apart(results):
+    """eager_order's draw gives other bits in the other tap order, and in the other candidate (the bias first or
+    after), in every case."""
+    assert all(v["tap_order_matters"] for v in _orders(results).values())
+    differ = [v for k, v in results.items() if k.endswith(":candidates_differ")]
+    assert differ and all(differ)
+
+
+def test_a_negative_zero_bias_added_first_stays_negative_zero(results):
+    """ATen's own kernel starts from the bias: where every product is -0 a -0 bias gives -0 (the draw has such
+    outputs), and the kernel's bias-first orders that skip the padding keep it."""
+    kept = [v["neg_zeros"] for k, v in _orders(results).items() if ":bias:" in k and k.endswith(", True, True)")]
+    assert kept and all(n > 0 for n in kept)
 
 
 def test_the_guard(results):
@@ -119,6 +139,7 @@ def test_the_guard(results):
     assert not guard["float32"][0] and "dtypes" in guard["float32"][1]
     assert not guard["not_depthwise"][0] and "one filter a channel" in guard["not_depthwise"][1]
     assert not guard["strided"][0] and "channels-last" in guard["strided"][1]
+    assert not guard["strided_bias"][0] and "contiguous bias" in guard["strided_bias"][1]
     x = torch.zeros(1, 8, 4, 4, dtype=torch.bfloat16)
     assert can_use_depthwise_conv(x, torch.zeros(8, 1, 3, 3, dtype=torch.bfloat16), None, (1, 1)) == \
         (False, "device is cpu")
