@@ -65,3 +65,14 @@ def test_the_family_is_off_by_default():
     ref, out, report = compile_and_run(_conv(padding=1), dict(input=example_tensor(2, 32, 8, 8)))
     assert bitwise_equal(ref, out) and report.count(F) == 0
     assert not [m for g in report.graphs for m in g.near_misses if m.pattern == F]
+
+
+def test_a_plan_is_cached_per_cudnn_flags():
+    """eager's kernel (so its order) depends on cuDNN's flags: a plan made under others is not reused."""
+    from diffusion_fuse.lowering.depthwise_conv import SPEC
+
+    args = (example_tensor(2, 32, 8, 8), example_tensor(32, 1, 3, 3), None, [1, 1])
+    key = SPEC.layout_key(args)
+    with torch.backends.cudnn.flags(enabled=False):
+        assert SPEC.layout_key(args) != key
+    assert SPEC.layout_key(args) == key

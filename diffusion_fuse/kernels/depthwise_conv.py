@@ -156,7 +156,7 @@ def _draw(x: torch.Tensor, weight: torch.Tensor, has_bias: bool, seed: int = 0):
     return xs, ws, b
 
 
-def _cudnn_flags() -> tuple[bool, bool, bool]:
+def cudnn_flags() -> tuple[bool, bool, bool]:
     """What decides which kernel eager's convolution runs, beside the layout."""
     return torch.backends.cudnn.enabled, torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
 
@@ -166,7 +166,7 @@ def eager_order(x: torch.Tensor, weight: torch.Tensor, has_bias: bool, padding: 
     layout, or None (none does, or the draw cannot tell two apart); cached per layout and cuDNN flags. It runs
     eager's convolution and the kernel, so it is not asked inside a CUDA graph capture (None there until known)."""
     key = (x.device, x.dtype, tuple(x.shape), x.stride(), tuple(weight.shape), weight.stride(), has_bias, padding,
-           _cudnn_flags())
+           cudnn_flags())
     if key in _orders:
         return _orders[key]
     if x.device.type == "cuda" and torch.cuda.is_current_stream_capturing():

@@ -11,8 +11,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..kernels.depthwise_conv import CANDIDATES, DTYPES, MAX_K, can_use_depthwise_conv, eager_order, plan_depthwise_conv
-from .spec import OpSpec, register_op
+from ..kernels.depthwise_conv import (
+    CANDIDATES,
+    DTYPES,
+    MAX_K,
+    can_use_depthwise_conv,
+    cudnn_flags,
+    eager_order,
+    plan_depthwise_conv,
+)
+from .spec import OpSpec, default_layout_key, register_op
 
 
 def depthwise_conv(x: Tensor, weight: Tensor, bias: Tensor | None, padding: list[int]) -> Tensor:
@@ -41,4 +49,10 @@ def _plan(a):
     return lambda a: run(a.x, a.weight, a.bias)
 
 
-SPEC = register_op(OpSpec("depthwise_conv", depthwise_conv, guard=_guard, plan=_plan, static_guard=_static_guard))
+def _layout_key(args: tuple) -> tuple:
+    # eager's kernel, so its order, also depends on cuDNN's flags: a plan made under others is not reused
+    return default_layout_key(args), cudnn_flags()
+
+
+SPEC = register_op(OpSpec("depthwise_conv", depthwise_conv, guard=_guard, plan=_plan, static_guard=_static_guard,
+                          layout_key=_layout_key))
