@@ -5,6 +5,8 @@ family's. On the CPU the op runs its reference (the kernel's order is the GPU te
 import pytest
 import torch
 from helpers import bitwise_equal, compile_and_run
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from diffusion_fuse.patterns.registry import example_tensor
 
@@ -76,3 +78,27 @@ def test_a_plan_is_cached_per_cudnn_flags():
     with torch.backends.cudnn.flags(enabled=False):
         assert SPEC.layout_key(args) != key
     assert SPEC.layout_key(args) == key
+
+
+@settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(channels=st.sampled_from([8, 24]), groups_div=st.sampled_from([1, 2, 8]), multiplier=st.sampled_from([1, 2]),
+       k=st.sampled_from([1, 3, 5]), stride=st.sampled_from([1, 2]), dilation=st.sampled_from([1, 2]),
+       padding=st.integers(0, 2), bias=st.booleans(), channels_last=st.booleans(),
+       dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]))
+def test_any_convolution_stays_eagers_and_only_depthwise_stride_one_is_a_site(channels, groups_div, multiplier, k,
+                                                                              stride, dilation, padding, bias,
+                                                                              channels_last, dtype):
+    groups = channels // groups_div
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(channels, channels * multiplier, k, stride=stride, padding=padding, dilation=dilation,
+                           groups=groups, bias=bias).to(dtype)
+    x = example_tensor(2, channels, 11, 9, dtype=dtype)  # at least the widest dilated filter (9)
+    x = x.to(memory_format=torch.channels_last) if channels_last else x
+    ref, out, report = compile_and_run(conv, dict(input=x), ON)
+    assert bitwise_equal(ref, out) and out.stride() == ref.stride()
+    depthwise = groups == channels > 1
+    taken = depthwise and multiplier == 1 and stride == 1 and dilation == 1 and dtype != torch.float32
+    assert report.count(F) == int(taken)
+    misses = [m for g in report.graphs for m in g.near_misses if m.pattern == F]
+    assert len(misses) == int(depthwise and not taken), (misses, report.table())
