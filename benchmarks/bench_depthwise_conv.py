@@ -21,15 +21,14 @@ import os
 
 import torch
 from tabulate import tabulate
-from triton.testing import do_bench
 
 import diffusion_fuse  # noqa: F401  (registers backend="diffusion_fuse")
 from diffusion_fuse.lowering import counters
 
 try:
-    from steady import input_sets, steady_us
+    from steady import copy_bandwidth, input_sets, steady_us
 except ImportError:  # imported as benchmarks.bench_depthwise_conv
-    from benchmarks.steady import input_sets, steady_us
+    from benchmarks.steady import copy_bandwidth, input_sets, steady_us
 
 WORKLOADS = {  # name: (batch, channels, height, width, channels_last)
     "sana_1600m_1024px": (2, 11200, 32, 32, True),
@@ -45,13 +44,6 @@ def conv(h, w, b):
 def conv_glu(h, w, b):
     x, gate = torch.chunk(conv(h, w, b), 2, dim=1)
     return x * torch.nn.functional.silu(gate)
-
-
-def copy_bandwidth() -> float:
-    n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    return 2 * n / (do_bench(lambda: b.copy_(a), warmup=25, rep=200, return_mode="median") * 1e-3)
 
 
 def main() -> None:

@@ -31,18 +31,9 @@ from diffusion_fuse.lowering import gated_residual_norm_modulate as gated_op
 from diffusion_fuse.lowering import norm_modulate as norm_op
 
 try:
-    from steady import input_sets, steady_copy_us, steady_sm_copy_us, steady_us
+    from steady import copy_bandwidth, input_sets, steady_copy_us, steady_sm_copy_us, steady_us
 except ImportError:  # imported as benchmarks.bench_norm
-    from benchmarks.steady import input_sets, steady_copy_us, steady_sm_copy_us, steady_us
-
-
-def copy_bandwidth() -> float:
-    """Bytes/s of a large device-to-device copy (read + write counted)."""
-    n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    ms = do_bench(lambda: b.copy_(a), warmup=25, rep=200, return_mode="median")
-    return 2 * n / (ms * 1e-3)
+    from benchmarks.steady import copy_bandwidth, input_sets, steady_copy_us, steady_sm_copy_us, steady_us
 
 
 def copy_us(nbytes: int) -> float:

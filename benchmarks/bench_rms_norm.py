@@ -40,20 +40,13 @@ from diffusion_fuse.lowering.rms_norm_chain import rms_norm_chain as rms_norm_ch
 from diffusion_fuse.lowering.rms_norm_rope import rms_norm_rope as rms_norm_rope_reference
 
 try:
-    from steady import input_sets, steady_us
+    from steady import copy_bandwidth, input_sets, steady_us
 except ImportError:  # imported as benchmarks.bench_rms_norm
-    from benchmarks.steady import input_sets, steady_us
+    from benchmarks.steady import copy_bandwidth, input_sets, steady_us
 
 REFERENCES = {"rms_norm": rms_norm_reference, "rms_norm_chain": rms_norm_chain_reference,
               "rms_norm_rope": rms_norm_rope_reference, "mean_square": mean_square,
               "rms_norm_cat_rope": rms_norm_cat_rope_reference}
-
-
-def copy_bandwidth() -> float:
-    n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    return 2 * n / (do_bench(lambda: b.copy_(a), warmup=25, rep=200, return_mode="median") * 1e-3)
 
 
 def workloads():

@@ -79,6 +79,16 @@ def steady_us(calls: Sequence[Callable[[], object]], rounds: int = 4, replays: i
     return statistics.median(times)
 
 
+def copy_bandwidth() -> float:
+    """Bytes/s of a 1 GiB device-to-device copy (read + write counted): the bandwidth the floors divide by."""
+    from triton.testing import do_bench
+
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    return 2 * n / (do_bench(lambda: b.copy_(a), warmup=25, rep=200, return_mode="median") * 1e-3)
+
+
 def steady_copy_us(nbytes: int) -> float:
     """µs per device copy moving ``nbytes`` (half read, half written), timed as ``steady_us`` times kernels.
 
