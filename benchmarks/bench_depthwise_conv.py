@@ -5,7 +5,7 @@ as the 1 x 1 convolution before it leaves it, bias), the same at SANA's 2048² (
 contiguous [2, 2560, 64, 64] one (ATen's own depthwise kernel). For each, the convolution alone and the GLUMBConv
 tail ``x, gate = conv(h).chunk(2, 1); x * silu(gate)``: eager, Inductor (default mode), the lossless backend with
 the family off (its default: cuDNN convolves, the pointwise pass adds the bias in the GLU's kernel) and on
-(``options={"patterns": {"depthwise_conv": True}}``: the ``depthwise_conv`` op, then the pointwise pass's GLU), and
+(``options={"patterns": {"depthwise_conv": True}}``: the ``depthwise_conv`` op, with the GLU in the same kernel), and
 the floor (input and output bytes over the copy bandwidth of a 1 GiB copy measured in the same run). Times are
 ``benchmarks/steady.py`` medians (calls back to back in one CUDA graph, inputs cycled out of L2); "exact": both
 lossless variants bitwise against eager; "kernel ran": the family's op ran its kernel (not eager's convolution).

@@ -69,6 +69,39 @@ def test_the_family_is_off_by_default():
     assert not [m for g in report.graphs for m in g.near_misses if m.pattern == F]
 
 
+class ConvGLU(torch.nn.Module):
+    """SANA's GLUMBConv tail: depthwise convolution, chunk in two along the channels, value * silu(gate)."""
+
+    def __init__(self, gate: int = 1, other_use: bool = False) -> None:
+        super().__init__()
+        self.conv, self.gate, self.other_use = _conv(padding=1), gate, other_use
+
+    def forward(self, x):
+        y = self.conv(x)
+        halves = torch.chunk(y, 2, dim=1)
+        out = halves[1 - self.gate] * torch.nn.functional.silu(halves[self.gate])
+        return (out, y.sum()) if self.other_use else out
+
+
+@pytest.mark.parametrize("gate", [0, 1])
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_a_glu_after_the_conv_joins_its_site(gate, channels_last):
+    x = example_tensor(2, 32, 8, 8)
+    x = x.to(memory_format=torch.channels_last) if channels_last else x
+    ref, out, report = compile_and_run(ConvGLU(gate), dict(x=x), ON)
+    assert bitwise_equal(ref, out) and out.stride() == ref.stride()
+    (site,) = report.sites()
+    assert site.pattern == F and site.status == "kept"
+    assert site.before == ["convolution", "split.Tensor", "getitem", "getitem", "silu", "mul.Tensor"]
+
+
+def test_a_glu_whose_conv_output_is_read_elsewhere_leaves_the_conv_alone():
+    ref, out, report = compile_and_run(ConvGLU(other_use=True), dict(x=example_tensor(2, 32, 8, 8)), ON)
+    assert bitwise_equal(ref, out)
+    sites = [s for s in report.sites() if s.pattern == F]
+    assert len(sites) == 1 and sites[0].before == ["convolution"]
+
+
 def test_a_plan_is_cached_per_cudnn_flags():
     """eager's kernel (so its order) depends on cuDNN's flags: a plan made under others is not reused."""
     from diffusion_fuse.lowering.depthwise_conv import SPEC

@@ -88,6 +88,10 @@ def test_facts_patterns_and_kernels_share_agree():
     from diffusion_fuse.patterns.quant_chain import MAX_FUSED_QUANTIZERS
 
     assert MAX_FUSED_QUANTIZERS == MAX_QUANTS
+    from diffusion_fuse.kernels import depthwise_conv as kernel
+    from diffusion_fuse.patterns import depthwise_conv as pattern
+
+    assert pattern.NO_GLU == kernel.NO_GLU
 
 
 def test_the_family_list_is_the_registry_and_its_order():

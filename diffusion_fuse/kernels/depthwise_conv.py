@@ -10,6 +10,12 @@ Numerics contract (lossless tier): per output element, in fp32 and rounded once 
     y = round(acc)
     y = round(float(y) + float(bias))            # bias added after the convolution (not BIAS_FIRST)
 
+With the GLU tail (``glu_gate`` 0 or 1: the half of the channels that is the gate), per output channel c of C / 2,
+value v and gate g being y at channels c and c + C / 2 (or the other way round), each op rounded as eager's::
+
+    s = round(div_rn(g, 1 + expf(-g)))           # silu (ActivationSiluKernel; libdevice __nv_expf, -g as neg.f32)
+    out = round(float(v) * float(s))             # mul
+
 A product of two bf16 or two fp16 values is exact in fp32, so an FMA and a multiply then add agree and only
 the order of the adds and where the bias enters decide the bits. ATen runs cuDNN for a channels-last input
 and a contiguous fp16 one (``use_cudnn_depthwise``; the bias is a separate ``add_``, Convolution.cpp), and its own
@@ -21,8 +27,9 @@ under ``cudnn.benchmark`` (cuDNN then picks its kernel by timing). ``ORDERS`` ar
 
 One program computes ``ROWS`` output rows of ``BLOCK_C`` channels, ``BLOCK_W`` columns at a time: the three (K)
 input rows an output row reads were loaded for the rows before it, so they come from the cache; x is read from
-memory about once. fp32 inputs are not taken: their products are not exact (an FMA and a multiply then add
-differ), and cuDNN convolves them in TF32 by default.
+memory about once. With the GLU a program convolves the value's and the gate's channels and writes only the
+product: the convolution's output never goes to memory. fp32 inputs are not taken: their products are not exact
+(an FMA and a multiply then add differ), and cuDNN convolves them in TF32 by default.
 """
 
 from __future__ import annotations
@@ -33,6 +40,11 @@ from . import triton_interpret
 from .launch import CachedLaunch
 from .optional_triton import tl, triton
 
+try:
+    from triton.language.extra import libdevice
+except ImportError:  # no Triton: the kernels are never launched
+    libdevice = None
+
 DTYPES = (torch.bfloat16, torch.float16)
 MAX_K = 7  # filter sizes up to 7 x 7 (the taps are unrolled)
 ROW_MAJOR, COL_MAJOR = 0, 1
@@ -42,52 +54,83 @@ ROW_MAJOR, COL_MAJOR = 0, 1
 CANDIDATES = ((ROW_MAJOR, False, True), (ROW_MAJOR, True, True))
 ORDERS = tuple((o, bf, skip) for bf in (False, True) for o in (ROW_MAJOR, COL_MAJOR) for skip in (True, False))
 BLOCK_C, MAX_BLOCK_W, ROWS, NUM_WARPS = 64, 32, 8, 4
+NO_GLU = -1  # glu_gate without the GLU tail
 
 
 @triton.jit
-def depthwise_conv_kernel(X, Wt, B, Y, C, H, W, H_OUT, W_OUT, xs_n, xs_c, xs_h, xs_w, ys_n, ys_c, ys_h, ys_w,
-                          h_blocks, KH: tl.constexpr, KW: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
-                          BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr, ROWS: tl.constexpr,
+def _conv_row(x_nc, Wt, bias, c, c_ok, h, w, H, W, xs_h, xs_w, KH: tl.constexpr, KW: tl.constexpr,
+              PAD_H: tl.constexpr, PAD_W: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
+              HAS_BIAS: tl.constexpr, BIAS_FIRST: tl.constexpr, TAP_ORDER: tl.constexpr, SKIP: tl.constexpr,
+              DTYPE: tl.constexpr):
+    """One output row of BLOCK_C channels (c) x BLOCK_W columns (w), rounded to DTYPE as eager rounds it."""
+    if HAS_BIAS and BIAS_FIRST:  # the bias itself, not 0 + bias (a -0 bias stays -0)
+        acc = tl.broadcast_to(bias, (BLOCK_C, BLOCK_W))
+    else:
+        acc = tl.zeros((BLOCK_C, BLOCK_W), tl.float32)
+    for t in tl.static_range(KH * KW):
+        if TAP_ORDER == 0:
+            i = t // KW
+            j = t % KW
+        else:
+            i = t % KH
+            j = t // KH
+        h_in = h + i - PAD_H
+        w_in = w + j - PAD_W
+        inside = (h_in >= 0) & (h_in < H) & (w_in >= 0) & (w_in < W)
+        xv = tl.load(x_nc + h_in * xs_h + w_in * xs_w, mask=c_ok & inside, other=0.0).to(tl.float32)
+        wv = tl.load(Wt + c * (KH * KW) + (i * KW + j), mask=c_ok, other=0.0).to(tl.float32)
+        if SKIP:
+            acc = tl.where(inside, acc + wv * xv, acc)
+        else:
+            acc = acc + wv * xv
+    y = acc.to(DTYPE)
+    if HAS_BIAS and not BIAS_FIRST:
+        y = (y.to(tl.float32) + bias).to(DTYPE)
+    return y.to(tl.float32)
+
+
+@triton.jit
+def depthwise_conv_kernel(X, Wt, B, Y, C_OUT, H, W, H_OUT, W_OUT, xs_n, xs_c, xs_h, xs_w, ys_n, ys_c, ys_h, ys_w,
+                          h_blocks, value_off, gate_off, KH: tl.constexpr, KW: tl.constexpr, PAD_H: tl.constexpr,
+                          PAD_W: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr, ROWS: tl.constexpr,
                           HAS_BIAS: tl.constexpr, BIAS_FIRST: tl.constexpr, TAP_ORDER: tl.constexpr,
-                          SKIP: tl.constexpr):
+                          SKIP: tl.constexpr, GLU: tl.constexpr, INTERPRETED: tl.constexpr):
     pid = tl.program_id(0)  # batch x row blocks on the axis without the 65535 limit
     n = pid // h_blocks
     h0 = (pid % h_blocks) * ROWS
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[:, None]
-    c_ok = c < C
-    x_nc = X + n.to(tl.int64) * xs_n + c.to(tl.int64) * xs_c
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[:, None]  # output channels
+    c_ok = c < C_OUT
+    cv = c + value_off  # the convolution's channels of the value (all of them without GLU) and of the gate
+    cg = c + gate_off
+    x_nv = X + n.to(tl.int64) * xs_n + cv.to(tl.int64) * xs_c
+    x_ng = X + n.to(tl.int64) * xs_n + cg.to(tl.int64) * xs_c
     y_nc = Y + n.to(tl.int64) * ys_n + c.to(tl.int64) * ys_c
+    bias_v = 0.0
+    bias_g = 0.0
     if HAS_BIAS:
-        bias = tl.load(B + c, mask=c_ok, other=0.0).to(tl.float32)
+        bias_v = tl.load(B + cv, mask=c_ok, other=0.0).to(tl.float32)
+        if GLU:
+            bias_g = tl.load(B + cg, mask=c_ok, other=0.0).to(tl.float32)
     w0 = 0
     while w0 < W_OUT:  # a while loop: the interpreter cannot take a runtime bound in range()
         w = w0 + tl.arange(0, BLOCK_W)[None, :]
         for r in range(ROWS):  # a loop, not unrolled: the taps already are
             h = h0 + r
-            if HAS_BIAS and BIAS_FIRST:  # the bias itself, not 0 + bias (a -0 bias stays -0)
-                acc = tl.broadcast_to(bias, (BLOCK_C, BLOCK_W))
-            else:
-                acc = tl.zeros((BLOCK_C, BLOCK_W), tl.float32)
-            for t in tl.static_range(KH * KW):
-                if TAP_ORDER == 0:
-                    i = t // KW
-                    j = t % KW
-                else:
-                    i = t % KH
-                    j = t // KH
-                h_in = h + i - PAD_H
-                w_in = w + j - PAD_W
-                inside = (h_in >= 0) & (h_in < H) & (w_in >= 0) & (w_in < W)
-                xv = tl.load(x_nc + h_in * xs_h + w_in * xs_w, mask=c_ok & inside, other=0.0).to(tl.float32)
-                wv = tl.load(Wt + c * (KH * KW) + (i * KW + j), mask=c_ok, other=0.0).to(tl.float32)
-                if SKIP:
-                    acc = tl.where(inside, acc + wv * xv, acc)
-                else:
-                    acc = acc + wv * xv
-            y = acc.to(Y.dtype.element_ty)
-            if HAS_BIAS and not BIAS_FIRST:
-                y = (y.to(tl.float32) + bias).to(Y.dtype.element_ty)
-            tl.store(y_nc + h * ys_h + w * ys_w, y, mask=c_ok & (h < H_OUT) & (w < W_OUT))
+            y = _conv_row(x_nv, Wt, bias_v, cv, c_ok, h, w, H, W, xs_h, xs_w, KH, KW, PAD_H, PAD_W, BLOCK_C,
+                          BLOCK_W, HAS_BIAS, BIAS_FIRST, TAP_ORDER, SKIP, Y.dtype.element_ty)
+            if GLU:  # value * silu(gate), each op rounded as eager's: silu is div_rn(g, 1 + expf(-g))
+                g = _conv_row(x_ng, Wt, bias_g, cg, c_ok, h, w, H, W, xs_h, xs_w, KH, KW, PAD_H, PAD_W, BLOCK_C,
+                              BLOCK_W, HAS_BIAS, BIAS_FIRST, TAP_ORDER, SKIP, Y.dtype.element_ty)
+                if INTERPRETED:  # no PTX, no libdevice: the sign flip and Triton's exp (logic only)
+                    neg_g = (g.to(tl.int32, bitcast=True) ^ -2147483648).to(tl.float32, bitcast=True)
+                    e = tl.math.exp(neg_g)
+                else:  # -g as C++ negates it (Triton's -g is 0 - g), eager's expf
+                    neg_g = tl.inline_asm_elementwise("neg.f32 $0, $1;", "=f,f", [g], dtype=tl.float32,
+                                                      is_pure=True, pack=1)
+                    e = libdevice.exp(neg_g)
+                s = tl.math.div_rn(g, 1.0 + e).to(Y.dtype.element_ty).to(tl.float32)
+                y = y * s
+            tl.store(y_nc + h * ys_h + w * ys_w, y.to(Y.dtype.element_ty), mask=c_ok & (h < H_OUT) & (w < W_OUT))
         w0 += BLOCK_W
 
 
@@ -104,25 +147,29 @@ def channels_last(x: torch.Tensor) -> bool:
 
 
 def plan_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, has_bias: bool, padding: tuple[int, int],
-                        order: tuple[int, bool, bool]):
-    """launch(x, weight, bias) -> y for this layout, summing in ``order`` (tap order, bias first, skip)."""
+                        order: tuple[int, bool, bool], glu_gate: int = NO_GLU):
+    """launch(x, weight, bias) -> y for this layout, summing in ``order`` (tap order, bias first, skip); with
+    ``glu_gate`` 0 or 1, y is ``value * silu(gate)`` of the convolution's channel halves, the gate half that one."""
     n, c, h, w = x.shape
     kh, kw = weight.shape[-2:]
     ph, pw = padding
-    shape = (n, c, h + 2 * ph - kh + 1, w + 2 * pw - kw + 1)
+    c_out = c if glu_gate == NO_GLU else c // 2
+    shape = (n, c_out, h + 2 * ph - kh + 1, w + 2 * pw - kw + 1)
     strides = output_strides(x, shape)
     block_w = min(triton.next_power_of_2(shape[3]), MAX_BLOCK_W)
     h_blocks = triton.cdiv(shape[2], ROWS)
     tap_order, bias_first, skip = order
-    kernel = CachedLaunch(depthwise_conv_kernel, (n * h_blocks, triton.cdiv(c, BLOCK_C)),
+    value_off, gate_off = {NO_GLU: (0, 0), 0: (c_out, 0), 1: (0, c_out)}[glu_gate]
+    kernel = CachedLaunch(depthwise_conv_kernel, (n * h_blocks, triton.cdiv(c_out, BLOCK_C)),
                           dict(KH=kh, KW=kw, PAD_H=ph, PAD_W=pw, BLOCK_C=BLOCK_C, BLOCK_W=block_w, ROWS=ROWS,
-                               HAS_BIAS=has_bias, BIAS_FIRST=bias_first, TAP_ORDER=tap_order, SKIP=skip),
+                               HAS_BIAS=has_bias, BIAS_FIRST=bias_first, TAP_ORDER=tap_order, SKIP=skip,
+                               GLU=glu_gate != NO_GLU, INTERPRETED=triton_interpret()),
                           num_warps=NUM_WARPS)
 
     def launch(x, weight, bias):
         y = torch.empty_strided(shape, strides, dtype=x.dtype, device=x.device)
-        kernel(x, weight, bias if bias is not None else weight, y, c, h, w, shape[2], shape[3], *x.stride(),
-               *strides, h_blocks)
+        kernel(x, weight, bias if bias is not None else weight, y, c_out, h, w, shape[2], shape[3], *x.stride(),
+               *strides, h_blocks, value_off, gate_off)
         return y
 
     return launch
@@ -187,7 +234,7 @@ def eager_order(x: torch.Tensor, weight: torch.Tensor, has_bias: bool, padding: 
 
 
 def can_use_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                           padding: tuple[int, int]) -> tuple[bool, str]:
+                           padding: tuple[int, int], glu_gate: int = NO_GLU) -> tuple[bool, str]:
     """Whether the kernel gives eager's bits for this convolution (the contract above); else the reason."""
     if x.device.type != "cuda" and not (x.device.type == "cpu" and triton_interpret()):
         return False, f"device is {x.device.type}"
@@ -199,6 +246,8 @@ def can_use_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     kh, kw = weight.shape[-2:]
     if kh > MAX_K or kw > MAX_K or not weight.is_contiguous() or (bias is not None and not bias.is_contiguous()):
         return False, f"filter {kh}x{kw} (kernel takes contiguous filters up to {MAX_K}x{MAX_K}, a contiguous bias)"
+    if glu_gate not in (NO_GLU, 0, 1) or (glu_gate != NO_GLU and x.shape[1] % 2):
+        return False, f"GLU gate half {glu_gate} of {x.shape[1]} channels (the kernel takes 0 or 1 of an even count)"
     if not (x.is_contiguous() or channels_last(x)):
         return False, "x neither contiguous nor channels-last (eager's backend then depends on more)"
     h_out, w_out = x.shape[2] + 2 * padding[0] - kh + 1, x.shape[3] + 2 * padding[1] - kw + 1

@@ -51,6 +51,13 @@ def test_kernel_is_eagers_convolution(dtype, layout):
             got = SPEC.run_kernel(x, w, b, list(pad))
             assert got.stride() == want.stride(), name
             assert torch.equal(got.view(torch.int16), want.view(torch.int16)), name
+            for gate in (0, 1):  # the GLU tail: value * silu(gate), eager's ops one by one
+                halves = torch.chunk(want, 2, dim=1)
+                want_glu = halves[1 - gate] * torch.nn.functional.silu(halves[gate])
+                assert can_use_depthwise_conv(x, w, b, pad, gate) == (True, ""), name
+                got = SPEC.run_kernel(x, w, b, list(pad), gate)
+                assert got.stride() == want_glu.stride(), f"{name}: glu gate {gate}"
+                assert torch.equal(got.view(torch.int16), want_glu.view(torch.int16)), f"{name}: glu gate {gate}"
     with open(os.path.join(os.environ.get("OUT", "."), f"depthwise_conv_gpu_{str(dtype)[6:]}_{layout}.json"),
               "w") as f:
         json.dump(found, f, indent=1)
@@ -91,4 +98,5 @@ def test_a_glumbconv_keeps_its_depthwise_site(dtype):
     report = diffusion_fuse.report_of(compiled)
     sites = [s for s in report.sites() if s.pattern == "depthwise_conv"]
     assert len(sites) == 1 and sites[0].status == "kept", [(s.pattern, s.status) for s in report.sites()]
+    assert sites[0].before[-1] == "mul.Tensor", sites[0].before  # the GLU joined the convolution's site
     assert report.counters()["kernel"].get("depthwise_conv", 0) >= 1, report.counters()

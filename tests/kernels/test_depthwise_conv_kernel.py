@@ -53,6 +53,17 @@ def emulate(x, w, b, padding, order):
     return y
 
 
+def emulate_glu(y, gate):
+    """The GLU tail on the convolution's output: value * silu(gate), silu as ``g / (1 + exp(-g))`` one fp32 op at a
+    time (numpy's fp32 exp is the interpreter's)."""
+    import numpy as np
+
+    halves = torch.chunk(y, 2, dim=1)
+    g = halves[gate].contiguous().numpy()
+    s = torch.from_numpy(g / (np.float32(1) + np.exp(-g)))
+    return halves[1 - gate] * s
+
+
 def worker() -> dict:
     from diffusion_fuse.kernels.depthwise_conv import (
         CANDIDATES,
@@ -78,6 +89,16 @@ def worker() -> dict:
                                 x, w, bias, [1, 1], [ph, pw], [1, 1], False, [0, 0], c).stride()),
                             "tap_order_matters": not torch.equal(want, wants[(1 - order[0], *order[1:])]),
                             "neg_zeros": int(((got == 0) & got.signbit()).sum())}
+            for gate in (0, 1) if bias is not None else ():
+                order = CANDIDATES[k % 2]
+                got = plan_depthwise_conv(x, w, True, (ph, pw), order, gate)(x, w, bias)
+                want = emulate_glu(wants[order], gate)
+                res[f"{k}:glu{gate}"] = {"equal": torch.equal(got.view(torch.int32), want.view(torch.int32)),
+                                         "strides": list(got.stride()),
+                                         "want_strides": list(want.contiguous(memory_format=torch.channels_last
+                                                                              if cl else torch.contiguous_format)
+                                                              .stride()),
+                                         "glu_shape": list(got.shape) == list(want.shape)}
             if bias is not None:  # the candidates eager_order chooses between give other bits on its draw
                 res[f"{k}:candidates_differ"] = not torch.equal(wants[CANDIDATES[0]].view(torch.int32),
                                                                 wants[CANDIDATES[1]].view(torch.int32))
@@ -90,11 +111,14 @@ def worker() -> dict:
                                                      None, (1, 1))
     res["guard"]["strided_bias"] = can_use_depthwise_conv(x.bfloat16(), torch.zeros(8, 1, 3, 3).bfloat16(),
                                                           torch.zeros(16).bfloat16()[::2], (1, 1))
+    x7 = torch.zeros(1, 7, 4, 4, dtype=torch.bfloat16)
+    res["guard"]["glu_odd"] = can_use_depthwise_conv(x7, torch.zeros(7, 1, 3, 3, dtype=torch.bfloat16), None,
+                                                     (1, 1), 1)
     return res
 
 
 def _orders(results: dict) -> dict:
-    """The per-order records (case:bias:order)."""
+    """The per-order records (case:bias:order) and the GLU's (case:glu<gate>)."""
     return {k: v for k, v in results.items() if isinstance(v, dict) and "equal" in v}
 
 
@@ -114,10 +138,16 @@ def test_the_output_has_eagers_layout(results):
     assert all(v["strides"] == v["want_strides"] for v in orders)
 
 
+def test_the_glu_tail_is_its_contract_in_either_half(results):
+    """value * silu(gate) of the convolution's halves, the gate the first or the second, eager's output layout."""
+    glu = {k: v for k, v in _orders(results).items() if ":glu" in k}
+    assert len(glu) == 2 * len(CASES) and all(v["glu_shape"] for v in glu.values())
+
+
 def test_the_draw_tells_the_orders_apart(results):
     """eager_order's draw gives other bits in the other tap order, and in the other candidate (the bias first or
     after), in every case."""
-    assert all(v["tap_order_matters"] for v in _orders(results).values())
+    assert all(v["tap_order_matters"] for k, v in _orders(results).items() if ":glu" not in k)
     differ = [v for k, v in results.items() if k.endswith(":candidates_differ")]
     assert differ and all(differ)
 
@@ -130,8 +160,8 @@ def test_a_negative_zero_bias_added_first_stays_negative_zero(results):
 
 
 def test_the_guard(results):
-    """In the interpreter: bf16 taken; fp32 not (cuDNN convolves it in TF32), nor a channel multiplier or a
-    strided x; on a plain CPU nothing is."""
+    """In the interpreter: bf16 taken; fp32 not (cuDNN convolves it in TF32), nor a channel multiplier, a
+    strided x or a GLU of an odd channel count; on a plain CPU nothing is."""
     from diffusion_fuse.kernels.depthwise_conv import can_use_depthwise_conv
 
     guard = results["guard"]
@@ -140,6 +170,7 @@ def test_the_guard(results):
     assert not guard["not_depthwise"][0] and "one filter a channel" in guard["not_depthwise"][1]
     assert not guard["strided"][0] and "channels-last" in guard["strided"][1]
     assert not guard["strided_bias"][0] and "contiguous bias" in guard["strided_bias"][1]
+    assert not guard["glu_odd"][0] and "even count" in guard["glu_odd"][1]
     x = torch.zeros(1, 8, 4, 4, dtype=torch.bfloat16)
     assert can_use_depthwise_conv(x, torch.zeros(8, 1, 3, 3, dtype=torch.bfloat16), None, (1, 1)) == \
         (False, "device is cpu")
