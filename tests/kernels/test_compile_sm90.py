@@ -452,9 +452,9 @@ def test_lut16_gelu_takes_fewer_instructions_than_its_recipe():
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("glu", [False, True])
-@pytest.mark.parametrize("order_index", [0, 1])
-def test_depthwise_conv_compiles_for_sm90(dtype, glu, order_index):
-    """Each candidate order, with and without the GLU tail. The convolution contracts nothing to an FMA (its
+@pytest.mark.parametrize("order_index, has_bias", [(0, True), (1, True), (0, False)])
+def test_depthwise_conv_compiles_for_sm90(dtype, glu, order_index, has_bias):
+    """Each candidate order, with and without the GLU tail, with and without a bias. The convolution contracts nothing to an FMA (its
     products are exact either way: the order of the adds is the contract); the tail's silu divides with div.rn and
     negates with neg.f32 (eager's ``-x``); its FMAs are libdevice's expf's own."""
     from diffusion_fuse.kernels import depthwise_conv as dw
@@ -462,7 +462,7 @@ def test_depthwise_conv_compiles_for_sm90(dtype, glu, order_index):
     k = dw.depthwise_conv_kernel
     tap_order, bias_first, skip = dw.CANDIDATES[order_index]
     const = dict(KH=3, KW=3, PAD_H=1, PAD_W=1, BLOCK_C=dw.BLOCK_C, BLOCK_W=dw.MAX_BLOCK_W, ROWS=dw.ROWS,
-                 HAS_BIAS=True, BIAS_FIRST=bias_first, TAP_ORDER=tap_order, SKIP=skip, GLU=glu, INTERPRETED=False,
+                 HAS_BIAS=has_bias, BIAS_FIRST=bias_first, TAP_ORDER=tap_order, SKIP=skip, GLU=glu, INTERPRETED=False,
                  xs_c=1, ys_c=1)  # channels-last: Triton specializes the unit channel stride
     types = {"X": PTR[dtype], "Wt": PTR[dtype], "B": PTR[dtype], "Y": PTR[dtype]}
     ptx = compile_for_sm90(k, types, const).asm["ptx"]
