@@ -3,8 +3,9 @@
 For each layout (channels-last, as SANA's GLUMBConv hands its ``conv_depth`` the output of a 1 x 1 convolution,
 and contiguous; bf16 and fp16; with and without a bias; 3 x 3 and 5 x 5 filters, sizes that are no multiple of
 the kernel's blocks) ``eager_order`` must find an order and the op (guard, plan, launch) must give eager's bits and
-strides. The order found per layout goes to $OUT/depthwise_conv_gpu_*.json. A GLUMBConv-like block compiled with
-the backend keeps its site.
+strides, and so must the GLU tail (``value * silu(gate)``, either half the gate) against eager's ops. The order found
+per layout goes to $OUT/depthwise_conv_gpu_*.json. A GLUMBConv-like block compiled with the backend keeps its site,
+the GLU in it.
 """
 
 from __future__ import annotations

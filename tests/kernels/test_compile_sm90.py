@@ -454,9 +454,9 @@ def test_lut16_gelu_takes_fewer_instructions_than_its_recipe():
 @pytest.mark.parametrize("glu", [False, True])
 @pytest.mark.parametrize("order_index, has_bias", [(0, True), (1, True), (0, False)])
 def test_depthwise_conv_compiles_for_sm90(dtype, glu, order_index, has_bias):
-    """Each candidate order, with and without the GLU tail, with and without a bias. The convolution contracts nothing to an FMA (its
-    products are exact either way: the order of the adds is the contract); the tail's silu divides with div.rn and
-    negates with neg.f32 (eager's ``-x``); its FMAs are libdevice's expf's own."""
+    """Each candidate order, with and without the GLU tail, with and without a bias. The convolution contracts
+    nothing to an FMA (its products are exact either way: the order of the adds is the contract); the tail's silu
+    divides with div.rn and negates with neg.f32 (eager's ``-x``); its FMAs are libdevice's expf's own."""
     from diffusion_fuse.kernels import depthwise_conv as dw
 
     k = dw.depthwise_conv_kernel
