@@ -2,7 +2,8 @@
 
 Workloads: FLUX [1,4608,3072] bf16 (LN + modulate, and gated residual + LN + modulate); Wan2.1-14B
 [1,32760,5120] (FP32LayerNorm form, fp32 [1,1,D] modulation, bf16 out); Wan2.2-5B [1,27280,3072] (per-token
-modulation: strided slices of a [1,S,6,D] fp32 table). Two timings of each, in the same run:
+modulation: strided slices of a [1,S,6,D] fp32 table); SD3.5-large's image stream [1,4096,2432] bf16 (both
+forms; a row that is no multiple of 512 elements). Two timings of each, in the same run:
 
 - ``do_bench``: medians of ``triton.testing.do_bench`` (CUDA events, warm-up, L2 flushed before every call by a
   256 MB memset, whose dirty lines the timed kernel then writes back);
@@ -14,7 +15,7 @@ bandwidth of a 1 GiB copy measured in the same run; "copy" is a copy of the kern
 both ways. "ours" is the kernel alone, planned once for the layout (``SPEC.plan``) as the op caches it;
 "ours (op)" the ``torch.ops.diffusion_fuse`` call (guard, plan cache, kernel).
 
-    python benchmarks/bench_norm.py [--json PATH]
+    python benchmarks/bench_norm.py [--json PATH] [--workloads TEXT]
 """
 
 from __future__ import annotations
@@ -50,12 +51,17 @@ def workloads():
     def rn(*shape, dtype):
         return torch.randn(*shape, device="cuda", generator=g).to(dtype)
 
-    x = rn(1, 4608, 3072, dtype=torch.bfloat16)
-    yield "FLUX LN+mod [1,4608,3072] bf16", (x, None, None, 1e-6, rn(1, 1, 3072, dtype=torch.bfloat16),
-                                             rn(1, 1, 3072, dtype=torch.bfloat16), None, None)
-    res, y = rn(1, 4608, 3072, dtype=torch.bfloat16), rn(1, 4608, 3072, dtype=torch.bfloat16)
-    gate, sc, sh = (rn(1, 1, 3072, dtype=torch.bfloat16) for _ in range(3))
-    yield "FLUX gated res+LN+mod [1,4608,3072] bf16", ("gated", (res, y, gate, None, None, 1e-6, sc, sh, None))
+    def bf16_forms(model, S, D):
+        # LN + modulate, and gated residual + LN + modulate, bf16 throughout, [1,1,D] modulation
+        bf = torch.bfloat16
+        x = rn(1, S, D, dtype=bf)
+        yield f"{model} LN+mod [1,{S},{D}] bf16", (x, None, None, 1e-6, rn(1, 1, D, dtype=bf), rn(1, 1, D, dtype=bf),
+                                                   None, None)
+        res, y = rn(1, S, D, dtype=bf), rn(1, S, D, dtype=bf)
+        gate, sc, sh = (rn(1, 1, D, dtype=bf) for _ in range(3))
+        yield f"{model} gated res+LN+mod [1,{S},{D}] bf16", ("gated", (res, y, gate, None, None, 1e-6, sc, sh, None))
+
+    yield from bf16_forms("FLUX", 4608, 3072)
     x = rn(1, 32760, 5120, dtype=torch.bfloat16)
     yield "Wan2.1 LN+mod [1,32760,5120] f32 LN", (x, None, None, 1e-6, rn(1, 1, 5120, dtype=torch.float32),
                                                   rn(1, 1, 5120, dtype=torch.float32), torch.float32, torch.bfloat16)
@@ -63,6 +69,7 @@ def workloads():
     table = rn(1, 27280, 6, 3072, dtype=torch.float32)
     yield "Wan2.2 LN+mod per-token [1,27280,3072]", (x, None, None, 1e-6, table[:, :, 1], table[:, :, 0],
                                                      torch.float32, torch.bfloat16)
+    yield from bf16_forms("SD3.5-L", 4096, 2432)  # D % 512 != 0: each row's last trip is a partial one
 
 
 def floor_bytes(args, out) -> int:
@@ -126,10 +133,13 @@ def time_workload(spec) -> tuple[dict, int, list, bool, bool]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_norm.json"))
+    ap.add_argument("--workloads", default="", help="run only the workloads whose name contains this text")
     args_ = ap.parse_args()
     bw = copy_bandwidth()
     rows, steady_rows, records = [], [], []
     for name, spec in workloads():
+        if args_.workloads not in name:
+            continue
         t, fb, sets, exact, ind_exact = time_workload(spec)
         sm_copy = t.pop("sm_copy_configs")
         floor_us = fb / bw * 1e6
