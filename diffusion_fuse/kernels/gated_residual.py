@@ -7,8 +7,8 @@ Numerics contract (lossless tier): per element, in fp32 and rounded as eager rou
     r = round_r(residual + m)       # promote(residual, m), or r_dtype (``.type_as``)
 
 ``r`` rounded to its dtype once from the fp32 sum is what eager's add and then ``_to_copy`` give. One program per
-row; ``r`` is stored and nothing else. ``gated_residual_row`` is also the first part of
-kernels/gated_residual_norm_modulate.py.
+row; ``r`` is stored and nothing else. kernels/gated_residual_norm_modulate.py computes the same ``r`` and
+normalizes it.
 
 Inputs: residual and x [M, D] or [B, S, D] of one shape with unit stride along D (any row strides), D % 4 == 0;
 gate and its second addend broadcast to x with unit stride along D.

@@ -8,11 +8,10 @@ Numerics contract (lossless tier): per element, in fp32 and rounded as eager rou
 
 then, on the rounded ``r`` (widened to fp32 when ln_dtype is fp32: Wan's FP32LayerNorm), exactly
 ``kernels/norm_modulate.py``'s row (eager's LayerNorm statistics, normalize, modulate or not). ``r``
-rounded to its dtype once from the fp32 sum is what eager's add and then ``_to_copy`` give. When
-D % 512 == 0 (UNIFORM) ``r`` is computed in registers in the LayerNorm's lane layout, stored once and
-normalized from registers; otherwise the row of ``r`` is written, a CTA barrier makes it visible to
-every thread of the program, and the LayerNorm pass reads it back (from L1/L2). The normalized tensor
-is never written. The kernel takes no cache hints (unlike norm_modulate's: they make it no faster).
+rounded to its dtype once from the fp32 sum is what eager's add and then ``_to_copy`` give. ``r`` is
+computed in registers in the LayerNorm's lane layout (masked past the row when D % 512 != 0), stored
+once and normalized from registers; the normalized tensor is never written. The kernel takes no cache
+hints (unlike norm_modulate's: they make it no faster).
 kernels/gated_residual.py is the first part alone.
 
 Inputs: residual and x [M, D] or [B, S, D] of one shape with unit stride along D (any row
@@ -26,14 +25,13 @@ from __future__ import annotations
 import torch
 
 from .fp8_quant import QuantEpilogue, load_scales
-from .gated_residual import gated_residual_row, residual_dtypes
+from .gated_residual import residual_dtypes
 from .launch import CachedLaunch
 from .layer_norm_stats import LANES, load_row_tile, program_row, store_row_tile
 from .norm_modulate import (
     DT_CODE,
     batch_token_strides,
     modulate_constexprs,
-    norm_modulate_row,
     norm_modulate_tile,
     result_dtypes,
     round_to,
@@ -69,40 +67,26 @@ def _gated_residual_norm_modulate_kernel(
     sct_row = SCALE_T + bi * sct_sb + si * sct_ss
     sht_row = SHIFT_T + bi * sht_sb + si * sht_ss
     q_row = Q + row * N
-    if UNIFORM:
-        s0, s1, s2, s3 = load_scales(S0, S1, S2, S3, N_Q)
-        # r is computed in registers in the LayerNorm's lane layout: stored once, never read back.
-        g = load_row_tile(g_row, 1, N_ITERS, LANES, VEC).to(tl.float32)
-        if HAS_GATE_TEMB:
-            g = g + load_row_tile(gt_row, 1, N_ITERS, LANES, VEC).to(tl.float32)
-        xv = load_row_tile(x_row, 1, N_ITERS, LANES, VEC).to(tl.float32)
-        m = round_to(g * xv, M_DT)
-        r = (load_row_tile(res_row, 1, N_ITERS, LANES, VEC).to(tl.float32) + m).to(R_OUT.dtype.element_ty)
-        store_row_tile(r_row, r, N_ITERS, LANES, VEC)
-        norm_modulate_tile(
-            tile=r, W=W, B=B, sc_row=sc_row, sh_row=sh_row, out_row=OUT + row * N, N=N, eps=eps,
-            N_ITERS=N_ITERS, LANES=LANES, VEC=VEC, HAS_W=HAS_W, HAS_B=HAS_B, HAS_SHIFT=HAS_SHIFT,
-            LN_DT=LN_DT, T_DT=T_DT, U_DT=U_DT, V_DT=V_DT,
-            PUSH_MEAN_FMA=PUSH_MEAN_FMA, PUSH_M2_FMA=PUSH_M2_FMA, COMB_MEAN=COMB_MEAN, COMB_M2_FMA=COMB_M2_FMA,
-            AFFINE_FMA=AFFINE_FMA,
-            q_row=q_row, q_plane=q_plane, s0=s0, s1=s1, s2=s2, s3=s3, q_lo=q_lo, q_hi=q_hi,
-            N_Q=N_Q, STORE_OUT=STORE_OUT, OUT_DT=OUT_DT, Q_MODE=Q_MODE, NAN_SIGN=NAN_SIGN,
-            sct_row=sct_row, sht_row=sht_row, HAS_SCALE=HAS_SCALE, HAS_SCALE_TEMB=HAS_SCALE_TEMB,
-            HAS_SHIFT_TEMB=HAS_SHIFT_TEMB)
-    else:
-        gated_residual_row(res_row=res_row, x_row=x_row, g_row=g_row, gt_row=gt_row, r_row=r_row, N=N,
-                           N_ITERS=N_ITERS, LANES=LANES, VEC=VEC, M_DT=M_DT, HAS_GATE_TEMB=HAS_GATE_TEMB)
-        tl.debug_barrier()  # the whole row of r is in memory before any thread reads it back
-        norm_modulate_row(
-            x_row=r_row, x_sd=1, W=W, B=B, sc_row=sc_row, sh_row=sh_row, out_row=OUT + row * N, N=N, eps=eps,
-            N_ITERS=N_ITERS, LANES=LANES, VEC=VEC, HAS_W=HAS_W, HAS_B=HAS_B, HAS_SHIFT=HAS_SHIFT,
-            LN_DT=LN_DT, T_DT=T_DT, U_DT=U_DT, V_DT=V_DT,
-            PUSH_MEAN_FMA=PUSH_MEAN_FMA, PUSH_M2_FMA=PUSH_M2_FMA, COMB_MEAN=COMB_MEAN, COMB_M2_FMA=COMB_M2_FMA,
-            AFFINE_FMA=AFFINE_FMA, UNIFORM=UNIFORM,
-            q_row=q_row, q_plane=q_plane, S0=S0, S1=S1, S2=S2, S3=S3, q_lo=q_lo, q_hi=q_hi,
-            N_Q=N_Q, STORE_OUT=STORE_OUT, OUT_DT=OUT_DT, Q_MODE=Q_MODE, NAN_SIGN=NAN_SIGN,
-            sct_row=sct_row, sht_row=sht_row, HAS_SCALE=HAS_SCALE, HAS_SCALE_TEMB=HAS_SCALE_TEMB,
-            HAS_SHIFT_TEMB=HAS_SHIFT_TEMB)
+    s0, s1, s2, s3 = load_scales(S0, S1, S2, S3, N_Q)
+    # r is computed in registers in the LayerNorm's lane layout: stored once, never read back.
+    g = load_row_tile(g_row, 1, N_ITERS, LANES, VEC, N=N, UNIFORM=UNIFORM).to(tl.float32)
+    if HAS_GATE_TEMB:
+        g = g + load_row_tile(gt_row, 1, N_ITERS, LANES, VEC, N=N, UNIFORM=UNIFORM).to(tl.float32)
+    xv = load_row_tile(x_row, 1, N_ITERS, LANES, VEC, N=N, UNIFORM=UNIFORM).to(tl.float32)
+    m = round_to(g * xv, M_DT)
+    r = (load_row_tile(res_row, 1, N_ITERS, LANES, VEC, N=N, UNIFORM=UNIFORM).to(tl.float32) + m)
+    r = r.to(R_OUT.dtype.element_ty)
+    store_row_tile(r_row, r, N_ITERS, LANES, VEC, N=N, UNIFORM=UNIFORM)
+    norm_modulate_tile(
+        tile=r, W=W, B=B, sc_row=sc_row, sh_row=sh_row, out_row=OUT + row * N, N=N, eps=eps,
+        N_ITERS=N_ITERS, LANES=LANES, VEC=VEC, HAS_W=HAS_W, HAS_B=HAS_B, HAS_SHIFT=HAS_SHIFT,
+        LN_DT=LN_DT, T_DT=T_DT, U_DT=U_DT, V_DT=V_DT,
+        PUSH_MEAN_FMA=PUSH_MEAN_FMA, PUSH_M2_FMA=PUSH_M2_FMA, COMB_MEAN=COMB_MEAN, COMB_M2_FMA=COMB_M2_FMA,
+        AFFINE_FMA=AFFINE_FMA, UNIFORM=UNIFORM,
+        q_row=q_row, q_plane=q_plane, s0=s0, s1=s1, s2=s2, s3=s3, q_lo=q_lo, q_hi=q_hi,
+        N_Q=N_Q, STORE_OUT=STORE_OUT, OUT_DT=OUT_DT, Q_MODE=Q_MODE, NAN_SIGN=NAN_SIGN,
+        sct_row=sct_row, sht_row=sht_row, HAS_SCALE=HAS_SCALE, HAS_SCALE_TEMB=HAS_SCALE_TEMB,
+        HAS_SHIFT_TEMB=HAS_SHIFT_TEMB)
 
 
 def plan_gated_residual_norm_modulate(a, quant: tuple[int, str, bool] | None = None):

@@ -430,30 +430,44 @@ def row_tile_trip(tile, IT: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr
 
 
 @triton.jit
-def load_row_tile(row_ptr, stride_d, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
-                  EVICT_FIRST: tl.constexpr = False):
-    """A whole row (N == N_ITERS * LANES * VEC) as a [LANES, next_pow2(N_ITERS), VEC] tile in x's dtype,
-    kept in registers: trip ``it`` of lane ``t`` is tile[t, it] (what compute_stats reads). Lanes
-    first, so that Triton gives each thread one lane's trips (no relayout through shared memory)."""
+def _tile_offsets(N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr):
+    # A [LANES, NI, VEC] tile's element offsets (trip ``it`` of lane ``t``: vector it*LANES + t), NI the next
+    # power of two >= N_ITERS, its trips [1, NI, 1] and its vectors [LANES, NI, 1] (a row's mask is per vector: a
+    # vector is in the row whole or not at all, N % VEC == 0, and the loads stay VEC wide).
     NI: tl.constexpr = 1 if N_ITERS == 1 else 2 if N_ITERS <= 2 else 4 if N_ITERS <= 4 else 8 if N_ITERS <= 8 \
         else 16 if N_ITERS <= 16 else 32
     tl.static_assert(N_ITERS <= 32, "row tiles hold at most 32 trips (N <= 16384)")
     it = tl.arange(0, NI)[None, :, None]
-    offs = (it * LANES + tl.arange(0, LANES)[:, None, None]) * VEC + tl.arange(0, VEC)[None, None, :]
-    # EVICT_FIRST: the row is read once, so L2 may drop its lines first
-    POLICY: tl.constexpr = "evict_first" if EVICT_FIRST else ""
-    if NI == N_ITERS:
-        return tl.load(row_ptr + offs * stride_d, eviction_policy=POLICY)
-    return tl.load(row_ptr + offs * stride_d, mask=it < N_ITERS, other=0.0, eviction_policy=POLICY)
+    vidx = it * LANES + tl.arange(0, LANES)[:, None, None]
+    return vidx * VEC + tl.arange(0, VEC)[None, None, :], it, vidx
 
 
 @triton.jit
-def store_row_tile(row_ptr, tile, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr):
-    """Store a ``load_row_tile``-layout tile to a contiguous row."""
-    NI: tl.constexpr = tile.shape[1]
-    it = tl.arange(0, NI)[None, :, None]
-    offs = (it * LANES + tl.arange(0, LANES)[:, None, None]) * VEC + tl.arange(0, VEC)[None, None, :]
-    if NI == N_ITERS:
+def load_row_tile(row_ptr, stride_d, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
+                  EVICT_FIRST: tl.constexpr = False, N=0, UNIFORM: tl.constexpr = True):
+    """A whole row of N elements (N % VEC == 0, N <= N_ITERS * LANES * VEC; UNIFORM when equal, and then N is
+    not read) as a [LANES, next_pow2(N_ITERS), VEC] tile in x's dtype, kept in registers: trip ``it`` of lane
+    ``t`` is tile[t, it] (what compute_stats reads), 0 past the row. Lanes first, so that Triton gives each
+    thread one lane's trips (no relayout through shared memory)."""
+    offs, it, vidx = _tile_offsets(N_ITERS, LANES, VEC)
+    # EVICT_FIRST: the row is read once, so L2 may drop its lines first
+    POLICY: tl.constexpr = "evict_first" if EVICT_FIRST else ""
+    ptrs = row_ptr + offs * stride_d
+    if not UNIFORM:
+        return tl.load(ptrs, mask=(it < N_ITERS) & (vidx < N // VEC), other=0.0, eviction_policy=POLICY)
+    if offs.shape[1] == N_ITERS:
+        return tl.load(ptrs, eviction_policy=POLICY)
+    return tl.load(ptrs, mask=it < N_ITERS, other=0.0, eviction_policy=POLICY)
+
+
+@triton.jit
+def store_row_tile(row_ptr, tile, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr, N=0,
+                   UNIFORM: tl.constexpr = True):
+    """Store a ``load_row_tile``-layout tile to a contiguous row of N elements."""
+    offs, it, vidx = _tile_offsets(N_ITERS, LANES, VEC)
+    if not UNIFORM:
+        tl.store(row_ptr + offs, tile, mask=(it < N_ITERS) & (vidx < N // VEC))
+    elif offs.shape[1] == N_ITERS:
         tl.store(row_ptr + offs, tile)
     else:
         tl.store(row_ptr + offs, tile, mask=it < N_ITERS)
@@ -463,18 +477,20 @@ def store_row_tile(row_ptr, tile, N_ITERS: tl.constexpr, LANES: tl.constexpr, VE
 def welford_tile_stats(tile, N, eps, N_ITERS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
                        PUSH_MEAN_FMA: tl.constexpr = True, PUSH_M2_FMA: tl.constexpr = True,
                        COMB_MEAN: tl.constexpr = 0, COMB_M2_FMA: tl.constexpr = True,
-                       SHUFFLE: tl.constexpr = USE_SHUFFLES):
-    """``welford_row_stats`` of a row already in registers (``load_row_tile``; UNIFORM rows only)."""
+                       SHUFFLE: tl.constexpr = USE_SHUFFLES, UNIFORM: tl.constexpr = True):
+    """``welford_row_stats`` of a row already in registers (``load_row_tile``): the same pushes and combine
+    tree, so the same bits; a lane with no vector on a trip keeps its state, as in eager's loop."""
     mean = tl.zeros([LANES], tl.float32)
     m2 = tl.zeros([LANES], tl.float32)
     cnt = tl.zeros([LANES], tl.float32)
-    valid = tl.full([LANES], 1, tl.int1)
+    lane = tl.arange(0, LANES)
     for it in tl.static_range(N_ITERS):
         xv = row_tile_trip(tile, it, LANES, VEC).to(tl.float32)
-        mean, m2, cnt = _push_trip(mean=mean, m2=m2, cnt=cnt, xv=xv, valid=valid, IT=it, LANES=LANES,
-                                   PUSH_MEAN_FMA=PUSH_MEAN_FMA, PUSH_M2_FMA=PUSH_M2_FMA, UNIFORM=True)
+        mean, m2, cnt = _push_trip(mean=mean, m2=m2, cnt=cnt, xv=xv, valid=it * LANES + lane < N // VEC, IT=it,
+                                   LANES=LANES, PUSH_MEAN_FMA=PUSH_MEAN_FMA, PUSH_M2_FMA=PUSH_M2_FMA,
+                                   UNIFORM=UNIFORM)
     mean, m2 = _combine_lanes(mean=mean, m2=m2, cnt=cnt, N_ITERS=N_ITERS, LANES=LANES, COMB_MEAN=COMB_MEAN,
-                              COMB_M2_FMA=COMB_M2_FMA, UNIFORM=True, SHUFFLE=SHUFFLE)
+                              COMB_M2_FMA=COMB_M2_FMA, UNIFORM=UNIFORM, SHUFFLE=SHUFFLE)
     return mean, _rstd(m2, N, eps)
 
 

@@ -43,7 +43,6 @@ from .layer_norm_stats import (
     n_iters_for,
     program_row,
     row_tile_trip,
-    welford_row_stats,
     welford_tile_stats,
 )
 from .optional_triton import tl, triton
@@ -102,44 +101,24 @@ def norm_modulate_row(
     output itself is stored only if STORE_OUT. sct_row/sht_row: rows of scale's/shift's second addends,
     read when HAS_SCALE_TEMB/HAS_SHIFT_TEMB (Wan's timestep table); HAS_SCALE=False: no modulate.
 
-    A row of N == N_ITERS * 512 (UNIFORM) is read once into registers (``norm_modulate_tile``);
-    other rows are read twice (statistics, then output; the second read mostly hits L2).
-    CACHE_HINTS (UNIFORM rows only): the row is loaded with an L2 evict-first policy and the output
-    stored with streaming stores (both are read or written once).
+    The row is read once into registers (``load_row_tile``; ``norm_modulate_tile``), the statistics and the
+    output computed from there. UNIFORM (N == N_ITERS * 512): every lane has a vector on every trip, no masks.
+    CACHE_HINTS: the row is loaded with an L2 evict-first policy and the output stored with streaming stores
+    (both are read or written once).
     """
     s0, s1, s2, s3 = load_scales(S0, S1, S2, S3, N_Q)
-    if UNIFORM:
-        tile = load_row_tile(x_row, x_sd, N_ITERS=N_ITERS, LANES=LANES, VEC=VEC, EVICT_FIRST=CACHE_HINTS)
-        norm_modulate_tile(
-            tile=tile, W=W, B=B, sc_row=sc_row, sh_row=sh_row, out_row=out_row, N=N, eps=eps,
-            N_ITERS=N_ITERS, LANES=LANES, VEC=VEC, HAS_W=HAS_W, HAS_B=HAS_B, HAS_SHIFT=HAS_SHIFT,
-            LN_DT=LN_DT, T_DT=T_DT, U_DT=U_DT, V_DT=V_DT,
-            PUSH_MEAN_FMA=PUSH_MEAN_FMA, PUSH_M2_FMA=PUSH_M2_FMA, COMB_MEAN=COMB_MEAN, COMB_M2_FMA=COMB_M2_FMA,
-            AFFINE_FMA=AFFINE_FMA,
-            q_row=q_row, q_plane=q_plane, s0=s0, s1=s1, s2=s2, s3=s3, q_lo=q_lo, q_hi=q_hi,
-            N_Q=N_Q, STORE_OUT=STORE_OUT, OUT_DT=OUT_DT, Q_MODE=Q_MODE, NAN_SIGN=NAN_SIGN,
-            sct_row=sct_row, sht_row=sht_row, HAS_SCALE=HAS_SCALE, HAS_SCALE_TEMB=HAS_SCALE_TEMB,
-            HAS_SHIFT_TEMB=HAS_SHIFT_TEMB, STREAM_STORE=CACHE_HINTS)
-    else:
-        mean, rstd = welford_row_stats(
-            row_ptr=x_row, N=N, stride_d=x_sd, eps=eps, N_ITERS=N_ITERS, LANES=LANES, VEC=VEC,
-            PUSH_MEAN_FMA=PUSH_MEAN_FMA, PUSH_M2_FMA=PUSH_M2_FMA, COMB_MEAN=COMB_MEAN, COMB_M2_FMA=COMB_M2_FMA,
-            UNIFORM=UNIFORM)
-        lane = tl.arange(0, LANES)
-        col = tl.arange(0, VEC)
-        for it in tl.static_range(N_ITERS):  # unrolled: the trips' loads are independent, keep them in flight
-            offs = (it * LANES + lane)[:, None] * VEC + col[None, :]
-            mask = offs < N
-            x = tl.load(x_row + offs * x_sd, mask=mask, other=0.0).to(tl.float32)
-            modulate_store(
-                x=x, mean=mean, rstd=rstd, offs=offs, mask=mask, W=W, B=B, sc_row=sc_row, sh_row=sh_row,
-                out_row=out_row,
-                HAS_W=HAS_W, HAS_B=HAS_B, HAS_SHIFT=HAS_SHIFT, LN_DT=LN_DT, T_DT=T_DT, U_DT=U_DT, V_DT=V_DT,
-                AFFINE_FMA=AFFINE_FMA,
-                q_row=q_row, q_plane=q_plane, s0=s0, s1=s1, s2=s2, s3=s3, q_lo=q_lo, q_hi=q_hi,
-                N_Q=N_Q, STORE_OUT=STORE_OUT, OUT_DT=OUT_DT, Q_MODE=Q_MODE, NAN_SIGN=NAN_SIGN,
-                sct_row=sct_row, sht_row=sht_row, HAS_SCALE=HAS_SCALE, HAS_SCALE_TEMB=HAS_SCALE_TEMB,
-                HAS_SHIFT_TEMB=HAS_SHIFT_TEMB)
+    tile = load_row_tile(x_row, x_sd, N_ITERS=N_ITERS, LANES=LANES, VEC=VEC, EVICT_FIRST=CACHE_HINTS, N=N,
+                         UNIFORM=UNIFORM)
+    norm_modulate_tile(
+        tile=tile, W=W, B=B, sc_row=sc_row, sh_row=sh_row, out_row=out_row, N=N, eps=eps,
+        N_ITERS=N_ITERS, LANES=LANES, VEC=VEC, HAS_W=HAS_W, HAS_B=HAS_B, HAS_SHIFT=HAS_SHIFT,
+        LN_DT=LN_DT, T_DT=T_DT, U_DT=U_DT, V_DT=V_DT,
+        PUSH_MEAN_FMA=PUSH_MEAN_FMA, PUSH_M2_FMA=PUSH_M2_FMA, COMB_MEAN=COMB_MEAN, COMB_M2_FMA=COMB_M2_FMA,
+        AFFINE_FMA=AFFINE_FMA, UNIFORM=UNIFORM,
+        q_row=q_row, q_plane=q_plane, s0=s0, s1=s1, s2=s2, s3=s3, q_lo=q_lo, q_hi=q_hi,
+        N_Q=N_Q, STORE_OUT=STORE_OUT, OUT_DT=OUT_DT, Q_MODE=Q_MODE, NAN_SIGN=NAN_SIGN,
+        sct_row=sct_row, sht_row=sht_row, HAS_SCALE=HAS_SCALE, HAS_SCALE_TEMB=HAS_SCALE_TEMB,
+        HAS_SHIFT_TEMB=HAS_SHIFT_TEMB, STREAM_STORE=CACHE_HINTS)
 
 
 @triton.jit
@@ -149,17 +128,17 @@ def norm_modulate_tile(
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_SHIFT: tl.constexpr,
     LN_DT: tl.constexpr, T_DT: tl.constexpr, U_DT: tl.constexpr, V_DT: tl.constexpr,
     PUSH_MEAN_FMA: tl.constexpr, PUSH_M2_FMA: tl.constexpr, COMB_MEAN: tl.constexpr,
-    COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr,
+    COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr, UNIFORM: tl.constexpr,
     q_row=None, q_plane=0, s0=1.0, s1=1.0, s2=1.0, s3=1.0, q_lo=0.0, q_hi=0.0,
     N_Q: tl.constexpr = 0, STORE_OUT: tl.constexpr = True, OUT_DT: tl.constexpr = 0, Q_MODE: tl.constexpr = 0,
     NAN_SIGN: tl.constexpr = True,
     sct_row=None, sht_row=None, HAS_SCALE: tl.constexpr = True, HAS_SCALE_TEMB: tl.constexpr = False,
     HAS_SHIFT_TEMB: tl.constexpr = False, STREAM_STORE: tl.constexpr = False,
 ):
-    """``norm_modulate_row`` of a UNIFORM row held in registers (``load_row_tile`` layout)."""
+    """``norm_modulate_row`` of a row held in registers (``load_row_tile`` layout)."""
     mean, rstd = welford_tile_stats(
         tile=tile, N=N, eps=eps, N_ITERS=N_ITERS, LANES=LANES, VEC=VEC, PUSH_MEAN_FMA=PUSH_MEAN_FMA,
-        PUSH_M2_FMA=PUSH_M2_FMA, COMB_MEAN=COMB_MEAN, COMB_M2_FMA=COMB_M2_FMA)
+        PUSH_M2_FMA=PUSH_M2_FMA, COMB_MEAN=COMB_MEAN, COMB_M2_FMA=COMB_M2_FMA, UNIFORM=UNIFORM)
     lane = tl.arange(0, LANES)
     col = tl.arange(0, VEC)
     for it in tl.static_range(N_ITERS):
