@@ -366,6 +366,38 @@ def test_a_convolution_read_only_by_the_group_adds_its_bias_in_the_kernel(conv_b
     assert bitwise_equal(_cudnn_path(fn, *args), gm(*args))
 
 
+@pytest.mark.parametrize("filter_channels_last", [False, True], ids=["nchw", "filter_channels_last"])
+def test_a_depthwise_convolution_on_nchw_keeps_its_bias(conv_bias_on_cpu, filter_channels_last):
+    """ATen's own depthwise kernel, which runs NCHW ones, adds the bias inside: only a channels-last input or
+    filter (cuDNN's path) gives its bias to the kernel."""
+    h, w, b = rn(2, 40, 6, 6), rn(40, 1, 3, 3, seed=1), rn(40, seed=2)
+    if filter_channels_last:
+        w = w.to(memory_format=torch.channels_last)
+    gm, sites = pw.fuse(pw.conv_glu, h, w, b)
+    (site,) = sites
+    (conv,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.convolution.default]
+    assert ("convolution" in ops_of(site)) is filter_channels_last
+    assert (conv.args[2] is None) is filter_channels_last
+
+
+@pytest.mark.parametrize("shape, make, expected", [
+    ((2, 40, 6, 6), lambda t: t, False),
+    ((2, 40, 6, 6), lambda t: t.to(memory_format=torch.channels_last), True),
+    ((40, 1, 3, 3), lambda t: t.to(memory_format=torch.channels_last), True),  # contiguous too, by is_contiguous
+    ((40, 1, 3, 3), lambda t: t, False),
+    ((4, 1, 1, 1), lambda t: t.to(memory_format=torch.channels_last), False),  # c10's N111: contiguous
+    ((2, 40, 3, 6, 6), lambda t: t.to(memory_format=torch.channels_last_3d), True),
+    ((2, 40, 6), lambda t: t, False),
+])
+def test_channels_last_strides_as_c10_reads_them(shape, make, expected):
+    from diffusion_fuse.fxpasses.pointwise import _strides_like_channels_last
+
+    t = make(torch.empty(shape))
+    assert _strides_like_channels_last(t) is expected
+    if hasattr(torch._prims_common, "are_strides_like_channels_last_or_false"):  # torch's own port, where it has one
+        assert torch._prims_common.are_strides_like_channels_last_or_false(t.shape, t.stride()) is expected
+
+
 def test_a_convolution_read_outside_the_group_keeps_its_bias(conv_bias_on_cpu):
     def fn(h, w, b):
         y = F.conv2d(h, w, b)
@@ -393,6 +425,7 @@ def test_sana_convolutions_absorbed_are_judged_by_the_verifier(conv_bias_on_cpu)
     assert bitwise_equal(ref, out)
     conv_sites = [s for s in report.sites() if "convolution" in s.before]
     assert len(conv_sites) == 2 and all(s.status == "rejected" and "differ" in s.reason for s in conv_sites)
+    assert all("backend adds it inside" in s.reason for s in conv_sites)
     assert all(s.status == "kept" for s in report.sites() if s not in conv_sites)
 
 

@@ -32,8 +32,9 @@ into the site (``absorb_conv_biases``): the site runs the convolution without it
 the bias as its first op. ATen's cuDNN path does the same (Convolution.cpp: ``cudnn_convolution``, then
 ``output.add_(bias)``, a bf16 add in fp32 opmath), so the bits are eager's; what goes is that add's own pass
 over the output (SANA's GLUMBConv: two per block, [2, 11200, 32, 32] each). A backend that adds the bias
-inside the convolution (ATen's own depthwise kernel for NCHW input) gives other bits: the verifier then
-puts the site back.
+inside the convolution gives other bits. ATen's own depthwise kernels do, and run a depthwise convolution
+unless its input or filter is channels-last: such a convolution keeps its bias (``_adds_bias_inside``). Any other
+backend that does the same is caught by the verifier, which puts the site back.
 
 Each group is a ``Site`` (pattern ``pointwise``) the verifier judges like the others; its program
 (the group's own subgraph, also the reference impl) is registered under the key the op call
@@ -51,6 +52,7 @@ import sys
 
 import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..kernels.pointwise import (
     COMPLEX_DTYPES,
@@ -483,7 +485,38 @@ def _absorbable(n: fx.Node, blocked: set[fx.Node]) -> bool:
     v = n.meta.get("val")
     if not isinstance(b, fx.Node) or transposed or not _tensor(v) or v.device.type not in CONV_BIAS_DEVICES:
         return False
-    return all(_tensor(t.meta.get("val")) and t.meta["val"].dtype == v.dtype for t in (x, w, b))
+    if not all(_tensor(t.meta.get("val")) and t.meta["val"].dtype == v.dtype for t in (x, w, b)):
+        return False
+    return not _adds_bias_inside(x.meta["val"], w.meta["val"], n.args[8])
+
+
+def _adds_bias_inside(x: torch.Tensor, w: torch.Tensor, groups) -> bool:
+    """Whether ATen runs a convolution in its own depthwise kernel (``conv_depthwise2d`` / ``3d``), which starts
+    each sum from the bias, so the output is rounded once, not twice as cuDNN's ``add_`` after it rounds it.
+    ATen picks cuDNN for a depthwise convolution whose input or filter is channels-last. It may pick cuDNN for
+    some others too (fp16 ones, under conditions on the shape): those keep their bias here as well, which costs a
+    pass over the output, never bits."""
+    depthwise = x.dim() in (4, 5) and isinstance(groups, int) and groups > 1 and x.shape[1] == groups
+    if not depthwise:
+        return False
+    return not (_strides_like_channels_last(x) or _strides_like_channels_last(w))
+
+
+def _strides_like_channels_last(t: torch.Tensor) -> bool:
+    """ATen's ``suggest_memory_format() == channels_last`` (c10's ``is_channels_last_strides_2d`` / ``3d``), which
+    picks the convolution's backend; a stride not known statically counts against (the bias then stays put)."""
+    order = {4: (1, 3, 2, 0), 5: (1, 4, 3, 2, 0)}.get(t.dim())
+    shape, strides = t.shape, t.stride()
+    if order is None or not statically_known_true(strides[1] != 0):
+        return False
+    low = 0
+    for d in order:
+        if not (statically_known_true(shape[d] != 0) and statically_known_true(strides[d] >= low)):
+            return False
+        if d == 0 and not statically_known_true(low != strides[1]):
+            return False  # c10 calls N111-like strides contiguous
+        low = strides[d] * shape[d]
+    return True
 
 
 def _program(body: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node],
@@ -543,9 +576,12 @@ def diagnose(key: str, inputs) -> str:
     """For a rejected group: the first of its ops whose generated kernel differs from eager on ``inputs``."""
     ok, why = can_use_pointwise(SPEC.bind((list(inputs), key)))
     prepared_discard(inputs, key)
-    if not ok:
-        return f"the reference path ran ({why}): the difference is not the kernel's"
     gm = PROGRAMS[key].gm
+    # with the ops after it exact, what is left is where the convolution's backend adds the bias
+    bias = ("; the site adds a convolution's bias after it, and this convolution's backend adds it inside"
+            if any(n.op == "placeholder" and n.name.startswith("conv_") for n in gm.graph.nodes) else "")
+    if not ok:
+        return f"the reference path ran ({why}): the difference is not the kernel's{bias}"
     # a row mean is never a kernel's output alone: an op that reads one, directly or not, may differ through it
     reads_mean, stack = set(), [n for n in gm.graph.nodes if n.target is torch.ops.aten.mean.dim]
     while stack:
@@ -565,4 +601,4 @@ def diagnose(key: str, inputs) -> str:
         if not v:
             mean = "; it reads a row mean the kernel sums (mean.dim)" if n in reads_mean else ""
             return f"first op to differ from eager: {describe([n])[0]} ({v.detail}){mean}"
-    return "each op alone equals eager"
+    return "each op alone equals eager" + bias
