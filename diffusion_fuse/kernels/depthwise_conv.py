@@ -75,6 +75,23 @@ def _load_taps(Wt, c, c_ok, KH: tl.constexpr, KW: tl.constexpr):
 
 
 @triton.jit
+def _load_filters(Wt, B, cv, cg, c_ok, KH: tl.constexpr, KW: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  GLU: tl.constexpr):
+    """(taps, bias) of the value's channels cv and of the gate's cg (the value's again without the GLU)."""
+    taps_v = _load_taps(Wt, cv, c_ok, KH, KW)
+    taps_g = taps_v
+    bias_v = 0.0
+    bias_g = 0.0
+    if HAS_BIAS:
+        bias_v = tl.load(B + cv, mask=c_ok, other=0.0).to(tl.float32)
+    if GLU:
+        taps_g = _load_taps(Wt, cg, c_ok, KH, KW)
+        if HAS_BIAS:
+            bias_g = tl.load(B + cg, mask=c_ok, other=0.0).to(tl.float32)
+    return taps_v, bias_v, taps_g, bias_g
+
+
+@triton.jit
 def _rows_inside(h, H, KH: tl.constexpr, PAD_H: tl.constexpr):
     """Whether the input row under filter row i of output rows h lies in x, a tuple over i."""
     rows = ()
@@ -199,16 +216,7 @@ def depthwise_conv_kernel(X, Wt, B, Y, C_OUT, H, W, H_OUT, W_OUT, xs_n, xs_c, xs
     x_nv = X + n.to(tl.int64) * xs_n + cv.to(tl.int64) * xs_c
     x_ng = X + n.to(tl.int64) * xs_n + cg.to(tl.int64) * xs_c
     y_nc = Y + n.to(tl.int64) * ys_n + c.to(tl.int64) * ys_c
-    taps_v = _load_taps(Wt, cv, c_ok, KH, KW)
-    taps_g = taps_v
-    bias_v = 0.0
-    bias_g = 0.0
-    if HAS_BIAS:
-        bias_v = tl.load(B + cv, mask=c_ok, other=0.0).to(tl.float32)
-    if GLU:
-        taps_g = _load_taps(Wt, cg, c_ok, KH, KW)
-        if HAS_BIAS:
-            bias_g = tl.load(B + cg, mask=c_ok, other=0.0).to(tl.float32)
+    taps_v, bias_v, taps_g, bias_g = _load_filters(Wt, B, cv, cg, c_ok, KH, KW, HAS_BIAS, GLU)
     w0 = 0
     while w0 < W_OUT:  # a while loop: the interpreter cannot take a runtime bound in range()
         w = w0 + tl.arange(0, BLOCK_W)[None, :]
@@ -247,16 +255,7 @@ def depthwise_conv_cl_kernel(X, Wt, B, Y, C_OUT, H, W, H_OUT, W_OUT, xs_n, xs_h,
     tile_cv = cv + 0 * h
     tile_cg = cg + 0 * h
     tile_ok = c_ok & (h >= 0)
-    taps_v = _load_taps(Wt, tile_cv, tile_ok, KH, KW)
-    taps_g = taps_v
-    bias_v = 0.0
-    bias_g = 0.0
-    if HAS_BIAS:
-        bias_v = tl.load(B + tile_cv, mask=tile_ok, other=0.0).to(tl.float32)
-    if GLU:
-        taps_g = _load_taps(Wt, tile_cg, tile_ok, KH, KW)
-        if HAS_BIAS:
-            bias_g = tl.load(B + tile_cg, mask=tile_ok, other=0.0).to(tl.float32)
+    taps_v, bias_v, taps_g, bias_g = _load_filters(Wt, B, tile_cv, tile_cg, tile_ok, KH, KW, HAS_BIAS, GLU)
     # the input columns under the filter's first KW - 1 columns at output column 0; each step loads the last one
     # and drops the first, so every input is loaded once per filter row
     rows_ok = _rows_inside(h, H, KH, PAD_H)
