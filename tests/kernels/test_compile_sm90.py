@@ -449,21 +449,80 @@ def test_lut16_gelu_takes_fewer_instructions_than_its_recipe():
     assert len(lk) < 0.7 * len(r)
 
 
+def compile_depthwise_conv(dtype="bf16", glu=False, order_index=0, has_bias=True, channels_last=True):
+    """Compile as the launcher does for 16-byte aligned operands with strides that are multiples of 16 (SANA's
+    11200 channels): each layout's kernel at its own constants, a 3 x 3 filter padded by 1."""
+    from diffusion_fuse.kernels import depthwise_conv as dw
+
+    tap_order, bias_first, skip = dw.CANDIDATES[order_index]
+    const = dict(KH=3, KW=3, PAD_H=1, PAD_W=1, HAS_BIAS=has_bias, BIAS_FIRST=bias_first, TAP_ORDER=tap_order,
+                 SKIP=skip, GLU=glu, INTERPRETED=False)
+    if channels_last:
+        k, warps = dw.depthwise_conv_cl_kernel, dw.CL_WARPS
+        const.update(BLOCK_C=dw.CL_BLOCK_C, ROWS=dw.CL_ROWS)
+    else:
+        k, warps = dw.depthwise_conv_kernel, dw.NUM_WARPS
+        const.update(BLOCK_C=dw.BLOCK_C, BLOCK_W=dw.MAX_BLOCK_W, ROWS=dw.ROWS, xs_w=1, ys_w=1)
+    names = k.arg_names
+    sig = {n: {"X": PTR[dtype], "Wt": PTR[dtype], "B": PTR[dtype], "Y": PTR[dtype]}.get(n, "i32") for n in names}
+    sig.update({n: "constexpr" for n in const})
+    aligned = [n for n in ("X", "Wt", "B", "Y", "C_OUT", "xs_n", "xs_c", "xs_h", "xs_w", "ys_n", "ys_c", "ys_h",
+                           "ys_w", "value_off", "gate_off") if n in names and n not in const]
+    src = ASTSource(fn=k, signature=sig, constexprs={(names.index(n),): v for n, v in const.items()},
+                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, **EAGER_NUMERICS})
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("glu", [False, True])
 @pytest.mark.parametrize("order_index, has_bias", [(0, True), (1, True), (0, False)])
-def test_depthwise_conv_compiles_for_sm90(dtype, glu, order_index, has_bias):
-    """Each candidate order, with and without the GLU tail, with and without a bias. The convolution contracts
-    nothing to an FMA (its products are exact either way: the order of the adds is the contract); the tail's silu
-    divides with div.rn and negates with neg.f32 (eager's ``-x``); its FMAs are libdevice's expf's own."""
-    from diffusion_fuse.kernels import depthwise_conv as dw
-
-    k = dw.depthwise_conv_kernel
-    tap_order, bias_first, skip = dw.CANDIDATES[order_index]
-    const = dict(KH=3, KW=3, PAD_H=1, PAD_W=1, BLOCK_C=dw.BLOCK_C, BLOCK_W=dw.MAX_BLOCK_W, ROWS=dw.ROWS,
-                 HAS_BIAS=has_bias, BIAS_FIRST=bias_first, TAP_ORDER=tap_order, SKIP=skip, GLU=glu, INTERPRETED=False,
-                 xs_c=1, ys_c=1)  # channels-last: Triton specializes the unit channel stride
-    types = {"X": PTR[dtype], "Wt": PTR[dtype], "B": PTR[dtype], "Y": PTR[dtype]}
-    ptx = compile_for_sm90(k, types, const).asm["ptx"]
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_depthwise_conv_compiles_for_sm90(dtype, glu, order_index, has_bias, channels_last):
+    """Each candidate order, with and without the GLU tail, with and without a bias, both layouts' kernels. The
+    convolution contracts nothing to an FMA (the order of the adds is the contract); the tail's silu divides with
+    div.rn and negates with neg.f32 (eager's ``-x``); its FMAs are libdevice's expf's own."""
+    ptx = compile_depthwise_conv(dtype, glu, order_index, has_bias, channels_last).asm["ptx"]
     assert glu or "fma" not in ptx
     assert ("div.rn.f32" in ptx and "neg.f32" in ptx) == glu
+
+
+def sass_loop_bodies(ck) -> list[list[str]]:
+    """The sm_90 instructions of each loop of a compiled kernel (from a label to the branch back to it)."""
+    import os
+    import subprocess
+    import tempfile
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(ck.asm["cubin"])
+        f.flush()
+        text = subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    lines, labels, bodies = [], {}, []
+    for ln in text.splitlines():
+        if m := re.match(r"\s*\.(L_x_\d+):", ln):
+            labels[m.group(1)] = len(lines)
+        elif m := re.match(r"\s+/\*[0-9a-f]{4}\*/\s+(.*?);", ln):
+            lines.append(m.group(1).strip())
+            target = re.search(r"BRA\s+`?\(?\.(L_x_\d+)", lines[-1])
+            if target and labels.get(target.group(1), len(lines)) < len(lines) - 1:
+                bodies.append(lines[labels[target.group(1)]:])
+    return bodies
+
+
+@pytest.mark.parametrize("glu", [False, True])
+def test_channels_last_depthwise_loads_each_input_once_per_filter_row(glu):
+    """``depthwise_conv_cl_kernel`` at its constants: each step along the columns loads one new input column, 3
+    vector loads of adjacent channels a thread for a 3 x 3 filter (twice that with the GLU: value and gate); the
+    filters stay in registers; nothing goes through shared memory or spills to local memory. ``-s`` prints the
+    step's size."""
+    from diffusion_fuse.kernels import depthwise_conv as dw
+
+    ck = compile_depthwise_conv(glu=glu)
+    (body,) = sass_loop_bodies(ck)
+    ops = [i.split()[1] if i.startswith("@") else i.split()[0] for i in body]
+    loads = [o for o in ops if o.startswith("LDG")]
+    per_thread = dw.CL_BLOCK_C * dw.CL_ROWS // (32 * dw.CL_WARPS)
+    print(f"glu={glu}: {len(body)} instructions a step, {len(body) / per_thread:.1f} an output, {cubin_registers(ck)}"
+          f" registers")
+    assert len(loads) == (6 if glu else 3) and all(o in ("LDG.E.64", "LDG.E.128") for o in loads), loads
+    assert not any(o.startswith(("LDL", "STL", "LDS", "STS", "BAR")) for o in ops), sorted(set(ops))

@@ -20,11 +20,11 @@ import pytest
 import torch
 from _interp import run_worker, worker_main
 
-# (batch, channels, height, width, kh, kw, pad_h, pad_w, channels_last): blocks of the kernel only partly filled,
-# a non-square filter, no padding, more columns than one column block; every order on the first case, the
-# candidates on the rest
+# (batch, channels, height, width, kh, kw, pad_h, pad_w, channels_last): blocks of the kernels only partly filled,
+# a non-square filter (each layout), no padding, more columns than one column block, more channels than one
+# channel block; every order on the first case, the candidates on the rest
 CASES = [(1, 70, 6, 5, 3, 3, 1, 1, True), (1, 8, 9, 40, 3, 3, 1, 1, False), (1, 8, 12, 6, 5, 3, 2, 1, False),
-         (2, 8, 8, 5, 3, 3, 0, 0, True)]
+         (2, 8, 8, 5, 3, 3, 0, 0, True), (1, 136, 7, 9, 5, 3, 2, 1, True)]
 
 
 def emulate(x, w, b, padding, order):
