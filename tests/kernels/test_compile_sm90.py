@@ -30,11 +30,14 @@ def quant_constexprs(n_q=0, keep_out=True, out="bf16", q_mode=0):
     return dict(N_Q=n_q, STORE_OUT=keep_out, OUT_DT=CODE[out], Q_MODE=q_mode, NAN_SIGN=True)
 
 
-def compile_for_sm90(kernel, types: dict, const: dict):
-    """Compile ``kernel`` for sm_90: ``types`` maps runtime argument names to Triton types (others i64)."""
-    sig = {n: ("constexpr" if n in const else types.get(n, "i64")) for n in kernel.arg_names}
-    src = ASTSource(fn=kernel, signature=sig, constexprs={(kernel.arg_names.index(n),): v for n, v in const.items()})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, **EAGER_NUMERICS})
+def compile_for_sm90(kernel, types: dict, const: dict, aligned=(), num_warps: int = 4):
+    """Compile ``kernel`` for sm_90: ``types`` maps runtime argument names to Triton types (others i64);
+    ``aligned`` arguments get the divisibility-by-16 specialization the launcher gives 16-byte aligned ones."""
+    names = kernel.arg_names
+    sig = {n: ("constexpr" if n in const else types.get(n, "i64")) for n in names}
+    src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(n),): v for n, v in const.items()},
+                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, **EAGER_NUMERICS})
 
 
 def compile_norm_modulate(D, x="bf16", mod="bf16", out="bf16", ln="bf16", affine=False, shift=True, n_q=0,
@@ -464,13 +467,10 @@ def compile_depthwise_conv(dtype="bf16", glu=False, order_index=0, has_bias=True
         k, warps = dw.depthwise_conv_kernel, dw.NUM_WARPS
         const.update(BLOCK_C=dw.BLOCK_C, BLOCK_W=dw.MAX_BLOCK_W, ROWS=dw.ROWS, xs_w=1, ys_w=1)
     names = k.arg_names
-    sig = {n: {"X": PTR[dtype], "Wt": PTR[dtype], "B": PTR[dtype], "Y": PTR[dtype]}.get(n, "i32") for n in names}
-    sig.update({n: "constexpr" for n in const})
+    types = {n: {"X": PTR[dtype], "Wt": PTR[dtype], "B": PTR[dtype], "Y": PTR[dtype]}.get(n, "i32") for n in names}
     aligned = [n for n in ("X", "Wt", "B", "Y", "C_OUT", "xs_n", "xs_c", "xs_h", "xs_w", "ys_n", "ys_c", "ys_h",
                            "ys_w", "value_off", "gate_off") if n in names and n not in const]
-    src = ASTSource(fn=k, signature=sig, constexprs={(names.index(n),): v for n, v in const.items()},
-                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, **EAGER_NUMERICS})
+    return compile_for_sm90(k, types, const, aligned, warps)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
