@@ -505,8 +505,8 @@ def _adds_bias_inside(x: torch.Tensor, w: torch.Tensor, groups) -> bool:
 def _strides_like_channels_last(t: torch.Tensor) -> bool:
     """ATen's ``suggest_memory_format() == channels_last`` (c10's ``is_channels_last_strides_2d`` / ``3d``), which
     picks the convolution's backend; a stride not known statically counts against (the bias then stays put).
-    Not torch's ``are_strides_like_channels_last_or_false``, which decides symbolic strides with ``guard_or_true``
-    (an unknown stride counts for there)."""
+    Not torch's ``are_strides_like_channels_last_or_false``, whose ``guard_or_true`` may add a guard on a
+    symbolic stride; this reads only what is known statically."""
     order = {4: (1, 3, 2, 0), 5: (1, 4, 3, 2, 0)}.get(t.dim())
     shape, strides = t.shape, t.stride()
     if order is None or not statically_known_true(strides[1] != 0):
