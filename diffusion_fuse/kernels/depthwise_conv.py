@@ -26,8 +26,8 @@ layout (``eager_order``); a layout that no single candidate matches runs eager's
 under ``cudnn.benchmark`` (cuDNN then picks its kernel by timing). ``ORDERS`` are the forms the kernel takes.
 
 Two kernels, one per layout, each loading the filters once a program. For a channels-last x (what a 1 x 1
-convolution before it leaves: SANA's GLUMBConv), ``depthwise_conv_cl_kernel`` computes ``CL_ROWS`` output rows of
-``CL_BLOCK_C`` channels one output column at a time: every load is a vector of a row's adjacent channels,
+convolution before it leaves: SANA's GLUMBConv), ``depthwise_conv_cl_kernel`` computes ``ROWS`` output rows of
+``BLOCK_C`` channels one output column at a time: every load is a vector of a row's adjacent channels,
 and the input columns under the filter slide along with the output column, so each step loads one new column and
 every input is loaded once per filter row. For a contiguous x, ``depthwise_conv_kernel`` computes ``ROWS`` output
 rows of ``BLOCK_C`` channels, ``BLOCK_W`` columns at a time, loading every input under the filter for each output
@@ -58,7 +58,9 @@ ROW_MAJOR, COL_MAJOR = 0, 1
 CANDIDATES = ((ROW_MAJOR, False, True), (ROW_MAJOR, True, True))
 ORDERS = tuple((o, bf, skip) for bf in (False, True) for o in (ROW_MAJOR, COL_MAJOR) for skip in (True, False))
 BLOCK_C, MAX_BLOCK_W, ROWS, NUM_WARPS = 64, 32, 8, 4  # contiguous x
-CL_BLOCK_C, CL_ROWS, CL_WARPS = 128, 4, 4  # channels-last x (92 registers a thread at 3 x 3, 190 with the GLU)
+# channels-last x, (BLOCK_C, ROWS, num_warps) without and with the GLU tail: the fastest bitwise constants of a
+# sweep at SANA's [2, 11200, 32, 32] and [1, 11200, 64, 64] (H100); the GLU's two input tiles want smaller programs
+CL_CONSTANTS = {False: (256, 4, 4), True: (64, 2, 4)}
 NO_GLU = -1  # glu_gate without the GLU tail
 
 
@@ -319,9 +321,10 @@ def plan_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, has_bias: bool, p
                  SKIP=skip, GLU=glu_gate != NO_GLU, INTERPRETED=triton_interpret())
     cl = channels_last(x)
     if cl:
-        h_blocks = triton.cdiv(shape[2], CL_ROWS)
-        kernel = CachedLaunch(depthwise_conv_cl_kernel, (n * h_blocks, triton.cdiv(c_out, CL_BLOCK_C)),
-                              dict(const, BLOCK_C=CL_BLOCK_C, ROWS=CL_ROWS), num_warps=CL_WARPS)
+        block_c, rows, warps = CL_CONSTANTS[glu_gate != NO_GLU]
+        h_blocks = triton.cdiv(shape[2], rows)
+        kernel = CachedLaunch(depthwise_conv_cl_kernel, (n * h_blocks, triton.cdiv(c_out, block_c)),
+                              dict(const, BLOCK_C=block_c, ROWS=rows), num_warps=warps)
     else:
         h_blocks = triton.cdiv(shape[2], ROWS)
         block_w = min(triton.next_power_of_2(shape[3]), MAX_BLOCK_W)

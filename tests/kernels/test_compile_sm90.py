@@ -461,8 +461,9 @@ def compile_depthwise_conv(dtype="bf16", glu=False, order_index=0, has_bias=True
     const = dict(KH=3, KW=3, PAD_H=1, PAD_W=1, HAS_BIAS=has_bias, BIAS_FIRST=bias_first, TAP_ORDER=tap_order,
                  SKIP=skip, GLU=glu, INTERPRETED=False)
     if channels_last:
-        k, warps = dw.depthwise_conv_cl_kernel, dw.CL_WARPS
-        const.update(BLOCK_C=dw.CL_BLOCK_C, ROWS=dw.CL_ROWS)
+        block_c, rows, warps = dw.CL_CONSTANTS[glu]
+        k = dw.depthwise_conv_cl_kernel
+        const.update(BLOCK_C=block_c, ROWS=rows)
     else:
         k, warps = dw.depthwise_conv_kernel, dw.NUM_WARPS
         const.update(BLOCK_C=dw.BLOCK_C, BLOCK_W=dw.MAX_BLOCK_W, ROWS=dw.ROWS, xs_w=1, ys_w=1)
@@ -521,8 +522,11 @@ def test_channels_last_depthwise_loads_each_input_once_per_filter_row(glu):
     (body,) = sass_loop_bodies(ck)
     ops = [i.split()[1] if i.startswith("@") else i.split()[0] for i in body]
     loads = [o for o in ops if o.startswith("LDG")]
-    per_thread = dw.CL_BLOCK_C * dw.CL_ROWS // (32 * dw.CL_WARPS)
+    block_c, rows, warps = dw.CL_CONSTANTS[glu]
+    per_thread = block_c * rows // (32 * warps)
     print(f"glu={glu}: {len(body)} instructions a step, {len(body) / per_thread:.1f} an output, {cubin_registers(ck)}"
           f" registers")
-    assert len(loads) == (6 if glu else 3) and all(o in ("LDG.E.64", "LDG.E.128") for o in loads), loads
+    # a thread holding several adjacent channels loads them as one vector; one holding a single output, alone
+    widths = ("LDG.E.64", "LDG.E.128") if per_thread > 1 else ("LDG.E.U16",)
+    assert len(loads) == (6 if glu else 3) and all(o in widths for o in loads), loads
     assert not any(o.startswith(("LDL", "STL", "LDS", "STS", "BAR")) for o in ops), sorted(set(ops))
