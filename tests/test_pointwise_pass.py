@@ -436,6 +436,23 @@ def test_each_program_outputs_the_strides_eager_gives():
     assert spec.stride == (x * 2 + 1).stride() == x.stride()
 
 
+@pytest.mark.parametrize("batch, int64", [(1, False), (2, True)])
+def test_a_channels_last_glu_walks_tiles_indexing_in_int64_only_where_int32_could_wrap(batch, int64):
+    """The GLU after a channels-last convolution reads channels c and c + C/2 of each pixel: tiles over channels and
+    rows. At batch 1 the batch stride (here 25M elements, 96 of them past the edge tiles would wrap int32) is in no
+    offset, so the kernel stays int32; at batch 2 it is, and the tiles index in int64 rather than fall back to a
+    flat kernel that reads every element at a stride of C."""
+    def fn(y, b):
+        x, g = torch.chunk(y + b.view(1, -1, 1, 1), 2, dim=1)
+        return x * F.silu(g)
+
+    y = torch.empty(batch, 8192, 64, 48, dtype=bf16, device="meta").to(memory_format=torch.channels_last)
+    b = torch.empty(8192, dtype=bf16, device="meta")
+    src = generate_source([y, b], pw.program_of(fn, y, b))
+    assert src.tile == (1, 2) and src.strided_bytes == 0
+    assert ("tl.program_id(1).to(tl.int64)" in src.source) is int64
+
+
 # --- plumbing ---------------------------------------------------------------------------------
 def test_site_keys_ops_and_programs_in_the_report():
     model, kwargs = build("flux", bf16)

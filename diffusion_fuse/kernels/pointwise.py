@@ -990,12 +990,14 @@ class Generator(Emit):
             grid = (nz, triton.cdiv(shape[dx], bx), triton.cdiv(shape[dy], by))
             if max(grid[1:]) > 65535:
                 raise Unsupported("too many tiles for the grid")
-            # masked lanes past the edge tiles compute offsets up to (BX + BY) strides past a tensor's end: with
-            # int32 indices that must not wrap (the flat kernel's margin is BLOCK elements, lowering/pointwise.py)
+            # masked lanes past the edge tiles compute offsets up to (BX + BY) strides past a tensor's end: where
+            # int32 indices could wrap there, the kernel indexes in int64 (the flat kernel's margin is BLOCK
+            # elements, lowering/pointwise.py). A size-1 dim's stride is in no offset (flatten): batch 1's is not
+            # a reason
             if not i64 and any(1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride))
-                               + (bx + by) * max(map(abs, t.stride), default=0) >= 2**31
-                               for t in [*self.inputs, *specs]):
-                raise Unsupported("int32 indices would wrap past the edge tiles")
+                               + (bx + by) * max((abs(st) for n, st in zip(t.shape, t.stride) if n != 1), default=0)
+                               >= 2**31 for t in [*self.inputs, *specs]):
+                i64 = True
             self.bounds = {"x": shape[dx], "y": shape[dy], "z": nz}
             z_idx = self.unravel(Lin.of(Term("z", 1, 0)), [shape[k] for k in rest])
             base: list[Lin] = [Lin()] * len(shape)
