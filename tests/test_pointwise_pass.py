@@ -453,6 +453,17 @@ def test_a_channels_last_glu_walks_tiles_indexing_in_int64_only_where_int32_coul
     assert ("tl.program_id(1).to(tl.int64)" in src.source) is int64
 
 
+def test_a_kernel_left_reading_at_a_stride_says_so(caplog):
+    x = rn(64, 128)[:, ::2]  # every other element: no tiling reads it contiguously
+    with caplog.at_level("INFO", logger="diffusion_fuse"):
+        src = generate_source([x], pw.program_of(lambda t: t * 2, x))
+    assert src.strided_bytes and "at a stride (flat)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="diffusion_fuse"):
+        generate_source([x.contiguous()], pw.program_of(lambda t: t * 2, x.contiguous()))
+    assert "at a stride" not in caplog.text
+
+
 # --- plumbing ---------------------------------------------------------------------------------
 def test_site_keys_ops_and_programs_in_the_report():
     model, kwargs = build("flux", bf16)

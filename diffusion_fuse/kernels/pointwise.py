@@ -1106,6 +1106,14 @@ def _coalesced(off: Lin, fast: Sequence[str]) -> bool:
 
 def choose_layout(make: Callable[[], Generator], title: str = "") -> KernelSource:
     """The flat kernel, or a tiled one when that accesses fewer bytes with a stride (module docstring)."""
+    best = _least_strided(make, title)
+    if best.strided_bytes:  # a layout no tiling reads contiguously: the kernel runs below its bandwidth
+        _log.info("pointwise: %s accesses %.1f MB at a stride (%s)", title.split(": ")[0] or best.name,
+                  best.strided_bytes / 1e6, f"tiles {best.tile}" if best.tile else "flat")
+    return best
+
+
+def _least_strided(make: Callable[[], Generator], title: str) -> KernelSource:
     best = make().generate(title)
     if not best.strided_bytes:
         return best
