@@ -94,7 +94,10 @@ def test_wan_rope_loads_each_pair_once_in_one_contiguous_load():
     gm, (site,) = pw.fuse(pw.wan_rope, *args)
     (call,) = pointwise_calls(gm)
     assert call.args[0][0].op == "placeholder"
-    src = generate_source([args[0], args[1][..., 0::2], args[2][..., 1::2]], call.args[1]).source
+    kernel = generate_source([args[0], args[1][..., 0::2], args[2][..., 1::2]], call.args[1])
+    src = kernel.source
+    # cos[..., 0::2]: each pair's lanes read one element, spanning the sectors a contiguous read does
+    assert kernel.strided_bytes == 0
     loads = [ln for ln in src.splitlines() if "tl.load(in0" in ln]
     assert len(loads) == 1 and "tl.load(in0 + f," in loads[0] and src.count("tl.split(") == 1, src
     # the tables: one load each, shared by both halves of the stack

@@ -1093,13 +1093,15 @@ def _compose(t: Term, p: int, q: int) -> Term | None:
 
 
 def _coalesced(off: Lin, fast: Sequence[str]) -> bool:
-    """Whether neighbouring lanes along one of the ``fast`` indices touch neighbouring elements: a term of
-    coefficient 1 with a run of at least _MIN_RUN (a tiled kernel lays its lanes along whichever index has one),
-    or no fast index moving it faster than every _MIN_RUN lanes (a broadcast row or column)."""
+    """Whether neighbouring lanes along one of the ``fast`` indices touch neighbouring elements: a term
+    ``c * (i // c)`` over a run of at least _MIN_RUN lanes (``c == 1``: one element a lane; ``c == 2``: a pair's
+    shared element, as Wan's RoPE reads ``cos[..., 0::2]``, whose lanes span the same sectors as a contiguous
+    read), on whichever index a tiled kernel lays its lanes along, or no fast index moving it faster than every
+    _MIN_RUN lanes (a broadcast row or column)."""
     if any(t.var not in ("f", "x", "y", "z") for t, _ in off.terms):
         return False  # through a materialized index: unknown
     for var in fast:
-        if any(t.var == var and c == 1 and t.div == 1 and (t.mod == 0 or t.mod >= _MIN_RUN) for t, c in off.terms):
+        if any(t.var == var and c == t.div <= 2 and (t.mod == 0 or t.mod * t.div >= _MIN_RUN) for t, c in off.terms):
             return True
     return all(t.div >= _MIN_RUN for t, _ in off.terms if t.var in fast)
 
