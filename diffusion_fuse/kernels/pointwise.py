@@ -871,7 +871,18 @@ class Generator(Emit):
         if not conds:
             return self.value(x, inner, mask)
         inside = self.tmp(" & ".join(conds))
-        v = self.value(x, inner, self._narrowed(mask, inside, tested))
+        # a tile index padded at its end only: where the load is unmasked it is below the input's extent, which
+        # lets the view index algebra keep it linear (digits: no carry) instead of dividing a materialized index,
+        # so a tiled kernel reads the input contiguously (SANA's padded value, read through a transpose)
+        saved = dict(self.bounds)
+        for j in range(len(pads) // 2):
+            d, term = len(xs) - 1 - j, idx[len(xs) - 1 - j].pure()
+            if pads[2 * j] == 0 and term is not None and term.div == 1 and term.mod == 0 and term.var in self.bounds:
+                self.bounds[term.var] = min(self.bounds[term.var], xs[d])
+        try:
+            v = self.value(x, inner, self._narrowed(mask, inside, tested))
+        finally:
+            self.bounds = saved
         return Val(self.tmp(f"tl.where({inside}, {v.code}, {fill!r})"), out.dtype)
 
     def _scatter(self, n: fx.Node, idx: list[Lin], mask: str) -> Val:

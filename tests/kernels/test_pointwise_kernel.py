@@ -209,7 +209,7 @@ EXACT = {"fp32_chain", "where_mask", "strided_in", "permuted_out", "sana_query_r
 # (SANA's key: both sides contiguous along the head dim, 16 or 32 elements: flat)
 TILES = {"sana_query_relu": (3, 2), "sana_key_relu": None, "sana_value_float": (2, 3), "sana_attn_out": (2, 1),
          "sana_attn_out_odd": (2, 1), "sana_key_relu_fp32": None, "bias_add": None, "strided_in": (1, 2),
-         "permuted_out": (1, 2), "gated_residual": None, "cat_per_program": (2, 1)}
+         "permuted_out": (1, 2), "gated_residual": None, "cat_per_program": (2, 1), "sana_value_pad": (3, 2)}
 
 
 def _random_layout_case(seed: int):
