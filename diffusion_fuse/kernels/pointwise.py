@@ -17,8 +17,8 @@ group in one pass:
   ``choose_layout`` generates the flat kernel and each tiling and keeps the one with the fewest
   bytes accessed with a stride (the flat one on a tie), and logs (INFO) a kernel it leaves reading
   at a stride. Masked lanes past the edge tiles compute offsets beyond a tensor's end: where those
-  could wrap int32, the tiles index in int64 rather than give the tiling up (a flat kernel reading
-  a channels-last GLU at a stride of C ran 13x slower than the tiles at batch 1, 64x64);
+  could wrap int32, the tiles index in int64 rather than give the tiling up to a flat kernel (which
+  reads a channels-last GLU's input at a stride of its channels);
 * a single ``cat`` output whose every program's ``BLOCK`` of indices lies in one input (the
   inputs' extents along the cat dimension are multiples of ``BLOCK``, as FLUX's single-block
   ``cat([attn, gelu(mlp)], 2)`` at widths 3072 + 12288) branches once per program on that input
