@@ -244,13 +244,13 @@ def _random_layout_case(seed: int):
     return fn, (x, y), (shape, perm, y_shape, tail)
 
 
-def random_layouts(n: int = 40) -> list:
+def random_layouts(seeds=range(40)) -> list:
     from diffusion_fuse.lowering import counters
     from diffusion_fuse.lowering.pointwise import generate_source
     from diffusion_fuse.testing.pointwise import fuse, program_of
 
     out = []
-    for seed in range(n):
+    for seed in seeds:
         fn, args, desc = _random_layout_case(seed)
         gm, sites = fuse(fn, *args)
         counters.reset()
@@ -258,7 +258,8 @@ def random_layouts(n: int = 40) -> list:
         src = generate_source(list(args), program_of(fn, *args))
         out.append({"case": [str(d) for d in desc], "sites": len(sites), "hits": counters.snapshot()["kernel"],
                     "equal": bool(torch.equal(ref, got)) and ref.stride() == got.stride(),
-                    "tile": list(src.tile) if src.tile else None, "strided_bytes": src.strided_bytes})
+                    "tile": list(src.tile) if src.tile else None, "strided_bytes": src.strided_bytes,
+                    "int64": "tl.int64" in src.source})
     return out
 
 
@@ -364,6 +365,15 @@ def worker() -> dict:
                     "warps": lut_src.num_warps, "tables": len(lut_src.tables)} if lut_src else None,
         }
     res["random_layouts"] = random_layouts()
+    # int64 indices everywhere (what a tensor near 2**31 elements, or a tiling whose edge tiles could wrap int32,
+    # takes), on layouts of their own (the op's plans are cached per layout)
+    from diffusion_fuse.lowering import pointwise as lowering_pointwise
+
+    limit, lowering_pointwise._INT32_LIMIT = lowering_pointwise._INT32_LIMIT, 0
+    try:
+        res["random_layouts_int64"] = random_layouts(range(1000, 1024))
+    finally:
+        lowering_pointwise._INT32_LIMIT = limit
     res["row_means"] = row_means()
     # Through the backend: the interpreter's fp32 -> bf16 cast truncates, so the verifier rejects
     # this bf16 group, and the report names the first op whose kernel differs from eager.
@@ -481,6 +491,13 @@ def test_random_layouts_are_bitwise_eager(results):
     bad = [c for c in cases if not (c["equal"] and c["sites"] == 1 and c["hits"] == {"pointwise": 1})]
     assert not bad, bad[:3]
     assert sum(c["tile"] is not None for c in cases) >= 5, [c["tile"] for c in cases]  # the tiling is exercised
+
+
+def test_random_layouts_indexed_in_int64_are_bitwise_eager(results):
+    cases = results["random_layouts_int64"]
+    bad = [c for c in cases if not (c["equal"] and c["sites"] == 1 and c["hits"] == {"pointwise": 1} and c["int64"])]
+    assert not bad, bad[:3]
+    assert sum(c["tile"] is not None for c in cases) >= 3, [c["tile"] for c in cases]
 
 
 def _eval_lin(lin, env):
