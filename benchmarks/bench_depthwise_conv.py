@@ -1,7 +1,7 @@
 """Depthwise convolutions at real shapes: eager vs Inductor vs diffusion_fuse vs the HBM floor, in one run.
 
 Workloads: SANA-1.6B's GLUMBConv ``conv_depth`` (3 x 3, 11200 channels, 32 x 32 latents, batch 2, channels-last
-as the 1 x 1 convolution before it leaves it, bias), the same at SANA's 2048² (64 x 64 latents, batch 1), and a
+as the 1 x 1 convolution before it leaves it, bias), the same at SANA's 2048² (64 x 64 latents, batch 1 and 2), and a
 contiguous [2, 2560, 64, 64] one (ATen's own depthwise kernel). For each, the convolution alone and the GLUMBConv
 tail ``x, gate = conv(h).chunk(2, 1); x * silu(gate)``: eager, Inductor (default mode), the lossless backend with
 the family off (its default: cuDNN convolves, the pointwise pass adds the bias in the GLU's kernel) and on
@@ -33,6 +33,7 @@ except ImportError:  # imported as benchmarks.bench_depthwise_conv
 WORKLOADS = {  # name: (batch, channels, height, width, channels_last)
     "sana_1600m_1024px": (2, 11200, 32, 32, True),
     "sana_1600m_2048px": (1, 11200, 64, 64, True),
+    "sana_1600m_2048px_cfg": (2, 11200, 64, 64, True),  # guidance's batch of 2: the GLU's tiles index in int64
     "contiguous_2560": (2, 2560, 64, 64, False),
 }
 
