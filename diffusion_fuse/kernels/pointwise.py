@@ -874,9 +874,10 @@ class Generator(Emit):
         if not conds:
             return self.value(x, inner, mask)
         inside = self.tmp(" & ".join(conds))
-        # a tile index padded at its end only: where the load is unmasked it is below the input's extent, which
-        # lets the view index algebra keep it linear (digits: no carry) instead of dividing a materialized index,
-        # so a tiled kernel reads the input contiguously (SANA's padded value, read through a transpose)
+        # an index variable (a tile's x or y, a 1-D output's f) padded at its end only: where the load is unmasked
+        # it is below the input's extent, which lets the view index algebra keep it linear (digits: no carry)
+        # instead of dividing a materialized index, so a tiled kernel reads the input contiguously (SANA's padded
+        # value read through a transpose). Only loads under the pad's own mask see the narrower bound
         saved = dict(self.bounds)
         for j in range(len(pads) // 2):
             d, term = len(xs) - 1 - j, idx[len(xs) - 1 - j].pure()
