@@ -467,6 +467,34 @@ def test_a_kernel_left_reading_at_a_stride_says_so(caplog):
     assert "at a stride" not in caplog.text
 
 
+# the chains the CPU pass leaves alone: a convolution's bias (CONV_BIAS_DEVICES) and an erf gelu, exact only as a
+# table of the GPU's outputs
+_NO_CPU_SITE = {"sana_conv_silu", "gelu_erf_cat"}
+
+
+@pytest.mark.parametrize("name", [c for c in pw.CHAINS if c not in _NO_CPU_SITE])
+def test_each_chain_at_its_real_shape_reads_and_writes_contiguously(name):
+    """The kernels the benchmarks time, generated at the models' real shapes (fake tensors: no memory), in int32
+    and walking their inputs and outputs contiguously, so a layout or size that falls back to reading at a stride
+    fails here on the CPU. ``rope_into_slice`` loads each pair's partner through a materialized index (the slice's
+    offset is not a whole row), which counts as strided: one bf16 read of q, a contiguous one in fact."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        fn, fake = pw.chain(name, device="cpu")
+        specs = [(t.shape, t.stride(), t.dtype) for t in fake]
+    args = [torch.empty_strided(shape, stride, dtype=dtype, device="meta") for shape, stride, dtype in specs]
+    gm, _ = pw.fuse(fn, *args)
+    calls = pointwise_calls(gm)
+    assert calls
+    for call in calls:
+        ins = [a.meta["val"] for a in call.args[0]]
+        src = generate_source([torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in ins],
+                              call.args[1])
+        assert "tl.int64" not in src.source
+        assert src.strided_bytes == (src.numel * 2 if name == "rope_into_slice" else 0), (src.tile, src.strided_bytes)
+
+
 # --- plumbing ---------------------------------------------------------------------------------
 def test_site_keys_ops_and_programs_in_the_report():
     model, kwargs = build("flux", bf16)
