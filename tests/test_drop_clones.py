@@ -8,8 +8,8 @@ import torch.fx as fx
 from helpers import bitwise_equal, compile_and_run, dropout_clones
 
 from diffusion_fuse.config import Options
-from diffusion_fuse.fxpasses.base import PassContext
-from diffusion_fuse.fxpasses.drop_clones import DropClonesPass, _writes_only_inputs, storage_base
+from diffusion_fuse.fxpasses.base import PassContext, writes_only_inputs
+from diffusion_fuse.fxpasses.drop_clones import DropClonesPass, storage_base
 from diffusion_fuse.testing.pointwise import trace
 
 aten = torch.ops.aten
@@ -127,20 +127,20 @@ def _graph_with_inplace(into_input: bool) -> fx.Graph:
 
 
 def test_a_graph_that_writes_into_its_own_tensors_is_left_alone():
-    assert _writes_only_inputs(_graph_with_inplace(into_input=True))
-    assert not _writes_only_inputs(_graph_with_inplace(into_input=False))
+    assert writes_only_inputs(_graph_with_inplace(into_input=True))
+    assert not writes_only_inputs(_graph_with_inplace(into_input=False))
     g = fx.Graph()  # an out= op writing into a tensor the graph made (the written argument is a keyword)
     x = g.placeholder("x")
     y = g.call_function(aten.mul.Tensor, (x, 2.0))
     g.call_function(aten.add.out, (x, x), {"out": y})
     g.output(g.call_function(aten.clone.default, (y,)))
-    assert not _writes_only_inputs(g)
+    assert not writes_only_inputs(g)
     g = fx.Graph()  # AOTAutograd's input mutation: copy_ into a view of an input, at the end
     x = g.placeholder("x")
     y = g.call_function(aten.mul.Tensor, (x, 2.0))
     g.call_function(aten.copy_.default, (g.call_function(aten.view.default, (x, [16])), y))
     g.output(y)
-    assert _writes_only_inputs(g)
+    assert writes_only_inputs(g)
     g = _graph_with_inplace(into_input=False)
     ctx = PassContext(options=Options())
     DropClonesPass()(g, ctx)

@@ -97,6 +97,37 @@ def reaches_output(n: fx.Node) -> bool:
     return False
 
 
+def writes_only_inputs(graph: fx.Graph) -> bool:
+    """Whether every in-place or ``out=`` ATen op of ``graph`` writes into graph inputs (or views of them) only."""
+    for n in graph.nodes:
+        for target in written_args(n):
+            root = view_root(target)
+            if root is None or root.op != "placeholder":
+                return False
+    return True
+
+
+def arg_key(a: object) -> object:
+    """``a`` as a dict key that tells apart what ``==`` does not: -0.0 from 0.0, 1.0 from 1 and True."""
+    if isinstance(a, fx.Node):
+        return a
+    if isinstance(a, (list, tuple)):
+        return (type(a).__name__, tuple(arg_key(v) for v in a))
+    if isinstance(a, (bool, int, float)):
+        return (type(a).__name__, repr(a))
+    return a
+
+
+def call_key(n: fx.Node) -> tuple | None:
+    """What makes two calls the same computation: target, arguments and keyword arguments (None: unhashable)."""
+    key = (n.target, arg_key(n.args), arg_key(tuple(sorted(n.kwargs.items()))))
+    try:
+        hash(key)
+    except TypeError:  # an argument with no hash: never the same as another
+        return None
+    return key
+
+
 def note_rewrites(ctx: PassContext, pass_name: str, names: list[str], what: str) -> None:
     """The report note and the log line of a pass's exact-by-construction rewrites (the first four named)."""
     if not names:

@@ -10,7 +10,7 @@ from .base import GraphPass, PassContext, register_pass
 @register_pass
 class CleanupPass(GraphPass):
     name = "cleanup"
-    after = ("pointwise",)
+    after = ("common_subexpressions",)
 
     def __call__(self, graph: fx.Graph, ctx: PassContext) -> None:
         graph.eliminate_dead_code()  # keeps impure nodes (in-place copies into inputs)

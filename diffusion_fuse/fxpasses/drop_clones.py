@@ -37,7 +37,7 @@ from .base import (
     reaches_output,
     register_pass,
     view_root,
-    written_args,
+    writes_only_inputs,
 )
 
 aten = torch.ops.aten
@@ -52,16 +52,6 @@ def storage_base(n: fx.Node) -> fx.Node | None:
     in-place result or an op of unknown aliasing on the way)."""
     root = view_root(n)
     return root if root is not None and is_fresh(root) else None
-
-
-def _writes_only_inputs(graph: fx.Graph) -> bool:
-    """Whether every in-place or ``out=`` ATen op of ``graph`` writes into graph inputs (or views of them) only."""
-    for n in graph.nodes:
-        for target in written_args(n):
-            root = view_root(target)
-            if root is None or root.op != "placeholder":
-                return False
-    return True
 
 
 def droppable(n: fx.Node) -> bool:
@@ -89,7 +79,7 @@ class DropClonesPass(GraphPass):
     after = ("grouped_gemv",)
 
     def __call__(self, graph: fx.Graph, ctx: PassContext) -> None:
-        if ctx.options.quality != "lossless" or not _writes_only_inputs(graph):
+        if ctx.options.quality != "lossless" or not writes_only_inputs(graph):
             return
         done = []
         for n in list(graph.nodes):

@@ -17,7 +17,7 @@ import torch.fx as fx
 from ..lowering.grouped_gemv import member_problem
 from ..patterns.grouped_gemv import GroupedGemv, group_site, member_of
 from ..patterns.match_utils import val
-from .base import GraphPass, PassContext, note_rewrites, register_pass
+from .base import GraphPass, PassContext, call_key, note_rewrites, register_pass
 from .fuse_patterns import apply_sites
 
 aten = torch.ops.aten
@@ -25,17 +25,6 @@ aten = torch.ops.aten
 # Ops whose output is a function of their arguments alone (no randomness, no aliasing): one call stands for all.
 PURE_OPS = frozenset({aten.silu.default, aten.gelu.default, aten.relu.default, aten.sigmoid.default,
                       aten.tanh.default, aten._to_copy.default, aten.mul.Tensor, aten.add.Tensor})
-
-
-def _arg_key(a: object) -> object:
-    """``a`` as a dict key that tells apart what ``==`` does not: -0.0 from 0.0, 1.0 from 1 and True."""
-    if isinstance(a, fx.Node):
-        return a
-    if isinstance(a, (list, tuple)):
-        return (type(a).__name__, tuple(_arg_key(v) for v in a))
-    if isinstance(a, (bool, int, float)):
-        return (type(a).__name__, repr(a))
-    return a
 
 
 def _cse_inputs(graph: fx.Graph, members: list[fx.Node]) -> list[str]:
@@ -48,12 +37,9 @@ def _cse_inputs(graph: fx.Graph, members: list[fx.Node]) -> list[str]:
         x = member_of(n)[0]
         if x.op != "call_function" or x.target not in PURE_OPS or any(u.op == "output" for u in x.users):
             continue
-        key = (x.target, _arg_key(x.args), _arg_key(tuple(sorted(x.kwargs.items()))))
-        try:
-            hash(key)
-        except TypeError:  # an argument with no hash (a dtype-less object): left alone
-            continue
-        copies.setdefault(key, set()).add(x)
+        key = call_key(x)
+        if key is not None:
+            copies.setdefault(key, set()).add(x)
     removed = []
     for xs in copies.values():
         keep, *rest = sorted(xs, key=order.__getitem__)

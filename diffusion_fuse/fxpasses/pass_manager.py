@@ -7,7 +7,8 @@ lossless: cat_of_slices (a cat that rebuilds the tensor its inputs were sliced f
           one short input as one launch) → drop_clones (clones of contiguous intermediates are their input:
           eval-mode Dropout, traced as a clone up to torch 2.13) → interleave_scatter (even/odd halves written
           into ``empty_like`` are their stack; exact by construction) → pointwise (groups what the families
-          left) → cleanup. What runs after
+          left) → common_subexpressions (a call repeating an earlier one's arguments reads its result) →
+          cleanup. What runs after
           verification is that graph with runtime rewrites that change no kernel, only what the host does to
           issue them (``PassManager.runtime``): recompose_linear (view → t → addmm → view back to one
           ``aten.linear``), python_bindings (ATen ops through torch's generated bindings, as eager calls them)
@@ -31,6 +32,7 @@ from ..log import artifact_logger, error_message, get_logger
 from . import (  # noqa: F401  (register)
     cat_of_slices,
     cleanup,
+    common_subexpressions,
     direct_calls,
     drop_clones,
     fuse_patterns,
