@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set-up and entry points. Creates .venv on first use (CPU torch 2.13 from the local wheel,
+# Set-up and entry points. Creates .venv on first use (torch 2.13 from pip: the CPU wheel where pip serves one,
 # the package in editable mode with its test extras), then:
 #   ./run.sh demo [args]     tiny FluxPipeline compiled with backend="diffusion_fuse"
 #   ./run.sh test [args]     the test suite (GPU tests skip themselves without CUDA)

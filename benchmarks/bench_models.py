@@ -164,7 +164,7 @@ class ModelSpec:
     inputs: Callable[[torch.Generator], dict]
     shape: str
     tiny: str  # the diffusion_fuse.testing.tiny_models name of the same class
-    eager_ms: float  # H200 eager forward, for the time estimate (shared/REFERENCE.md §5; Wan2.2: 30 x its block)
+    eager_ms: float  # H200 eager forward, for the time estimate (measured; Wan2.2: 30 x its block)
     depth_keys: tuple[str, ...]
     repeated_blocks: tuple[str, ...] = ()  # when diffusers declares none: set here for regional compilation
 
@@ -671,7 +671,7 @@ def main(argv: list[str] | None = None) -> None:
             est, c, fw = estimate_s(MODELS[n], variants, args.reps)
             total += est
             print(f"  {n:11s} {MODELS[n].label:15s} estimate ~{est:4.0f} s (compile ~{c:.0f} s, forwards ~{fw:.0f} s)")
-        print(f"  total estimate ~{total:.0f} s on an H200 (rough: eager times from shared/REFERENCE.md, typical "
+        print(f"  total estimate ~{total:.0f} s on an H200 (rough: measured eager times, typical "
               "compile times)", flush=True)
     if args.estimate:
         return

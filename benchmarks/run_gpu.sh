@@ -2,14 +2,14 @@
 # One command for the GPU machine: GPU tests, the demo on CUDA, benchmarks.
 # Logs and JSON go to a work folder packed as $OUT/results.tgz (the device tool brings back few
 # files); summary.txt and the benchmark JSON are also copied to $OUT. A short table is printed last.
-#   bash benchmarks/run_gpu.sh [all|tests|bench|models]   (all: tests, demo, benchmarks; nosass: the same as all;
+#   bash benchmarks/run_gpu.sh [all|tests|bench|models]   (all: tests, demo, benchmarks;
 #   without BENCHES, all and bench run every benchmark: ~5 min more than `tests`)
 #   models: whole models at real shapes (benchmarks/bench_models.py); MODELS=flux1,sana,wan22_5b by default,
 #   MODELS=qwen_image,flux2,wan21_14b for the rest; BENCH_MODELS_ARGS adds options (e.g. --max-autotune)
 #   TESTS="tests/gpu/test_a.py tests/gpu/test_b.py" picks test files; BENCHES="bench_e2e bench_pointwise" picks
 #   benchmark steps; BENCH_E2E_ARGS adds options to bench_e2e.py (e.g. "--models flux_stack --profile"),
 #   E2E_LIMIT its time limit in seconds (400), NORM_LIMIT bench_norm.py's (200), BENCH_NORM_ARGS its options
-#   (e.g. "--variants group2,exchange1")
+#   (e.g. "--workloads LN+mod")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL="${OUT:-$PWD/out}"; mkdir -p "$FINAL"
@@ -70,7 +70,7 @@ elif [ "$what" != bench ]; then
   for f in "$OUT"/test_*.log; do echo "== $(basename "$f")"; tail -n 12 "$f"; done
   step demo 120 python3 examples/flux_pipeline.py --device cuda
 fi
-if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = nosass ]; then
+if [ "$what" = all ] || [ "$what" = bench ]; then
   want() { [ -z "${BENCHES:-}" ] || [[ " $BENCHES " == *" $1 "* ]]; }
   # shellcheck disable=SC2086
   want bench_norm && step bench_norm "${NORM_LIMIT:-200}" python3 benchmarks/bench_norm.py --json "$OUT/bench_norm.json" \

@@ -7,7 +7,7 @@
 lossless (default): AOTAutograd inference graph with no decomposition table → passes →
   verifier → boxed callable. Ops no pattern took are the ATen ops eager runs.
   Training graphs (grad-enabled calls) are left unrewritten: plain ATen, exact grads.
-high: Inductor's ``compile_fx`` with the same passes as a post-grad ``CustomGraphPass``;
+high: Inductor's ``compile_fx`` with the family passes as a post-grad ``CustomGraphPass``;
   the anchors of enabled families are kept out of Inductor's decompositions so the
   patterns see them. Sites are verified on the first call (see ``_HighTierGraph``).
 ``mode="reduce-overhead"`` / ``options={"cudagraphs": True}``: lossless graphs are verified

@@ -23,6 +23,9 @@ from ..patterns.registry import NearMiss, Site
 
 @dataclasses.dataclass
 class PassContext:
+    """What one run of the pipeline shares between its passes and hands back: the sites rewritten, those
+    skipped, near misses and notes for the report."""
+
     options: Options
     exclude: frozenset[str] = frozenset()  # site ids the verifier put back
     sites: list[Site] = dataclasses.field(default_factory=list)

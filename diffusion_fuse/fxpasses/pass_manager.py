@@ -13,8 +13,9 @@ lossless: cat_of_slices (a cat that rebuilds the tensor its inputs were sliced f
           issue them (``PassManager.runtime``): recompose_linear (view → t → addmm → view back to one
           ``aten.linear``), python_bindings (ATen ops through torch's generated bindings, as eager calls them)
           and direct_calls (our ops without the dispatcher).
-high:     the same passes run inside Inductor as a post-grad ``CustomGraphPass`` (fxpasses/inductor_pass.py),
-          with the tier-"high" families enabled too; the lossless-only family passes do nothing there.
+high:     the same pipeline runs inside Inductor as a post-grad ``CustomGraphPass`` (fxpasses/inductor_pass.py),
+          with the tier-"high" families enabled too. Only cat_of_slices, fuse_patterns and cleanup act there:
+          the other passes act in the lossless tier only, and Inductor fuses pointwise work itself.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ from . import (  # noqa: F401  (register)
     recompose_linear,
 )
 from .base import PASSES, GraphPass, PassContext, retarget_calls
+
+# Above: the passes no family owns. A family's own pass (grouped_gemv, pointwise) registers when families.load()
+# imports the family's stages.
 
 _log = get_logger("fxpasses")
 _timings = artifact_logger("fxpasses", "diffusion_fuse_timings")
@@ -92,6 +96,9 @@ def pass_order() -> list[str]:
 
 
 class PassManager:
+    """Runs the pipeline: ``rewrite`` gives the graph with every site not excluded rewritten (what the verifier
+    judges), ``runtime`` what runs in its place once judged."""
+
     def __init__(self, options: Options, inline_user_sites: bool = False) -> None:
         self.options, self.inline_user_sites = options, inline_user_sites
         self.passes: list[GraphPass] = [PASSES[name]() for name in pass_order()]

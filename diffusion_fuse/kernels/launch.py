@@ -27,6 +27,9 @@ EAGER_NUMERICS: dict[str, Any] = {"enable_fp_fusion": False, "enable_reflect_ftz
 
 
 class CachedLaunch:
+    """One kernel with its grid and constexprs fixed: the first call compiles through the JIT, later calls launch
+    the compiled kernel directly (the module docstring)."""
+
     def __init__(self, kernel, grid: tuple[int, ...], constexprs: dict[str, Any], **options: Any) -> None:
         names = kernel.arg_names
         n_runtime = len(names) - len(constexprs)

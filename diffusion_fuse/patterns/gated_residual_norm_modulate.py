@@ -3,7 +3,7 @@
 Becomes ``diffusion_fuse::gated_residual_norm_modulate`` (lowering/gated_residual_norm_modulate.py), which
 returns the new residual ``r`` (read by later ops) and the normalized [modulated] output, without
 writing ``gate * x`` or the normalized tensor. Covered ATen forms (bf16 or fp32 models, no
-decomposition table; ../shared/aten_pattern_excerpts.txt "FLUX.1 (b)"):
+decomposition table; ``inspect --model flux --diff`` prints FLUX.1's):
 
 - FLUX double block, SD3.5, Qwen-Image, SANA, FLUX.2:
   ``mul(unsqueeze(gate,1), x) → add(residual, ·) → native_layer_norm → modulate``;

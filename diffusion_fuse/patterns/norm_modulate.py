@@ -1,7 +1,7 @@
 """Family ``norm_modulate``: LayerNorm followed by AdaLN modulate, ``LN(x) * (1 + scale) [+ shift]``.
 
 Becomes ``diffusion_fuse::norm_modulate`` (lowering/norm_modulate.py). Covered ATen forms
-(no decomposition table; see ../shared/aten_pattern_excerpts.txt):
+(no decomposition table; `python -m diffusion_fuse inspect --model flux --diff` prints them):
 
 - FLUX / SD3.5 / SANA / Qwen-Image (bf16 or fp32 model):
   ``native_layer_norm(x,[D],w?,b?,eps)[0] → mul(ln, add(unsqueeze(scale,1), 1)) → add(·, shift)``

@@ -103,7 +103,7 @@ class PatternFamily:
     yields_to: ClassVar[str | None] = None
     # True for a family added by ``diffusion_fuse.register_pattern``: the report says when it goes unused
     user: bool = False
-    # False: searched only where ``options["patterns"]`` turns it on (a family whose speed is not measured yet)
+    # False: searched only where ``options["patterns"]`` turns it on (a family that does not pay in a whole model)
     on_by_default: ClassVar[bool] = True
 
     @classmethod
@@ -127,6 +127,8 @@ class PatternFamily:
 
 
 class Registry:
+    """The pattern families by name (``REGISTRY``); users add theirs with ``register_family``."""
+
     def __init__(self) -> None:
         self._families: dict[str, PatternFamily] = {}
         self._lock = threading.Lock()

@@ -6,7 +6,7 @@ Importable helper (no pytest dependency)::
     model, kwargs = build("flux", dtype=torch.bfloat16)
     out = model(**kwargs)[0]
 
-Every diffusers model is built from the tiny configs listed in ../shared/REFERENCE.md section 2 (``plain_dit``: a DiT
+Every diffusers model is built from a tiny config of its class (the ``_<model>()`` builders below; ``plain_dit``: a DiT
 written in plain PyTorch, testing/plain_dit.py, at head dim 32), with random weights
 drawn after ``torch.manual_seed(seed)``, in eval mode, and takes well under a second to build on CPU.
 

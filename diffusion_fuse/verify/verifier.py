@@ -59,6 +59,9 @@ _TRACE_SKIP = {"ref_graph", "fused_graph", "ref_code", "fused_code", "final_code
 
 @dataclasses.dataclass
 class SiteCheck:
+    """One site as the verifier judges it: the reference-graph values it reads and writes, and its replacement
+    as a graph of its own (run on the reference's inputs, compared with the reference's outputs)."""
+
     id: str
     inputs: list[str]  # reference-graph node names
     outputs: list[str]
