@@ -193,8 +193,8 @@ def compile_ahead(fn: Callable[[], Any], device: Any = None) -> Ahead:
 
     The verifier calls this when its graph is compiled, so the pool compiles while Dynamo finishes the frame and
     the first call begins; the first call waits only for what is left. The dry run itself runs on the caller's
-    thread: on another, its Python and the probes' in-process compiles took the GIL from Dynamo's, and the two
-    together were slower (an A/B on SANA-1.6B)."""
+    thread: on another, its Python and the probes' in-process compiles would take the GIL from Dynamo's, and the
+    two together are slower (an A/B on SANA-1.6B)."""
     return Ahead(fn, device)
 
 

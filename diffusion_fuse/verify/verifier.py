@@ -256,7 +256,7 @@ class VerifiedGraph:
         self._ahead = self._compile_ahead()
 
     def _compile_ahead(self) -> precompile.Ahead | None:
-        """The dry run, now at compile time, and the pool compiling what it found (CUDA): else the first call would
+        """The dry run at compile time, and the pool compiling what it found (CUDA): else the first call would
         compile its kernels one after another. Where a warm start will most likely take stored verdicts (their
         kernels in Triton's cache), the dry run waits for the first call to find none."""
         device = compile_device(self.ref)
