@@ -26,9 +26,9 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from .match_utils import aten, cast_dtype, dtype_of, fold_upcast, is_op, single_user, val
+from .match_utils import aten, cast_dtype, dtype_of, fold_upcast, is_op, single_user, trim_defaults, val
 from .registry import Example, NearMiss, PatternFamily, Site, example_tensor, register_family
-from .table_slice import ModOperand, temb_slice, trim_defaults
+from .table_slice import ModOperand, temb_slice
 
 
 class GatedResidualForm:

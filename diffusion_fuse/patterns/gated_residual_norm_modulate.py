@@ -34,11 +34,10 @@ import torch
 import torch.fx as fx
 
 from .gated_residual import match_gated_residual
-from .match_utils import aten, cast_dtype, getitem_users, is_op, single_user
+from .match_utils import aten, cast_dtype, getitem_users, is_op, single_user, trim_defaults
 from .norm_modulate import ModulateChain, match_ln_chains
 from .quant_chain import emit_quant_op, quant_chain, quant_consumers
 from .registry import Example, NearMiss, PatternFamily, Site, example_tensor, register_family
-from .table_slice import trim_defaults
 
 
 def _plain_ln_output(ln_node: fx.Node) -> tuple[fx.Node, torch.dtype | None] | None:

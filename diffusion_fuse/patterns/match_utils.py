@@ -203,3 +203,12 @@ def describe(nodes: Sequence[fx.Node]) -> list[str]:
         else:
             names.append(str(t))
     return names
+
+
+def trim_defaults(*args: object, required: int) -> tuple:
+    """An op call's ``args`` without trailing ``None`` beyond the first ``required``: the call a site emits
+    names only the optional arguments it uses (a site with no timestep table keeps the short call)."""
+    n = len(args)
+    while n > required and args[n - 1] is None:
+        n -= 1
+    return args[:n]

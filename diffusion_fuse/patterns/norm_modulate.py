@@ -33,11 +33,12 @@ from .match_utils import (
     other_operand,
     same_shape,
     single_user,
+    trim_defaults,
     val,
 )
 from .quant_chain import emit_quant_op, quant_chain, quant_consumers
 from .registry import Example, NearMiss, PatternFamily, Site, example_tensor, register_family
-from .table_slice import ModOperand, trim_defaults
+from .table_slice import ModOperand
 
 
 def _scale_of(t: object) -> tuple[fx.Node, int | None] | None:

@@ -137,12 +137,3 @@ class ModOperand:
             assert b is None, "a table slice is read with table=False under an unsqueeze"
             a = graph.call_function(aten.unsqueeze.default, (a, unsqueeze_dim))
         return a, b
-
-
-def trim_defaults(*args: object, required: int) -> tuple:
-    """``args`` without trailing ``None`` beyond the first ``required``: graphs without a table keep
-    the short op call."""
-    n = len(args)
-    while n > required and args[n - 1] is None:
-        n -= 1
-    return args[:n]
