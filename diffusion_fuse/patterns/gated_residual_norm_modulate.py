@@ -89,12 +89,12 @@ class GatedResidualNormModulate(PatternFamily):
         if cast_dtype(x_in) is not None and len(x_in.users) == 1:
             r_end, ln_dtype, ln_cast = x_in.args[0], cast_dtype(x_in), x_in
         r_add = r_end.args[0] if cast_dtype(r_end) is not None else r_end
-        gated = match_gated_residual(r_add)
+        gated = match_gated_residual(r_add, ungated=True)
         if gated is None:
             return None  # not a gated residual: family norm_modulate takes (and explains) this LayerNorm
         if r_add is not r_end:
             gated.r_cast, gated.r_dtype = r_end, cast_dtype(r_end)
-        if single_user(gated.mul) is None:
+        if gated.mul is not None and single_user(gated.mul) is None:
             return NearMiss(self.name, node, f"gate * x has {len(gated.mul.users)} users (needs 1: the residual add)")
         found = match_ln_chains(self.name, node)
         chain: ModulateChain | None = None
