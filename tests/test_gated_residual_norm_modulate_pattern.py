@@ -51,7 +51,7 @@ def test_an_ungated_residual_of_a_linear_is_one_site_with_a_unit_gate(dtype, ope
     (site,) = [s for s in report.sites() if s.pattern == F]
     assert site.status == "kept", report.table()
     code = report.graphs[0].final_code
-    assert "aten.ones.default([1, 1, 64]" in code and "aten.add.Tensor" not in code, code
+    assert "aten.full.default([1, 1, 64], 1.0" in code and "aten.add.Tensor" not in code, code
 
 
 def test_an_ungated_residual_read_by_a_plain_layer_norm_is_a_site_too():
@@ -80,7 +80,7 @@ def test_the_gated_form_is_one_site():
               scale=example_tensor(2, 64, seed=3), shift=example_tensor(2, 64, seed=4))
     ref, out, report = compile_and_run(BlockEnd(), kw)
     assert bitwise_equal(ref, out) and report.count(F) == 1
-    assert "aten.ones" not in report.graphs[0].final_code
+    assert "aten.full" not in report.graphs[0].final_code
 
 
 def test_blocks_share_one_unit_gate():
@@ -98,4 +98,4 @@ def test_blocks_share_one_unit_gate():
 
     ref, out, report = compile_and_run(TwoBlocks(), inputs())
     assert bitwise_equal(ref, out) and report.count(F) == 2, report.table()
-    assert report.graphs[0].final_code.count("aten.ones.default") == 1  # common_subexpressions
+    assert report.graphs[0].final_code.count("aten.full.default") == 1  # common_subexpressions

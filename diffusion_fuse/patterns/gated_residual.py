@@ -48,7 +48,9 @@ class UnitGate:
         return []
 
     def emit(self, graph: fx.Graph, it) -> tuple[fx.Node, None]:
-        return graph.call_function(aten.ones.default, (self.shape,), {"dtype": self.dtype, "device": self.device}), None
+        # ``full``, not ``ones``: Inductor's post-grad graph (tier high) lowers ``full`` and refuses ``ones``
+        ones = graph.call_function(aten.full.default, (self.shape, 1.0), {"dtype": self.dtype, "device": self.device})
+        return ones, None
 
 
 class GatedResidualForm:
@@ -115,9 +117,14 @@ def match_gated_residual(r: object, ungated: bool = False) -> GatedResidualForm 
     return _ungated(r) if ungated else None
 
 
-def _dropout_input(x: object) -> object:
-    """What an eval-mode Dropout's plain ``clone`` copies (up to torch 2.13 it is traced), else ``x``."""
-    return x.args[0] if is_op(x, aten.clone.default) and not x.kwargs and len(x.args) == 1 else x
+def _is_linear_output(x: object) -> bool:
+    """``x`` is a linear's output, ``[view](addmm | mm)``, through an eval-mode Dropout's plain ``clone`` (traced up
+    to torch 2.13); Inductor's post-grad graph (tier high) spells the view ``reshape``."""
+    if is_op(x, aten.clone.default) and not x.kwargs and len(x.args) == 1:
+        x = x.args[0]
+    if is_op(x, aten.reshape.default):
+        x = x.args[0]
+    return linear_of(x) is not None
 
 
 def _ungated(r: fx.Node) -> GatedResidualForm | None:
@@ -126,7 +133,7 @@ def _ungated(r: fx.Node) -> GatedResidualForm | None:
         vr, vres, vx = val(r), val(residual), val(x)
         if not (isinstance(vres, torch.Tensor) and isinstance(vx, torch.Tensor)):
             continue
-        if linear_of(_dropout_input(x)) is None:
+        if not _is_linear_output(x):
             continue
         if vx.dtype != vres.dtype or not vx.dtype.is_floating_point or not isinstance(vx.shape[-1], int):
             continue
