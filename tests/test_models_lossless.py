@@ -4,7 +4,8 @@ Expected counts are those of ``python -m diffusion_fuse census``; a LayerNorm wh
 input is a gated residual ``residual + gate * x`` goes to family gated_residual_norm_modulate:
 - flux: 2 AdaLayerNormZero (img/txt) + 2 norm2 modulates (gated) + 1 single-block + 1 norm_out = 6
 - flux2: same places = 6
-- wan21 / wan22_ti2v: norm1 + norm3 (norm_modulate) and two gated sites: the attention residual
+- wan21 / wan22_ti2v: norm1 (norm_modulate) and three residual sites: norm3 after the ungated cross-attention
+  residual ``x + attn2(...)`` (a gate of ones), the attention residual
   ``(x.float() + attn * gate_msa).type_as(x)`` with norm2 (the cross-attention LayerNorm: weight and
   bias, no modulate; it was a near miss before the Wan residual form was covered) and the FFN
   residual with norm_out, which reads it after the last block. bf16 and fp32 alike (in fp32 the
@@ -36,7 +37,7 @@ from diffusion_fuse.testing.tiny_models import MODEL_NAMES, build
 
 N, G, R = "norm_modulate", "gated_residual_norm_modulate", "gated_residual"
 EXPECTED_BY_FAMILY = {
-    "flux": {N: 4, G: 2}, "flux2": {N: 4, G: 2}, "wan21": {N: 2, G: 2}, "wan22_ti2v": {N: 2, G: 2},
+    "flux": {N: 4, G: 2}, "flux2": {N: 4, G: 2}, "wan21": {N: 1, G: 3}, "wan22_ti2v": {N: 1, G: 3},
     "sana": {N: 2, G: 1}, "qwen_image": {N: 2, G: 2}, "sd35": {N: 2, G: 6}, "plain_dit": {N: 1, G: 4},
 }
 FP32_EXPECTED_BY_FAMILY = {**EXPECTED_BY_FAMILY, "sana": {N: 2, G: 1, R: 1}}

@@ -11,7 +11,8 @@ Exact by construction: a deterministic op on the same values gives the same bits
 * ops torch tags ``nondeterministic_seeded`` (random) or ``nondeterministic_bitwise``, ops that write into an
   argument, and the ``empty`` family (its contents are undefined, not a value);
 * anything but ATen ops and ``getitem`` (collectives, user ops, and this package's ops: each is a site the
-  verifier judges on its own);
+  verifier judges on its own). ATen calls a site's replacement made are merged like any other: the ones of
+  ungated residuals' unit gates (patterns/gated_residual.py) are made once;
 * nodes the graph returns, even through views: two outputs must not become one tensor;
 * graphs that write into anything but their inputs (an inference graph from AOTAutograd is functional).
 
@@ -42,7 +43,7 @@ _SKIPPED_TAGS = (torch.Tag.nondeterministic_seeded, torch.Tag.nondeterministic_b
 
 def _same_value_each_call(n: fx.Node) -> bool:
     """Whether ``n`` computes a value from its arguments alone (the module docstring's conditions)."""
-    if n.op != "call_function" or "diffusion_fuse_site" in n.meta:
+    if n.op != "call_function":
         return False
     if n.target is operator.getitem:
         return True

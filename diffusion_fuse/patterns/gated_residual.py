@@ -26,21 +26,44 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from .match_utils import aten, cast_dtype, dtype_of, fold_upcast, is_op, single_user, trim_defaults, val
+from .match_utils import aten, cast_dtype, dtype_of, fold_upcast, is_op, linear_of, single_user, trim_defaults, val
 from .registry import Example, NearMiss, PatternFamily, Site, example_tensor, register_family
 from .table_slice import ModOperand, temb_slice
 
 
-class GatedResidualForm:
-    """``r = residual + gate * x`` [→ cast]: the nodes, the operands as the op reads them."""
+class UnitGate:
+    """The gate of an ungated residual ``residual + x``: ones of x's dtype, made in the graph, shaped [1, ..., 1, D].
+    ``1 * x`` is ``x`` in every float dtype (signed zeros, infinities and NaNs included), so the fused op's
+    ``gate * x`` is the ``x`` eager adds, and its kernel runs the form it runs for a broadcast gate."""
 
-    def __init__(self, add: fx.Node, mul: fx.Node, residual: fx.Node, gate: fx.Node, x: fx.Node,
+    slice = None
+
+    def __init__(self, x: fx.Node) -> None:
+        v = val(x)
+        self.shape = [1] * (v.dim() - 1) + [v.shape[-1]]
+        self.dtype, self.device = v.dtype, v.device
+
+    @property
+    def inputs(self) -> list[fx.Node]:
+        return []
+
+    def emit(self, graph: fx.Graph, it) -> tuple[fx.Node, None]:
+        # ``full``, not ``ones``: Inductor's post-grad graph (tier high) lowers ``full`` and refuses ``ones``
+        ones = graph.call_function(aten.full.default, (self.shape, 1.0), {"dtype": self.dtype, "device": self.device})
+        return ones, None
+
+
+class GatedResidualForm:
+    """``r = residual + gate * x`` [→ cast]: the nodes, the operands as the op reads them (``mul`` None: an
+    ungated ``residual + x``, whose gate is a ``UnitGate``)."""
+
+    def __init__(self, add: fx.Node, mul: fx.Node | None, residual: fx.Node, gate: fx.Node | UnitGate, x: fx.Node,
                  casts: list[fx.Node], residual_widened: bool) -> None:
         self.add, self.mul, self.residual, self.x, self.casts = add, mul, residual, x, casts
         # the add's operand order (``gate * x + residual``): its output's layout follows the first operand's
-        self.mul_first = True if add.args[0] is mul else None
+        self.mul_first = True if mul is not None and add.args[0] is mul else None
         self.residual_widened = residual_widened  # the graph reads residual.float() (folded into the op)
-        self.gate = ModOperand(gate)
+        self.gate = gate if isinstance(gate, UnitGate) else ModOperand(gate)
         self.r_cast: fx.Node | None = None  # Wan's .type_as(residual)
         self.r_dtype: torch.dtype | None = None
 
@@ -51,7 +74,8 @@ class GatedResidualForm:
 
     @property
     def nodes(self) -> list[fx.Node]:
-        return [*self.casts, self.mul, self.add] + ([self.r_cast] if self.r_cast is not None else [])
+        return [*self.casts, *([self.mul] if self.mul is not None else []), self.add] + (
+            [self.r_cast] if self.r_cast is not None else [])
 
     @property
     def inputs(self) -> list[fx.Node]:
@@ -63,8 +87,12 @@ def _same_shape(a, b) -> bool:
     return len(a) == len(b) and all(guard_or_false(x == y) for x, y in zip(a, b))
 
 
-def match_gated_residual(r: object) -> GatedResidualForm | None:
-    """``r`` as ``residual + gate * x`` (any operand order) with widening casts folded, else None."""
+def match_gated_residual(r: object, ungated: bool = False) -> GatedResidualForm | None:
+    """``r`` as ``residual + gate * x`` (any operand order) with widening casts folded, else None.
+
+    ``ungated``: also ``residual + x`` with ``x`` a linear's output (or its eval-mode Dropout's clone) of the
+    residual's shape and dtype (Wan's cross-attention residual), gated by a ``UnitGate``. Only a linear's output:
+    an ``x`` the pointwise pass could compute in the kernel that adds it stays there."""
     if not is_op(r, aten.add.Tensor) or r.kwargs.get("alpha", 1) != 1 or len(r.args) != 2:
         return None
     for mul, residual in (r.args, r.args[::-1]):
@@ -86,6 +114,34 @@ def match_gated_residual(r: object) -> GatedResidualForm | None:
             residual, res_cast = fold_upcast(residual, dtype_of(mul))
             casts = [c for c in (res_cast, x_cast) if c is not None and len(c.users) == 1]
             return GatedResidualForm(r, mul, residual, gate, x, casts, res_cast is not None)
+    return _ungated(r) if ungated else None
+
+
+def _is_linear_output(x: object) -> bool:
+    """``x`` is a linear's output, ``[view](addmm | mm)``, through an eval-mode Dropout's plain ``clone`` (traced up
+    to torch 2.13); Inductor's post-grad graph (tier high) spells the view ``reshape``."""
+    if is_op(x, aten.clone.default) and not x.kwargs and len(x.args) == 1:
+        x = x.args[0]
+    if is_op(x, aten.reshape.default):
+        x = x.args[0]
+    return linear_of(x) is not None
+
+
+def _ungated(r: fx.Node) -> GatedResidualForm | None:
+    """``residual + x`` as the gated form with a unit gate (``match_gated_residual``), else None."""
+    for residual, x in (r.args, r.args[::-1]):
+        vr, vres, vx = val(r), val(residual), val(x)
+        if not (isinstance(vres, torch.Tensor) and isinstance(vx, torch.Tensor)):
+            continue
+        if not _is_linear_output(x):
+            continue
+        if vx.dtype != vres.dtype or not vx.dtype.is_floating_point or not isinstance(vx.shape[-1], int):
+            continue
+        if _same_shape(vx.shape, vr.shape) and _same_shape(vres.shape, vr.shape):
+            form = GatedResidualForm(r, None, residual, UnitGate(x), x, [], False)
+            # eager's output follows the add's first operand: the op adds in the traced order either way
+            form.mul_first = True if r.args[0] is x else None
+            return form
     return None
 
 

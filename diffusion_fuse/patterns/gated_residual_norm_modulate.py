@@ -14,6 +14,9 @@ decomposition table; ``inspect --model flux --diff`` prints FLUX.1's):
   native_layer_norm → …``; ``x`` may be ``_to_copy(ff_out, f32)`` (the FFN residual). The widening
   casts of ``residual`` and ``x`` are folded (eager's type promotion computes the same fp32 values);
   the bf16 ``r`` is the op's first output. In fp32 models the casts are absent.
+- an ungated residual ``add(residual, x)``, x a linear's output of the residual's shape and dtype (Wan's
+  cross-attention residual before norm3): the op's gate is ones (``UnitGate``, patterns/gated_residual.py),
+  and ``1 * x`` is x, so the op computes eager's add.
 - the LN + modulate part is exactly what family ``norm_modulate`` accepts, with one
   modulate reading the LN (several modulates stay with ``norm_modulate``); or no modulate: an LN
   whose output (optionally cast) only feeds something else (Wan's norm2, the cross-attention input).
@@ -68,6 +71,7 @@ class GatedResidualNormModulate(PatternFamily):
         "operands of mul and add in either order; x a clone/view of a linear's output",
         "cast(add(residual.float(), x[.float()] * gate), bf16) → LN(.float()) → [modulate] → cast  (Wan, bf16)",
         "LN read by no modulate, output optionally cast  (Wan norm2)",
+        "add(residual, linear(a)) → LN → ...: ungated, a gate of ones  (Wan's cross-attention residual)",
         "gate/scale/shift = (table + temb.float()).chunk(n)[j] [.squeeze]  (Wan, read as table + temb in the op)",
         "the output read by up to 4 static FP8 quantizers (patterns/static_quant.py) → ..._quant op",
     )
@@ -89,12 +93,12 @@ class GatedResidualNormModulate(PatternFamily):
         if cast_dtype(x_in) is not None and len(x_in.users) == 1:
             r_end, ln_dtype, ln_cast = x_in.args[0], cast_dtype(x_in), x_in
         r_add = r_end.args[0] if cast_dtype(r_end) is not None else r_end
-        gated = match_gated_residual(r_add)
+        gated = match_gated_residual(r_add, ungated=True)
         if gated is None:
             return None  # not a gated residual: family norm_modulate takes (and explains) this LayerNorm
         if r_add is not r_end:
             gated.r_cast, gated.r_dtype = r_end, cast_dtype(r_end)
-        if single_user(gated.mul) is None:
+        if gated.mul is not None and single_user(gated.mul) is None:
             return NearMiss(self.name, node, f"gate * x has {len(gated.mul.users)} users (needs 1: the residual add)")
         found = match_ln_chains(self.name, node)
         chain: ModulateChain | None = None

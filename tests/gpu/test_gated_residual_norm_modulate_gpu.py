@@ -67,3 +67,21 @@ def test_flux_shape_and_repeated_op_calls():
         ref = gated_residual_norm_modulate(*args)
         got = torch.ops.diffusion_fuse.gated_residual_norm_modulate(*args)
         assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(ref, got))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_a_unit_gate_gives_the_ungated_residual(dtype):
+    """patterns/gated_residual.py's UnitGate: ``residual + x`` (signed zeros and subnormals in x), then an fp32
+    LayerNorm and modulate cast back (Wan's cross-attention residual and norm3), against the eager chain."""
+    for D in (1536, 3072, 5120):
+        res, x, _, _, _, eps, sc, sh, _ = make(1, 4096, D, dtype, 1.0, seed=D)
+        x[..., :3] = torch.tensor([-0.0, 0.0, torch.finfo(dtype).smallest_normal / 4], dtype=dtype)
+        w, b, sc, sh = (1 + 0.3 * torch.randn(D, device="cuda")), 0.1 * torch.randn(D, device="cuda"), sc.float(), \
+            sh.float()
+        r_eager = res + x
+        ln = torch.nn.functional.layer_norm(r_eager.float(), (D,), w, b, eps)
+        out_eager = (ln * (1 + sc) + sh).to(dtype)
+        ones = torch.ones(1, 1, D, dtype=dtype, device="cuda")
+        r, out = torch.ops.diffusion_fuse.gated_residual_norm_modulate(res, x, ones, w, b, eps, sc, sh, dtype,
+                                                                       None, None, None, None, torch.float32)
+        assert torch.equal(_bits(r), _bits(r_eager)) and torch.equal(_bits(out), _bits(out_eager)), (D, dtype)

@@ -24,6 +24,8 @@ CASES = {
     "fp32_affine": ((2, 7, 1000), torch.float32, "b1d", True, True),
     "fp16_no_shift": ((1, 9, 3072), torch.float16, "b1d", False, False),
     "per_token_gate_2d": ((33, 512), torch.bfloat16, "full", False, True),
+    # an ungated residual (patterns/gated_residual.py, UnitGate): a [1, 1, D] gate of ones in x's dtype
+    "unit_gate": ((1, 40, 384), torch.bfloat16, "ones", True, True),
 }
 
 
@@ -34,6 +36,8 @@ def make(shape, dtype, gate_layout, affine, shift, seed=0):
     res, x = rn(*shape) * 4, rn(*shape)
     mod_shape = (shape[0], 1, D) if len(shape) == 3 else (1, D)
     gate = rn(*shape) if gate_layout == "full" else rn(*mod_shape)
+    if gate_layout == "ones":
+        gate = torch.ones((1,) * (len(shape) - 1) + (D,), dtype=dtype)
     sc, sh = rn(*mod_shape), rn(*mod_shape) if shift else None
     w, b = (rn(D), rn(D)) if affine else (None, None)
     return res, x, gate, w, b, 1e-6, sc, sh, None
