@@ -25,8 +25,8 @@ class CrossAttentionResidual(torch.nn.Module):
             h = self.proj(a) + h
         elif self.operand == "pointwise":  # tanh(a) fuses into the pointwise kernel that adds it
             h = h + torch.tanh(a)
-        else:  # "broadcast": a [1, S, D] addend
-            h = h + self.proj(a)[:1]
+        else:  # "broadcast": a [1, S, D] residual
+            h = h[:1] + self.proj(a)
         n = self.norm(h.float())
         return h, ((n * (1 + scale) + shift) if self.modulate else n).type_as(h)
 
@@ -61,7 +61,7 @@ def test_an_ungated_residual_read_by_a_plain_layer_norm_is_a_site_too():
 
 @pytest.mark.parametrize("operand", ["pointwise", "broadcast"])
 def test_other_ungated_adds_are_left_to_the_other_families(operand):
-    # an addend the pointwise pass computes where it adds, or one that broadcasts, is no unit-gated residual
+    # an addend the pointwise pass computes where it adds, or a residual that broadcasts, is no unit-gated residual
     ref, out, report = compile_and_run(model(torch.bfloat16, operand=operand), inputs())
     assert bitwise_equal(ref, out) and report.count(F) == 0, report.table()
 

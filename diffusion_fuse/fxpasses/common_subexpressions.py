@@ -79,4 +79,4 @@ class CommonSubexpressionsPass(GraphPass):
             if is_fresh(n):  # views and getitems collapse too (so chains through them do), but cost nothing
                 removed.append(n.name)
         note_rewrites(ctx, self.name, removed, "op(s) repeating an earlier one's arguments read its result "
-                      "(a block recomputing what does not depend on its input)")
+                      "(a block recomputing what does not depend on its input, or sites making the same constant)")

@@ -33,8 +33,9 @@ from .table_slice import ModOperand, temb_slice
 
 class UnitGate:
     """The gate of an ungated residual ``residual + x``: ones of x's dtype, made in the graph, shaped [1, ..., 1, D].
-    ``1 * x`` is ``x`` in every float dtype (signed zeros, infinities and NaNs included), so the fused op's
-    ``gate * x`` is the ``x`` eager adds, and its kernel runs the form it runs for a broadcast gate."""
+    ``1 * x`` is ``x`` in every float dtype (signed zeros, subnormals and infinities included; a NaN stays a NaN,
+    and the add after it gives eager's), so the op's ``residual + gate * x`` is eager's add, and its kernel runs
+    the form it runs for a broadcast gate."""
 
     slice = None
 
@@ -131,7 +132,7 @@ def _ungated(r: fx.Node) -> GatedResidualForm | None:
     """``residual + x`` as the gated form with a unit gate (``match_gated_residual``), else None."""
     for residual, x in (r.args, r.args[::-1]):
         vr, vres, vx = val(r), val(residual), val(x)
-        if not (isinstance(vres, torch.Tensor) and isinstance(vx, torch.Tensor)):
+        if not all(isinstance(v, torch.Tensor) for v in (vr, vres, vx)):
             continue
         if not _is_linear_output(x):
             continue

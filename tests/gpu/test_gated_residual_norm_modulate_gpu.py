@@ -74,14 +74,17 @@ def test_a_unit_gate_gives_the_ungated_residual(dtype):
     """patterns/gated_residual.py's UnitGate: ``residual + x`` (signed zeros and subnormals in x), then an fp32
     LayerNorm and modulate cast back (Wan's cross-attention residual and norm3), against the eager chain."""
     for D in (1536, 3072, 5120):
-        res, x, _, _, _, eps, sc, sh, _ = make(1, 4096, D, dtype, 1.0, seed=D)
-        x[..., :3] = torch.tensor([-0.0, 0.0, torch.finfo(dtype).smallest_normal / 4], dtype=dtype)
+        res, x, _, _, _, eps, sc, sh, _ = make(2, 4096, D, dtype, 1.0, seed=D)  # a [1, 1, D] gate over batch 2
+        # eager's sums -0.0, +0.0 and the subnormal itself: a kernel losing a zero's sign or flushing would differ
+        res[..., :3] = torch.tensor([-0.0, 0.0, 0.0], dtype=dtype)
+        x[..., :3] = torch.tensor([-0.0, -0.0, torch.finfo(dtype).smallest_normal / 4], dtype=dtype)
         w, b, sc, sh = (1 + 0.3 * torch.randn(D, device="cuda")), 0.1 * torch.randn(D, device="cuda"), sc.float(), \
             sh.float()
         r_eager = res + x
         ln = torch.nn.functional.layer_norm(r_eager.float(), (D,), w, b, eps)
         out_eager = (ln * (1 + sc) + sh).to(dtype)
-        ones = torch.ones(1, 1, D, dtype=dtype, device="cuda")
-        r, out = torch.ops.diffusion_fuse.gated_residual_norm_modulate(res, x, ones, w, b, eps, sc, sh, dtype,
-                                                                       None, None, None, None, torch.float32)
+        args = (res, x, torch.ones(1, 1, D, dtype=dtype, device="cuda"), w, b, eps, sc, sh, dtype,
+                None, None, None, None, torch.float32)
+        assert can_use_gated_residual_norm_modulate(SPEC.bind(args))[0]
+        r, out = SPEC.run_kernel(*args)
         assert torch.equal(_bits(r), _bits(r_eager)) and torch.equal(_bits(out), _bits(out_eager)), (D, dtype)
