@@ -3,7 +3,9 @@
 Models (random weights, bf16, built directly on the GPU; configs are the official ``config.json`` values, written
 below with their source): FLUX.1-dev 1024², SANA-1.6B 1024² batch 2, Wan2.2-TI2V-5B 704p/121f, Qwen-Image 1024²,
 FLUX.2-dev 1024², Wan2.1-T2V-14B 480p/81f, SD3.5-large 1024² batch 2, at full depth (reduced only if the weights do
-not fit, and then said).
+not fit, and then said); these seven run by default. With ``--models``, also DiTs no family was written for:
+PixArt-Sigma, LTX-Video, CogVideoX-2B, Lumina-Image-2.0, HunyuanVideo (15 of its 60 blocks), and the plain-PyTorch
+DiTs of ``diffusion_fuse.testing`` (``plain_dit``, ``rms_dit``, ``joint_dit``) at FLUX's width.
 
 Variants: ``eager``; ``inductor`` (default mode); ``inductor-max-autotune`` (``max-autotune-no-cudagraphs``, only
 with ``--max-autotune``: its compile is slow); ``lossless`` and ``high`` (``backend="diffusion_fuse"``). Every
@@ -34,6 +36,8 @@ import collections
 import dataclasses
 import datetime
 import gc
+import importlib
+import inspect
 import json
 import math
 import os
@@ -154,17 +158,90 @@ def _sd35_inputs(gen):
                 return_dict=False)
 
 
+# --- models no family was written for: how the lossless tier does on forms it was not shown -------------------
+# PixArt-alpha/PixArt-Sigma-XL-2-1024-MS, transformer/config.json (the class defaults are PixArt-alpha's)
+PIXART_SIGMA = dict(sample_size=128, num_layers=28, attention_head_dim=72, num_attention_heads=16, in_channels=4,
+                    out_channels=8, patch_size=2, cross_attention_dim=1152, caption_channels=4096,
+                    attention_bias=True, activation_fn="gelu-approximate", num_embeds_ada_norm=1000,
+                    norm_type="ada_norm_single", norm_elementwise_affine=False, norm_eps=1e-6, interpolation_scale=2,
+                    use_additional_conditions=False)
+# Lumina-Image 2.0: the class defaults, with Gemma-2-2B's hidden size (2304) for the caption features
+LUMINA2 = dict(cap_feat_dim=2304)
+# HunyuanVideo: the class defaults (the 13B model), 5 of its 20 double and 10 of its 40 single blocks to keep the
+# compile short (the ratio between variants is per block)
+HUNYUAN_VIDEO = dict(num_layers=5, num_single_layers=10)
+# the plain-PyTorch DiTs of diffusion_fuse.testing at FLUX's width: 3072 wide, 24 heads of 128
+PLAIN_DIT = dict(in_channels=16, patch=2, dim=3072, heads=24, depth=16)
+JOINT_DIT = dict(dim=3072, heads=24, depth=8, out_dim=64)
+
+
+def _pixart_inputs(gen):
+    # 1024² through the 8x VAE: 128x128 latents of 4 channels (4096 tokens); batch 2 (CFG); 300 T5 tokens.
+    d = gen.device
+    return dict(hidden_states=_randn(gen, 2, 4, 128, 128), encoder_hidden_states=_randn(gen, 2, 300, 4096),
+                encoder_attention_mask=torch.ones(2, 300, dtype=torch.int64, device=d),
+                timestep=torch.tensor([500, 500], device=d), added_cond_kwargs={"resolution": None,
+                                                                                "aspect_ratio": None},
+                return_dict=False)
+
+
+def _ltx_inputs(gen):
+    # 768x512, 121 frames through the 32x/8x VAE: 16 x 16 x 24 latents of 128 channels -> 6,144 tokens; 128 T5
+    # tokens; the pipeline's RoPE scale at 25 frames/s.
+    d = gen.device
+    return dict(hidden_states=_randn(gen, 1, 6144, 128), encoder_hidden_states=_randn(gen, 1, 128, 4096),
+                timestep=torch.tensor([500.0], device=d).bfloat16(),
+                encoder_attention_mask=torch.ones(1, 128, dtype=torch.int64, device=d),
+                num_frames=16, height=16, width=24, rope_interpolation_scale=(8 / 25, 32, 32), return_dict=False)
+
+
+def _cogvideox_inputs(gen):
+    # 720x480, 49 frames through the 8x/4x VAE: 13 frames of 16 x 60 x 90 latents -> 17,550 tokens; 226 T5 tokens.
+    d = gen.device
+    return dict(hidden_states=_randn(gen, 1, 13, 16, 60, 90), encoder_hidden_states=_randn(gen, 1, 226, 4096),
+                timestep=torch.tensor([500], device=d), return_dict=False)
+
+
+def _lumina2_inputs(gen):
+    # 1024²: 128x128 latents of 16 channels (4096 tokens); 256 Gemma tokens; t in [0, 1].
+    d = gen.device
+    return dict(hidden_states=_randn(gen, 1, 16, 128, 128), timestep=torch.tensor([0.5], device=d).bfloat16(),
+                encoder_hidden_states=_randn(gen, 1, 256, 2304),
+                encoder_attention_mask=torch.ones(1, 256, dtype=torch.int64, device=d), return_dict=False)
+
+
+def _hunyuan_video_inputs(gen):
+    # 960x544, 61 frames through the 8x/4x VAE: 16 x 68 x 120 latents, 2x2 patches -> 32,640 tokens; 256 LLaMA
+    # tokens, a pooled CLIP embedding, embedded guidance 6 (the pipeline's x1000).
+    d = gen.device
+    return dict(hidden_states=_randn(gen, 1, 16, 16, 68, 120), timestep=torch.tensor([500], device=d),
+                encoder_hidden_states=_randn(gen, 1, 256, 4096),
+                encoder_attention_mask=torch.ones(1, 256, dtype=torch.int64, device=d),
+                pooled_projections=_randn(gen, 1, 768), guidance=torch.tensor([6000.0], device=d).bfloat16(),
+                return_dict=False)
+
+
+def _plain_inputs(gen):
+    # 1024² through an 8x VAE: 128x128 latents of 16 channels, 2x2 patches -> 4096 tokens.
+    return dict(x=_randn(gen, 1, 16, 128, 128), t=torch.tensor([500.0], device=gen.device).bfloat16())
+
+
+def _joint_inputs(gen):
+    # 4096 image and 512 text tokens, already embedded, and a pooled conditioning.
+    return dict(x=_randn(gen, 1, 4096, 3072), context=_randn(gen, 1, 512, 3072), temb=_randn(gen, 1, 3072))
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     name: str
     label: str
-    cls: str  # diffusers class
+    cls: str  # a diffusers class, or "module.Class" of a plain nn.Module
     config: dict
     source: str  # where the config comes from
     inputs: Callable[[torch.Generator], dict]
     shape: str
-    tiny: str  # the diffusion_fuse.testing.tiny_models name of the same class
-    eager_ms: float  # H200 eager forward, for the time estimate (measured; Wan2.2: 30 x its block)
+    tiny: str  # the same class at a tiny size: a name in tiny_models, the zoo or user_dits (build_tiny)
+    eager_ms: float  # eager forward, for the time estimate (H200, or H100 for the models below the seven)
     depth_keys: tuple[str, ...]
     repeated_blocks: tuple[str, ...] = ()  # when diffusers declares none: set here for regional compilation
 
@@ -193,8 +270,38 @@ MODELS = {s.name: s for s in [
               "stabilityai/stable-diffusion-3.5-large transformer/config.json", _sd35_inputs,
               "1024², batch 2, 4096 image + 333 text tokens", "sd35", 187, ("num_layers",),
               repeated_blocks=("JointTransformerBlock",)),
+    # models no family was written for, and DiTs written in plain PyTorch
+    ModelSpec("pixart_sigma", "PixArt-Sigma", "PixArtTransformer2DModel", PIXART_SIGMA,
+              "PixArt-alpha/PixArt-Sigma-XL-2-1024-MS transformer/config.json", _pixart_inputs,
+              "1024², batch 2, 4096 image + 300 text tokens", "pixart", 60, ("num_layers",),
+              repeated_blocks=("BasicTransformerBlock",)),
+    ModelSpec("ltx_video", "LTX-Video", "LTXVideoTransformer3DModel", {},
+              "diffusers' class defaults (LTX-Video 2B)", _ltx_inputs,
+              "768x512/121f, 6,144 video + 128 text tokens", "ltx", 60, ("num_layers",)),
+    ModelSpec("cogvideox_2b", "CogVideoX-2B", "CogVideoXTransformer3DModel", {},
+              "diffusers' class defaults (CogVideoX-2B)", _cogvideox_inputs,
+              "720x480/49f, 17,550 video + 226 text tokens", "cogvideox", 300, ("num_layers",),
+              repeated_blocks=("CogVideoXBlock",)),
+    ModelSpec("lumina2", "Lumina-Image-2.0", "Lumina2Transformer2DModel", LUMINA2,
+              "diffusers' class defaults, caption features 2304 wide", _lumina2_inputs,
+              "1024², 4096 image + 256 text tokens", "lumina2", 120, ("num_layers",),
+              repeated_blocks=("Lumina2TransformerBlock",)),
+    ModelSpec("hunyuan_video", "HunyuanVideo, 15 of 60 blocks", "HunyuanVideoTransformer3DModel", HUNYUAN_VIDEO,
+              "diffusers' class defaults (HunyuanVideo 13B), depth reduced", _hunyuan_video_inputs,
+              "960x544/61f, 32,640 video + 256 text tokens", "hunyuan_video", 700,
+              ("num_layers", "num_single_layers")),
+    ModelSpec("plain_dit", "PlainDiT", "diffusion_fuse.testing.plain_dit.PlainDiT", PLAIN_DIT,
+              "diffusion_fuse.testing.plain_dit at 3072 wide, 16 blocks", _plain_inputs,
+              "1024², 4096 tokens", "plain_dit", 60, ("depth",), repeated_blocks=("Block",)),
+    ModelSpec("rms_dit", "RMSDiT", "diffusion_fuse.testing.user_dits.RMSDiT", PLAIN_DIT,
+              "diffusion_fuse.testing.user_dits at 3072 wide, 16 blocks", _plain_inputs,
+              "1024², 4096 tokens", "rms_dit", 70, ("depth",), repeated_blocks=("RMSBlock",)),
+    ModelSpec("joint_dit", "JointDiT", "diffusion_fuse.testing.user_dits.JointDiT", JOINT_DIT,
+              "diffusion_fuse.testing.user_dits at 3072 wide, 8 blocks", _joint_inputs,
+              "4096 image + 512 text tokens", "joint_dit", 60, ("depth",), repeated_blocks=("JointBlock",)),
 ]}
-DEFAULT_MODELS = list(MODELS)  # FLUX.1-dev, SANA and Wan2.2-5B first: the cheapest to run, the most telling
+# the seven run by default; FLUX.1-dev, SANA and Wan2.2-5B first: the cheapest to run, the most telling
+DEFAULT_MODELS = list(MODELS)[:7]
 
 # --------------------------------------------------------------------------------------------------------------
 # Variants
@@ -279,13 +386,34 @@ def estimate_s(spec: ModelSpec, variants, reps: int) -> tuple[float, float, floa
 # --------------------------------------------------------------------------------------------------------------
 # Building and regional compilation
 # --------------------------------------------------------------------------------------------------------------
+def model_class(name: str) -> type:
+    """A diffusers class by name, or any class by its dotted path (a plain-PyTorch DiT)."""
+    if "." not in name:
+        import diffusers
+
+        return getattr(diffusers, name)
+    module, _, cls = name.rpartition(".")
+    return getattr(importlib.import_module(module), cls)
+
+
+def build_tiny(name: str) -> tuple[torch.nn.Module, dict]:
+    """``(model, kwargs)`` of the tiny CPU model ``name``: from tiny_models, the zoo or user_dits (whose positional
+    arguments become keywords)."""
+    from diffusion_fuse.testing import tiny_models, user_dits, zoo
+
+    if name in tiny_models.MODEL_NAMES:
+        return tiny_models.build(name, torch.bfloat16, "cpu")
+    if name in zoo.ZOO:
+        return zoo.ZOO[name].build(torch.bfloat16, "cpu")
+    model, args = user_dits.build_user_dit(name, torch.bfloat16, "cpu")
+    return model, dict(inspect.signature(model.forward).bind(*args).arguments)
+
+
 def build_real(spec: ModelSpec, notes: list[str]) -> torch.nn.Module:
     """The model on the GPU in bf16 with random weights, full depth unless its weights do not fit."""
-    import diffusers
-
     from diffusion_fuse.testing.tiny_models import cast_like_from_pretrained
 
-    cls = getattr(diffusers, spec.cls)
+    cls = model_class(spec.cls)
     config = dict(spec.config)
     with torch.device("meta"):
         n_params = sum(p.numel() for p in cls(**config).parameters())
@@ -312,8 +440,14 @@ def build_real(spec: ModelSpec, notes: list[str]) -> torch.nn.Module:
 
 
 def compile_blocks(model: torch.nn.Module, kwargs: dict) -> dict[torch.nn.Module, Callable]:
-    """diffusers' ``compile_repeated_blocks(**kwargs)``, its compiled blocks taken back so variants can be swapped."""
-    model.compile_repeated_blocks(**kwargs)
+    """diffusers' ``compile_repeated_blocks(**kwargs)``, its compiled blocks taken back so variants can be swapped.
+    A plain nn.Module compiles its ``_repeated_blocks`` the same way, block by block."""
+    if hasattr(model, "compile_repeated_blocks"):
+        model.compile_repeated_blocks(**kwargs)
+    else:
+        for m in model.modules():
+            if type(m).__name__ in model._repeated_blocks:
+                m.compile(**kwargs)
     impls = {m: m._compiled_call_impl for m in model.modules() if m._compiled_call_impl is not None}
     for m in impls:
         m._compiled_call_impl = None
@@ -374,15 +508,13 @@ def run_model(spec: ModelSpec, variants: list[str], reps: int, tiny: bool) -> di
     notes: list[str] = []
     t_start = time.perf_counter()
     if tiny:
-        from diffusion_fuse.testing.tiny_models import build
-
-        model, kwargs = build(spec.tiny, torch.bfloat16, "cpu")
+        model, kwargs = build_tiny(spec.tiny)
     else:
         model = build_real(spec, notes)
         kwargs = spec.inputs(torch.Generator(device="cuda").manual_seed(0))
     if spec.repeated_blocks and not getattr(model, "_repeated_blocks", None):
         model._repeated_blocks = list(spec.repeated_blocks)
-        notes.append(f"diffusers declares no _repeated_blocks for {spec.cls}; set to {list(spec.repeated_blocks)}")
+        notes.append(f"{spec.cls} declares no _repeated_blocks; set to {list(spec.repeated_blocks)}")
     block_classes = list(model._repeated_blocks)
     blocks = [m for m in model.modules() if type(m).__name__ in block_classes]
     if WHOLE:
@@ -394,8 +526,8 @@ def run_model(spec: ModelSpec, variants: list[str], reps: int, tiny: bool) -> di
                      "variant")
     rec: dict[str, Any] = {"model": spec.name, "label": spec.label + (" (whole)" if WHOLE else ""), "phases": [],
                            "compile": "whole" if WHOLE else "regional",
-                           "shape": f"tiny_models.{spec.tiny} on the CPU" if tiny else spec.shape,
-                           "config_source": "diffusion_fuse.testing.tiny_models" if tiny else spec.source,
+                           "shape": f"tiny {spec.tiny} on the CPU" if tiny else spec.shape,
+                           "config_source": "diffusion_fuse.testing (tiny)" if tiny else spec.source,
                            "tiny": tiny, "notes": notes,
                            "params_B": sum(p.numel() for p in model.parameters()) / 1e9, "variants": {}}
     impls: dict[str, dict | None] = {"eager": None}
@@ -692,7 +824,7 @@ def main(argv: list[str] | None = None) -> None:
             "models": []}
     for n in names:
         spec = MODELS[n]
-        where = f"tiny_models.{spec.tiny} on the CPU" if args.tiny else f"{spec.shape} ({spec.source})"
+        where = f"tiny {spec.tiny} on the CPU" if args.tiny else f"{spec.shape} ({spec.source})"
         print(f"\n== {spec.label}: {where}", flush=True)
         torch._dynamo.reset()  # drops the previous model's compiled blocks (and with them its weights)
         gc.collect()

@@ -42,7 +42,7 @@ def test_tiny_run_then_table(tmp_path):
     r = _run("--tiny", "--models", "flux1,sana", "--reps", "2", "--json", str(out))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "regional compilation (diffusers compile_repeated_blocks, dynamic=False)" in r.stdout
-    assert "diffusers declares no _repeated_blocks for SanaTransformer2DModel" in r.stdout
+    assert "SanaTransformer2DModel declares no _repeated_blocks" in r.stdout
     data = json.loads(out.read_text())
     assert data["meta"]["tiny"] and [m["model"] for m in data["models"]] == ["flux1", "sana"]
     for rec in data["models"]:
@@ -78,6 +78,22 @@ def test_tiny_run_then_table(tmp_path):
     (tmp_path / "gathered.json").write_text(json.dumps({"about": "two runs", "runs": [data, data]}))
     bm.write_table(str(tmp_path / "gathered.json"), str(md))
     assert md.read_text() == text
+
+
+def test_tiny_models_beyond_the_seven(tmp_path):
+    # a zoo model (PixArt) and a plain-PyTorch DiT (RMSDiT, positional arguments, no compile_repeated_blocks):
+    # their blocks compile one by one, and the lossless output is eager's
+    out = tmp_path / "bench_models.json"
+    r = _run("--tiny", "--models", "pixart_sigma,rms_dit", "--reps", "1", "--json", str(out))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "diffusion_fuse.testing.user_dits.RMSDiT declares no _repeated_blocks; set to ['RMSBlock']" in r.stdout
+    data = json.loads(out.read_text())
+    for rec in data["models"]:
+        lossless = rec["variants"]["lossless"]
+        assert lossless["bit_exact"] and lossless["kept"] == lossless["sites"] > 0
+        assert lossless["graphs"] >= 1
+    bm = _load()
+    assert bm.DEFAULT_MODELS == list(bm.MODELS)[:7] and "rms_dit" not in bm.DEFAULT_MODELS
 
 
 def test_bad_arguments_are_refused():
