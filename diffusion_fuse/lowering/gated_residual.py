@@ -31,17 +31,23 @@ def _row_major(t: Tensor) -> bool:
     return all(p >= q for p, q in zip(st, st[1:]))
 
 
-def can_use_gated_residual(a) -> tuple[bool, str]:
+def reads_rows(t: Tensor) -> bool:
+    """Whether the kernels read ``t`` as it is: unit stride along D, rows in row-major order."""
+    return t.stride(-1) == 1 and _row_major(t)
+
+
+def can_use_gated_residual(a, residual_copied: bool = False) -> tuple[bool, str]:
     """Whether the gated-residual kernel reproduces eager for these arguments; else the reason (``a`` may be any
-    op's arguments with the fields of this one)."""
+    op's arguments with the fields of this one). ``residual_copied``: the kernel is to read a contiguous copy of
+    the residual, whatever its layout."""
     x = a.x
     why = checks.device_and_dtypes(x, (a.residual, a.gate, a.gate_temb))
     if not why and a.r_dtype not in (None,) + checks.KERNEL_DTYPES:
         why = f"unsupported cast (r_dtype {a.r_dtype})"
-    why = why or checks.rows("x", x) or checks.rows("residual", a.residual)
+    why = why or checks.rows("x", x) or checks.rows("residual", a.residual, unit_stride_d=not residual_copied)
     if not why and a.residual.shape != x.shape:
         why = f"residual {tuple(a.residual.shape)} and x {tuple(x.shape)} differ in shape"
-    if not why and not (_row_major(a.residual) and _row_major(x)):
+    if not why and not ((residual_copied or _row_major(a.residual)) and _row_major(x)):
         why = "residual or x not in row-major order (eager's output follows their layout; the kernel writes rows)"
     why = why or checks.addends(gate=(a.gate, a.gate_temb))
     why = why or checks.broadcast(x.shape, gate=a.gate, gate_temb=a.gate_temb)

@@ -13,6 +13,10 @@ LayerNorm is read by no modulate. ``gate_temb``/``scale_temb``/``shift_temb`` ar
 chunked ``table + temb.float()``): the op uses ``gate + gate_temb`` etc., one fp32 add. Returns ``(r, out)``. CUDA
 inputs the guard accepts run kernels/gated_residual_norm_modulate.py, which writes ``r`` once and never writes
 ``gate * x``, the normalized tensor or a table sum.
+
+A residual the kernel cannot read in place (a patch embedding's ``flatten(2).transpose(1, 2)``: D-major tokens,
+whose layout every later residual add keeps, as eager's add follows its first operand) is read from a contiguous
+copy, and ``r`` goes back to eager's layout: one copy each way, the same values (``_through_contiguous``).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from ..kernels.gated_residual import residual_dtypes
 from ..kernels.gated_residual_norm_modulate import plan_gated_residual_norm_modulate
 from . import checks
 from .fp8 import quant_twin
-from .gated_residual import can_use_gated_residual, gated_residual
+from .gated_residual import can_use_gated_residual, gated_residual, reads_rows
 from .norm_modulate import layer_norm_modulate
 from .spec import OpSpec, register_op
 
@@ -41,9 +45,10 @@ def gated_residual_norm_modulate(residual: Tensor, x: Tensor, gate: Tensor, weig
 
 
 def can_use_gated_residual_norm_modulate(a) -> tuple[bool, str]:
-    """Whether the Triton kernel reproduces eager for these arguments; else the reason."""
+    """Whether the Triton kernel reproduces eager for these arguments (a residual it cannot read in place
+    through a contiguous copy); else the reason."""
     x = a.x
-    _, why = can_use_gated_residual(a)
+    _, why = can_use_gated_residual(a, residual_copied=a.residual.dim() in (2, 3) and not reads_rows(a.residual))
     why = why or checks.device_and_dtypes(x, (a.weight, a.bias, a.scale, a.shift, a.scale_temb, a.shift_temb))
     if not why and (a.out_dtype not in (None,) + checks.KERNEL_DTYPES or a.ln_dtype not in (None, torch.float32)):
         why = f"unsupported cast (out_dtype {a.out_dtype}, ln_dtype {a.ln_dtype})"
@@ -59,6 +64,38 @@ def can_use_gated_residual_norm_modulate(a) -> tuple[bool, str]:
     return not why, why
 
 
+def _eager_r_strides(a) -> tuple[int, ...]:
+    """The strides of eager's ``r`` for these operands: the reference on meta tensors of their layouts."""
+    def meta(t: Tensor | None) -> Tensor | None:
+        return None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+    return gated_residual(meta(a.residual), meta(a.x), meta(a.gate), meta(a.gate_temb), a.r_dtype,
+                          a.mul_first).stride()
+
+
+def _through_contiguous(plan):
+    """``plan`` for a residual the kernel cannot read in place: the kernel reads a contiguous copy, and ``r``
+    (the first output, of the op and of its quant twin) is copied back into eager's layout where that differs."""
+    def planned(a, *quant):
+        if reads_rows(a.residual):
+            return plan(a, *quant)
+        strides = _eager_r_strides(a)
+        inner = plan(a._replace(residual=a.residual.contiguous()), *quant)
+
+        def launch(a):
+            outs = inner(a._replace(residual=a.residual.contiguous()))
+            r = outs[0]
+            if r.stride() != strides:
+                r = torch.empty_strided(r.shape, strides, dtype=r.dtype, device=r.device).copy_(r)
+            return (r, *outs[1:]) if isinstance(outs, tuple) else [r, *outs[1:]]
+
+        return launch
+
+    return planned
+
+
 SPEC = register_op(OpSpec("gated_residual_norm_modulate", gated_residual_norm_modulate,
-                          guard=can_use_gated_residual_norm_modulate, plan=plan_gated_residual_norm_modulate))
-QUANT_SPEC = quant_twin(SPEC, lambda a, quant: plan_gated_residual_norm_modulate(a, quant=quant))
+                          guard=can_use_gated_residual_norm_modulate,
+                          plan=_through_contiguous(plan_gated_residual_norm_modulate)))
+QUANT_SPEC = quant_twin(SPEC, _through_contiguous(
+    lambda a, quant: plan_gated_residual_norm_modulate(a, quant=quant)))

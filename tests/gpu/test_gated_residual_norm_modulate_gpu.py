@@ -88,3 +88,22 @@ def test_a_unit_gate_gives_the_ungated_residual(dtype):
         assert can_use_gated_residual_norm_modulate(SPEC.bind(args))[0]
         r, out = SPEC.run_kernel(*args)
         assert torch.equal(_bits(r), _bits(r_eager)) and torch.equal(_bits(out), _bits(out_eager)), (D, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_d_major_residual_reads_a_copy_and_keeps_eagers_layout(dtype):
+    """A patch embedding's ``flatten(2).transpose(1, 2)`` tokens as the residual: the op, through the dispatcher,
+    gives eager's bits and eager's D-major ``r`` (either operand order), and the kernel runs."""
+    from diffusion_fuse.lowering import counters
+
+    for D, S in ((3072, 4096), (1152, 1024)):
+        res, x, gate, _, _, eps, sc, sh, _ = make(2, S, D, dtype, 1.0, seed=S)
+        res = res.transpose(1, 2).contiguous().transpose(1, 2)
+        for mul_first in (False, True):
+            args = (res, x, gate, None, None, eps, sc, sh, None, None, None, None, None, None, mul_first)
+            counters.reset()
+            ref = gated_residual_norm_modulate(*args)
+            got = torch.ops.diffusion_fuse.gated_residual_norm_modulate(*args)
+            assert counters.snapshot()["kernel"] == {"gated_residual_norm_modulate": 1}, counters.snapshot()
+            assert [t.stride() for t in got] == [t.stride() for t in ref], (D, mul_first)
+            assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(ref, got)), (D, dtype, mul_first)

@@ -67,13 +67,18 @@ def worker() -> dict:
         "x_strided_d": (res_t, torch.cat([x, x], -1)[..., ::2], gate, *rest),
         "shape_mismatch": (res_t[:, :1], x, gate, *rest),
         "float64": tuple(t.double() if isinstance(t, torch.Tensor) else t for t in base),
+        # D-major tokens (a patch embedding's flatten(2).transpose(1, 2)): the kernel reads a contiguous copy
+        "residual_d_major": (res_t.transpose(1, 2).contiguous().transpose(1, 2), x, gate, *rest),
     }
     for key, args in calls.items():
         counters.reset()
         r, out = op(*args)
         ref_r, ref_out = gated_residual_norm_modulate(*args)
         res["dispatch"][key] = {"counters": counters.snapshot(),
-                                "equal": bool(torch.equal(r, ref_r) and torch.equal(out, ref_out))}
+                                "equal": bool(torch.equal(r, ref_r) and torch.equal(out, ref_out)),
+                                "strides": [r.stride(), ref_r.stride(), out.stride(), ref_out.stride()],
+                                "close": bool(torch.allclose(r.float(), ref_r.float(), atol=0.1, rtol=0.02)
+                                              and torch.allclose(out.float(), ref_out.float(), atol=0.1, rtol=0.02))}
     del diffusion_fuse
     return res
 
@@ -92,6 +97,14 @@ def test_kernel_matches_reference_to_tolerance(results, case):
 
 def test_guard_accepts_matching_rows(results):
     assert results["dispatch"]["ok"]["counters"]["kernel"] == {"gated_residual_norm_modulate": 1}
+
+
+def test_a_d_major_residual_runs_the_kernel_on_a_copy_in_eagers_layout(results):
+    r = results["dispatch"]["residual_d_major"]
+    assert r["counters"]["kernel"] == {"gated_residual_norm_modulate": 1}, r["counters"]
+    got_r, ref_r, got_out, ref_out = r["strides"]
+    assert got_r == ref_r == [1536, 1, 24] and got_out == ref_out  # eager's add keeps the residual's layout
+    assert r["close"]
 
 
 @pytest.mark.parametrize("key, reason", [
