@@ -96,6 +96,23 @@ def test_tiny_models_beyond_the_seven(tmp_path):
     assert bm.DEFAULT_MODELS == list(bm.MODELS)[:7] and "rms_dit" not in bm.DEFAULT_MODELS
 
 
+def test_every_real_config_builds_and_its_inputs_fit_the_forward():
+    # on the meta device: no weights, the real configs and input shapes; a typo in either fails here, not on the GPU
+    import inspect
+
+    import torch
+
+    bm = _load()
+    for name, spec in bm.MODELS.items():
+        cls = bm.model_class(spec.cls)
+        with torch.device("meta"):
+            model = cls(**spec.config)
+        kwargs = spec.inputs(torch.Generator().manual_seed(0))
+        inspect.signature(model.forward).bind(**kwargs)  # raises on a name the forward does not take
+        for block in spec.repeated_blocks:
+            assert any(type(m).__name__ == block for m in model.modules()), (name, block)
+
+
 def test_bad_arguments_are_refused():
     r = _run("--models", "flux3", "--estimate")
     assert r.returncode != 0 and "unknown models ['flux3']" in r.stderr
