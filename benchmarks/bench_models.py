@@ -241,7 +241,8 @@ class ModelSpec:
     inputs: Callable[[torch.Generator], dict]
     shape: str
     tiny: str  # the same class at a tiny size: a name in tiny_models, the zoo or user_dits (build_tiny)
-    eager_ms: float  # eager forward, for the time estimate (H200, or H100 for the models below the seven)
+    eager_ms: float  # eager forward, for the time estimate: measured (H200 for the seven, H100 for the rest),
+    # except cogvideox_2b and hunyuan_video (guesses until run)
     depth_keys: tuple[str, ...]
     repeated_blocks: tuple[str, ...] = ()  # when diffusers declares none: set here for regional compilation
 
@@ -273,18 +274,18 @@ MODELS = {s.name: s for s in [
     # models no family was written for, and DiTs written in plain PyTorch
     ModelSpec("pixart_sigma", "PixArt-Sigma", "PixArtTransformer2DModel", PIXART_SIGMA,
               "PixArt-alpha/PixArt-Sigma-XL-2-1024-MS transformer/config.json", _pixart_inputs,
-              "1024², batch 2, 4096 image + 300 text tokens", "pixart", 60, ("num_layers",),
+              "1024², batch 2, 4096 image + 300 text tokens", "pixart", 40, ("num_layers",),
               repeated_blocks=("BasicTransformerBlock",)),
     ModelSpec("ltx_video", "LTX-Video", "LTXVideoTransformer3DModel", {},
               "diffusers' class defaults (LTX-Video 2B)", _ltx_inputs,
-              "768x512/121f, 6,144 video + 128 text tokens", "ltx", 60, ("num_layers",)),
+              "768x512/121f, 6,144 video + 128 text tokens", "ltx", 93, ("num_layers",)),
     ModelSpec("cogvideox_2b", "CogVideoX-2B", "CogVideoXTransformer3DModel", {},
               "diffusers' class defaults (CogVideoX-2B)", _cogvideox_inputs,
               "720x480/49f, 17,550 video + 226 text tokens", "cogvideox", 300, ("num_layers",),
               repeated_blocks=("CogVideoXBlock",)),
     ModelSpec("lumina2", "Lumina-Image-2.0", "Lumina2Transformer2DModel", LUMINA2,
               "diffusers' class defaults, caption features 2304 wide", _lumina2_inputs,
-              "1024², 4096 image + 256 text tokens", "lumina2", 120, ("num_layers",),
+              "1024², 4096 image + 256 text tokens", "lumina2", 92, ("num_layers",),
               repeated_blocks=("Lumina2TransformerBlock",)),
     ModelSpec("hunyuan_video", "HunyuanVideo, 15 of 60 blocks", "HunyuanVideoTransformer3DModel", HUNYUAN_VIDEO,
               "diffusers' class defaults (HunyuanVideo 13B), depth reduced", _hunyuan_video_inputs,
@@ -292,13 +293,13 @@ MODELS = {s.name: s for s in [
               ("num_layers", "num_single_layers")),
     ModelSpec("plain_dit", "PlainDiT", "diffusion_fuse.testing.plain_dit.PlainDiT", PLAIN_DIT,
               "diffusion_fuse.testing.plain_dit at 3072 wide, 16 blocks", _plain_inputs,
-              "1024², 4096 tokens", "plain_dit", 60, ("depth",), repeated_blocks=("Block",)),
+              "1024², 4096 tokens", "plain_dit", 53, ("depth",), repeated_blocks=("Block",)),
     ModelSpec("rms_dit", "RMSDiT", "diffusion_fuse.testing.user_dits.RMSDiT", PLAIN_DIT,
               "diffusion_fuse.testing.user_dits at 3072 wide, 16 blocks", _plain_inputs,
-              "1024², 4096 tokens", "rms_dit", 70, ("depth",), repeated_blocks=("RMSBlock",)),
+              "1024², 4096 tokens", "rms_dit", 64, ("depth",), repeated_blocks=("RMSBlock",)),
     ModelSpec("joint_dit", "JointDiT", "diffusion_fuse.testing.user_dits.JointDiT", JOINT_DIT,
               "diffusion_fuse.testing.user_dits at 3072 wide, 8 blocks", _joint_inputs,
-              "4096 image + 512 text tokens", "joint_dit", 60, ("depth",), repeated_blocks=("JointBlock",)),
+              "4096 image + 512 text tokens", "joint_dit", 34, ("depth",), repeated_blocks=("JointBlock",)),
 ]}
 # the seven run by default; FLUX.1-dev, SANA and Wan2.2-5B first: the cheapest to run, the most telling
 DEFAULT_MODELS = list(MODELS)[:7]
