@@ -159,7 +159,7 @@ def _sd35_inputs(gen):
 
 
 # --- models no family was written for: how the lossless tier does on forms it was not shown -------------------
-# PixArt-alpha/PixArt-Sigma-XL-2-1024-MS, transformer/config.json (the class defaults are PixArt-alpha's)
+# PixArt-alpha/PixArt-Sigma-XL-2-1024-MS, transformer/config.json
 PIXART_SIGMA = dict(sample_size=128, num_layers=28, attention_head_dim=72, num_attention_heads=16, in_channels=4,
                     out_channels=8, patch_size=2, cross_attention_dim=1152, caption_channels=4096,
                     attention_bias=True, activation_fn="gelu-approximate", num_embeds_ada_norm=1000,
