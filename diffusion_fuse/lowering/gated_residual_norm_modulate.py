@@ -80,7 +80,8 @@ def _through_contiguous(plan):
         if reads_rows(a.residual):
             return plan(a, *quant)
         strides = _eager_r_strides(a)
-        inner = plan(a._replace(residual=a.residual.contiguous()), *quant)
+        # the plan reads the copy's layout only: an empty one of that layout, not a copy
+        inner = plan(a._replace(residual=torch.empty_like(a.residual, memory_format=torch.contiguous_format)), *quant)
 
         def launch(a):
             outs = inner(a._replace(residual=a.residual.contiguous()))
