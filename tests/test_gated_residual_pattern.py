@@ -49,11 +49,13 @@ def test_a_residual_a_layer_norm_reads_is_left_to_gated_residual_norm_modulate()
 
 def test_a_permuted_residual_keeps_eagers_layout_and_its_site():
     # a patch embedding's permuted residual: eager's add follows its layout; the op's reference does too (the
-    # verifier judges strides), and the kernel's guard leaves such a layout to it
-    from diffusion_fuse.lowering.gated_residual import SPEC, _row_major
+    # verifier judges strides), and the guard takes it to the tile kernel, which writes that layout
+    # (tests/kernels/test_gated_residual_norm_modulate_kernel.py runs it)
+    from diffusion_fuse.lowering.gated_residual import SPEC, _row_major, r_in_rows
 
     res = example_tensor(2, 16, 8, dtype=torch.float32).permute(0, 2, 1)  # [2, 8, 16], strides (128, 1, 8)
     x, gate = example_tensor(2, 8, 16, dtype=torch.float32, seed=1), example_tensor(2, 1, 16, dtype=torch.float32)
     eager = res + gate * x
     assert SPEC.reference(res, x, gate).stride() == eager.stride() == (128, 1, 8)
     assert not _row_major(res) and _row_major(x) and _row_major(res.contiguous())
+    assert not r_in_rows(SPEC.bind((res, x, gate)))

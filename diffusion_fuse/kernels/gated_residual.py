@@ -12,6 +12,12 @@ normalizes it.
 
 Inputs: residual and x [M, D] or [B, S, D] of one shape with unit stride along D (any row strides), D % 4 == 0;
 gate and its second addend broadcast to x with unit stride along D.
+
+A residual that is not laid out in rows (D-major tokens: a patch embedding's ``flatten(2).transpose(1, 2)``) runs
+the tile kernel instead: each program computes a [BLOCK_S tokens, BLOCK_D] tile with the same arithmetic, reading
+every operand and writing ``r`` at their own strides (Triton moves the tile between the operands' orders through
+shared memory, so every access is coalesced), and optionally writes a second, row-major copy of ``r`` for a
+LayerNorm that reads rows (kernels/gated_residual_norm_modulate.py with ``GATED=False``).
 """
 
 from __future__ import annotations
@@ -57,6 +63,72 @@ def _gated_residual_kernel(RES, X, GATE, GATE_T, R_OUT, N, S, res_sb, res_ss, x_
                        g_row=GATE + bi * g_sb + si * g_ss, gt_row=GATE_T + bi * gt_sb + si * gt_ss,
                        r_row=R_OUT + row * N, N=N, N_ITERS=N_ITERS, LANES=LANES, VEC=VEC, M_DT=M_DT,
                        HAS_GATE_TEMB=HAS_GATE_TEMB)
+
+
+@triton.jit  # S specialized too: a multiple of 16 lets the token-major accesses take vectors
+def _gated_residual_tiles_kernel(RES, X, GATE, GATE_T, R_OUT, R_ROWS, S, D, res_sb, res_ss, res_sd, x_sb, x_ss, x_sd,
+                                 g_sb, g_ss, gt_sb, gt_ss, r_sb, r_ss, r_sd,
+                                 M_DT: tl.constexpr, HAS_GATE_TEMB: tl.constexpr, GATE_PER_TOKEN: tl.constexpr,
+                                 HAS_ROWS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One [BLOCK_S, BLOCK_D] tile of batch ``program_id(2)``: ``r`` at R_OUT's strides, and with HAS_ROWS also
+    into R_ROWS, contiguous [B, S, D]."""
+    bi = tl.program_id(2).to(tl.int64)
+    s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask = (s < S)[:, None] & (d < D)[None, :]
+    s, d = s.to(tl.int64)[:, None], d.to(tl.int64)[None, :]
+    if GATE_PER_TOKEN:
+        g = tl.load(GATE + bi * g_sb + s * g_ss + d, mask=mask, other=0.0).to(tl.float32)
+        if HAS_GATE_TEMB:
+            g = g + tl.load(GATE_T + bi * gt_sb + s * gt_ss + d, mask=mask, other=0.0).to(tl.float32)
+    else:  # one gate row for every token: loaded once, as a row
+        g = tl.load(GATE + bi * g_sb + d, mask=d < D, other=0.0).to(tl.float32)
+        if HAS_GATE_TEMB:
+            g = g + tl.load(GATE_T + bi * gt_sb + d, mask=d < D, other=0.0).to(tl.float32)
+    xv = tl.load(X + bi * x_sb + s * x_ss + d * x_sd, mask=mask, other=0.0).to(tl.float32)
+    m = round_to(g * xv, M_DT)
+    r = tl.load(RES + bi * res_sb + s * res_ss + d * res_sd, mask=mask, other=0.0).to(tl.float32) + m
+    r = r.to(R_OUT.dtype.element_ty)
+    tl.store(R_OUT + bi * r_sb + s * r_ss + d * r_sd, r, mask=mask)
+    if HAS_ROWS:
+        tl.store(R_ROWS + (bi * S + s) * D + d, r, mask=mask)
+
+
+BLOCK_S, BLOCK_D = 64, 64  # a 64-token run of a D-major operand is 128 bytes in bf16: whole sectors either way
+
+
+def _bsd_strides(t: torch.Tensor | None, x: torch.Tensor) -> tuple[int, int, int]:
+    """(batch, token, D) strides of ``t`` broadcast to x ([M, D] as [1, M, D]); zeros for None."""
+    if t is None:
+        return 0, 0, 0
+    e = t.expand(x.shape)
+    return tuple(e.stride()) if x.dim() == 3 else (0, *e.stride())
+
+
+def plan_gated_residual_tiles(a, r_strides: tuple[int, ...], rows: bool):
+    """A launch of the tile kernel: ``r`` with strides ``r_strides`` (eager's), and with ``rows`` a contiguous copy
+    of it too. The launch returns ``(r, rows or None)``."""
+    x = a.x
+    B, S, D = (1, *x.shape) if x.dim() == 2 else x.shape
+    m_dt, r_dt = residual_dtypes(a.residual.dtype, x.dtype, sum_dtype(a.gate, a.gate_temb), a.r_dtype)
+    shape, device = x.shape, x.device
+    gate_strides = [_bsd_strides(t, x)[:2] for t in (a.gate, a.gate_temb)]  # (batch, token): unit stride along D
+    strides = [s for t in (a.residual, x) for s in _bsd_strides(t, x)] + [s for bs in gate_strides for s in bs]
+    strides += list(_bsd_strides(torch.empty_strided(shape, r_strides, device="meta"), x))
+    const = dict(M_DT=DT_CODE[m_dt], HAS_GATE_TEMB=a.gate_temb is not None,
+                 GATE_PER_TOKEN=any(token != 0 for _, token in gate_strides), HAS_ROWS=rows, BLOCK_S=BLOCK_S,
+                 BLOCK_D=BLOCK_D)
+    kernel = CachedLaunch(_gated_residual_tiles_kernel, (-(-S // BLOCK_S), -(-D // BLOCK_D), B), const,
+                          num_warps=4)
+
+    def launch(a):
+        r = torch.empty_strided(shape, r_strides, dtype=r_dt, device=device)
+        r_rows = torch.empty(shape, dtype=r_dt, device=device) if rows else None
+        kernel(a.residual, a.x, a.gate, a.gate_temb if a.gate_temb is not None else a.gate, r,
+               r_rows if rows else r, S, D, *strides)
+        return r, r_rows
+
+    return launch
 
 
 def plan_gated_residual(a):

@@ -12,7 +12,8 @@ rounded to its dtype once from the fp32 sum is what eager's add and then ``_to_c
 computed in registers in the LayerNorm's lane layout (masked past the row when D % 512 != 0), stored
 once and normalized from registers; the normalized tensor is never written. The kernel takes no cache
 hints (unlike norm_modulate's: they make it no faster).
-kernels/gated_residual.py is the first part alone.
+kernels/gated_residual.py is the first part alone; with ``GATED=False`` this kernel is the second part alone,
+normalizing an ``r`` that kernel's tile kernel wrote (a D-major residual: lowering/gated_residual_norm_modulate.py).
 
 Inputs: residual and x [M, D] or [B, S, D] of one shape with unit stride along D (any row
 strides), D % 4 == 0; gate/scale/shift and their second addends broadcast to x with unit stride
@@ -55,6 +56,7 @@ def _gated_residual_norm_modulate_kernel(
     COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr, UNIFORM: tl.constexpr,
     N_Q: tl.constexpr, STORE_OUT: tl.constexpr, OUT_DT: tl.constexpr, Q_MODE: tl.constexpr, NAN_SIGN: tl.constexpr,
     HAS_GATE_TEMB: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SCALE_TEMB: tl.constexpr, HAS_SHIFT_TEMB: tl.constexpr,
+    GATED: tl.constexpr,
 ):
     row, bi, si = program_row(S)
     res_row = RES + bi * res_sb + si * res_ss
@@ -68,15 +70,18 @@ def _gated_residual_norm_modulate_kernel(
     sht_row = SHIFT_T + bi * sht_sb + si * sht_ss
     q_row = Q + row * N
     s0, s1, s2, s3 = load_scales(S0, S1, S2, S3, N_Q)
-    # r is computed in registers in the LayerNorm's lane layout: stored once, never read back.
-    g = load_row_tile(g_row, 1, N_ITERS, LANES, VEC, N=N, UNIFORM=UNIFORM).to(tl.float32)
-    if HAS_GATE_TEMB:
-        g = g + load_row_tile(gt_row, 1, N_ITERS, LANES, VEC, N=N, UNIFORM=UNIFORM).to(tl.float32)
-    xv = load_row_tile(x_row, 1, N_ITERS, LANES, VEC, N=N, UNIFORM=UNIFORM).to(tl.float32)
-    m = round_to(g * xv, M_DT)
-    r = (load_row_tile(res_row, 1, N_ITERS, LANES, VEC, N=N, UNIFORM=UNIFORM).to(tl.float32) + m)
-    r = r.to(R_OUT.dtype.element_ty)
-    store_row_tile(r_row, r, N_ITERS, LANES, VEC, N=N, UNIFORM=UNIFORM)
+    if GATED:
+        # r is computed in registers in the LayerNorm's lane layout: stored once, never read back.
+        g = load_row_tile(g_row, 1, N_ITERS, LANES, VEC, N=N, UNIFORM=UNIFORM).to(tl.float32)
+        if HAS_GATE_TEMB:
+            g = g + load_row_tile(gt_row, 1, N_ITERS, LANES, VEC, N=N, UNIFORM=UNIFORM).to(tl.float32)
+        xv = load_row_tile(x_row, 1, N_ITERS, LANES, VEC, N=N, UNIFORM=UNIFORM).to(tl.float32)
+        m = round_to(g * xv, M_DT)
+        r = (load_row_tile(res_row, 1, N_ITERS, LANES, VEC, N=N, UNIFORM=UNIFORM).to(tl.float32) + m)
+        r = r.to(R_OUT.dtype.element_ty)
+        store_row_tile(r_row, r, N_ITERS, LANES, VEC, N=N, UNIFORM=UNIFORM)
+    else:  # RES holds r already (the tile kernel's row-major copy): normalize it
+        r = load_row_tile(res_row, 1, N_ITERS, LANES, VEC, N=N, UNIFORM=UNIFORM)
     norm_modulate_tile(
         tile=r, W=W, B=B, sc_row=sc_row, sh_row=sh_row, out_row=OUT + row * N, N=N, eps=eps,
         N_ITERS=N_ITERS, LANES=LANES, VEC=VEC, HAS_W=HAS_W, HAS_B=HAS_B, HAS_SHIFT=HAS_SHIFT,
@@ -89,12 +94,14 @@ def _gated_residual_norm_modulate_kernel(
         HAS_SHIFT_TEMB=HAS_SHIFT_TEMB)
 
 
-def plan_gated_residual_norm_modulate(a, quant: tuple[int, str, bool] | None = None):
+def plan_gated_residual_norm_modulate(a, quant: tuple[int, str, bool] | None = None, gated: bool = True):
     """A launch for inputs of this layout: ``a`` holds the op's arguments by name
     (lowering/gated_residual_norm_modulate.py; its guard accepted them), and so does the launch's argument.
 
     ``quant``: ``(n, q_mode, keep_out)`` for ``diffusion_fuse::gated_residual_norm_modulate_quant``
     (the launch then reads that op's quantizer arguments too and returns its Tensor[]), None otherwise.
+    ``gated=False``: ``a.residual`` is ``r`` itself, row-major (kernels/gated_residual.py's tile kernel wrote it);
+    the kernel normalizes it and writes no ``r`` (the launch returns ``a.residual`` in its place).
     """
     x = a.x
     D = x.shape[-1]
@@ -108,12 +115,12 @@ def plan_gated_residual_norm_modulate(a, quant: tuple[int, str, bool] | None = N
     epi = QuantEpilogue(quant, shape, DT_CODE[final], device)
     const = dict(M_DT=DT_CODE[m_dt], **modulate_constexprs(D, a.weight, a.bias, a.shift, ln_dt, t_dt, u_dt, v_dt),
                  **epi.constexprs, HAS_GATE_TEMB=a.gate_temb is not None, HAS_SCALE=a.scale is not None,
-                 HAS_SCALE_TEMB=a.scale_temb is not None, HAS_SHIFT_TEMB=a.shift_temb is not None)
+                 HAS_SCALE_TEMB=a.scale_temb is not None, HAS_SHIFT_TEMB=a.shift_temb is not None, GATED=gated)
     kernel = CachedLaunch(_gated_residual_norm_modulate_kernel, (x.numel() // D,), const, num_warps=LANES // 32)
 
     def launch(a):
         x = a.x
-        r = torch.empty(shape, dtype=r_dt, device=device)
+        r = torch.empty(shape, dtype=r_dt, device=device) if gated else a.residual
         out = torch.empty(shape, dtype=final, device=device) if epi.keep_out else r
         q_args, q = epi.args(x, a) if quant else epi.args(x)
         kernel(a.residual, x, a.gate, *(t if t is not None else x for t in (a.weight, a.bias, a.scale, a.shift)), r,

@@ -14,9 +14,10 @@ chunked ``table + temb.float()``): the op uses ``gate + gate_temb`` etc., one fp
 inputs the guard accepts run kernels/gated_residual_norm_modulate.py, which writes ``r`` once and never writes
 ``gate * x``, the normalized tensor or a table sum.
 
-A residual the kernel cannot read in place (a patch embedding's ``flatten(2).transpose(1, 2)``: D-major tokens,
-whose layout every later residual add keeps, as eager's add follows its first operand) is read from a contiguous
-copy, and ``r`` goes back to eager's layout: one copy each way, the same values (``_through_contiguous``).
+A residual the row kernel cannot read (a patch embedding's ``flatten(2).transpose(1, 2)``: D-major tokens, whose
+layout every later residual add keeps, as eager's add follows its first operand) goes through
+kernels/gated_residual.py's tile kernel, which writes ``r`` in eager's layout and a row-major copy of it; the
+LayerNorm kernel then normalizes the copy (``_tiles_then_rows``), as eager's LayerNorm normalizes ``r.contiguous()``.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..kernels.gated_residual import residual_dtypes
+from ..kernels.gated_residual import plan_gated_residual_tiles, residual_dtypes
 from ..kernels.gated_residual_norm_modulate import plan_gated_residual_norm_modulate
 from . import checks
 from .fp8 import quant_twin
-from .gated_residual import can_use_gated_residual, gated_residual, reads_rows
+from .gated_residual import can_use_gated_residual, eager_r_strides, gated_residual, r_in_rows
 from .norm_modulate import layer_norm_modulate
 from .spec import OpSpec, register_op
 
@@ -45,15 +46,14 @@ def gated_residual_norm_modulate(residual: Tensor, x: Tensor, gate: Tensor, weig
 
 
 def can_use_gated_residual_norm_modulate(a) -> tuple[bool, str]:
-    """Whether the Triton kernel reproduces eager for these arguments (a residual it cannot read in place
-    through a contiguous copy); else the reason."""
+    """Whether the Triton kernels reproduce eager for these arguments; else the reason."""
     x = a.x
-    _, why = can_use_gated_residual(a, residual_copied=a.residual.dim() in (2, 3) and not reads_rows(a.residual))
+    _, why = can_use_gated_residual(a)
     why = why or checks.device_and_dtypes(x, (a.weight, a.bias, a.scale, a.shift, a.scale_temb, a.shift_temb))
     if not why and (a.out_dtype not in (None,) + checks.KERNEL_DTYPES or a.ln_dtype not in (None, torch.float32)):
         why = f"unsupported cast (out_dtype {a.out_dtype}, ln_dtype {a.ln_dtype})"
-    # r is a fresh contiguous tensor, as eager's add makes it: eager's LayerNorm takes its
-    # vectorized kernel on it, whatever the alignment of the inputs.
+    # r (or the tile kernel's copy of it) is a fresh contiguous tensor, as eager's add or LayerNorm's contiguous()
+    # makes it: eager's LayerNorm takes its vectorized kernel on it, whatever the alignment of the inputs.
     r_dt = residual_dtypes(a.residual.dtype, x.dtype, checks.sum_dtype(a.gate, a.gate_temb), a.r_dtype)[1]
     why = why or checks.ln_params(x.shape[-1], a.ln_dtype or r_dt, a.weight, a.bias)
     if not why and a.scale is None and a.shift is not None:
@@ -64,39 +64,26 @@ def can_use_gated_residual_norm_modulate(a) -> tuple[bool, str]:
     return not why, why
 
 
-def _eager_r_strides(a) -> tuple[int, ...]:
-    """The strides of eager's ``r`` for these operands: the reference on meta tensors of their layouts."""
-    def meta(t: Tensor | None) -> Tensor | None:
-        return None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+def _tiles_then_rows(a, quant=None):
+    """The fused row kernel where ``r_in_rows``. Otherwise the tile kernel writes ``r`` in eager's layout (and a
+    row-major copy where that layout is not row-major), and the row kernel normalizes the row-major one: ``r``
+    stays the first output, of the op and of its quant twin."""
+    if r_in_rows(a):
+        return plan_gated_residual_norm_modulate(a, quant)
+    strides = eager_r_strides(a)
+    tiles = plan_gated_residual_tiles(a, strides, rows=strides != torch.empty(a.x.shape, device="meta").stride())
+    r_dt = residual_dtypes(a.residual.dtype, a.x.dtype, checks.sum_dtype(a.gate, a.gate_temb), a.r_dtype)[1]
+    norm = plan_gated_residual_norm_modulate(
+        a._replace(residual=torch.empty(a.x.shape, dtype=r_dt, device=a.x.device)), quant, gated=False)
 
-    return gated_residual(meta(a.residual), meta(a.x), meta(a.gate), meta(a.gate_temb), a.r_dtype,
-                          a.mul_first).stride()
+    def launch(a):
+        r, r_rows = tiles(a)
+        outs = norm(a._replace(residual=r if r_rows is None else r_rows))
+        return (r, *outs[1:]) if isinstance(outs, tuple) else [r, *outs[1:]]
 
-
-def _through_contiguous(plan):
-    """``plan`` for a residual the kernel cannot read in place: the kernel reads a contiguous copy, and ``r``
-    (the first output, of the op and of its quant twin) is copied back into eager's layout where that differs."""
-    def planned(a, *quant):
-        if reads_rows(a.residual):
-            return plan(a, *quant)
-        strides = _eager_r_strides(a)
-        # the plan reads the copy's layout only: an empty one of that layout, not a copy
-        inner = plan(a._replace(residual=torch.empty_like(a.residual, memory_format=torch.contiguous_format)), *quant)
-
-        def launch(a):
-            outs = inner(a._replace(residual=a.residual.contiguous()))
-            r = outs[0]
-            if r.stride() != strides:
-                r = torch.empty_strided(r.shape, strides, dtype=r.dtype, device=r.device).copy_(r)
-            return (r, *outs[1:]) if isinstance(outs, tuple) else [r, *outs[1:]]
-
-        return launch
-
-    return planned
+    return launch
 
 
 SPEC = register_op(OpSpec("gated_residual_norm_modulate", gated_residual_norm_modulate,
-                          guard=can_use_gated_residual_norm_modulate,
-                          plan=_through_contiguous(plan_gated_residual_norm_modulate)))
-QUANT_SPEC = quant_twin(SPEC, _through_contiguous(
-    lambda a, quant: plan_gated_residual_norm_modulate(a, quant=quant)))
+                          guard=can_use_gated_residual_norm_modulate, plan=_tiles_then_rows))
+QUANT_SPEC = quant_twin(SPEC, _tiles_then_rows)

@@ -91,19 +91,30 @@ def test_a_unit_gate_gives_the_ungated_residual(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_a_d_major_residual_reads_a_copy_and_keeps_eagers_layout(dtype):
-    """A patch embedding's ``flatten(2).transpose(1, 2)`` tokens as the residual: the op, through the dispatcher,
-    gives eager's bits and eager's D-major ``r`` (either operand order), and the kernel runs."""
+def test_a_d_major_residual_takes_the_tile_kernel_and_keeps_eagers_layout(dtype):
+    """A patch embedding's ``flatten(2).transpose(1, 2)`` tokens as the residual: the op and the standalone
+    ``gated_residual``, through the dispatcher, give eager's bits and eager's ``r`` layout (D-major, or row-major
+    when ``gate * x`` comes first), with one gate row or one gate per token, and the kernels run. S of 1000 and D of
+    1000 leave partial tiles (and S unspecialized: scalar token-major accesses)."""
     from diffusion_fuse.lowering import counters
+    from diffusion_fuse.lowering.gated_residual import gated_residual
 
-    for D, S in ((3072, 4096), (1152, 1024)):
+    bad = []
+    for D, S in ((3072, 4096), (1152, 1000), (1000, 256)):
         res, x, gate, _, _, eps, sc, sh, _ = make(2, S, D, dtype, 1.0, seed=S)
         res = res.transpose(1, 2).contiguous().transpose(1, 2)
-        for mul_first in (False, True):
-            args = (res, x, gate, None, None, eps, sc, sh, None, None, None, None, None, None, mul_first)
-            counters.reset()
-            ref = gated_residual_norm_modulate(*args)
-            got = torch.ops.diffusion_fuse.gated_residual_norm_modulate(*args)
-            assert counters.snapshot()["kernel"] == {"gated_residual_norm_modulate": 1}, counters.snapshot()
-            assert [t.stride() for t in got] == [t.stride() for t in ref], (D, mul_first)
-            assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(ref, got)), (D, dtype, mul_first)
+        for gate_t in (gate, torch.randn_like(x)):
+            for mul_first in (False, True):
+                args = (res, x, gate_t, None, None, eps, sc, sh, None, None, None, None, None, None, mul_first)
+                counters.reset()
+                ref = gated_residual_norm_modulate(*args)
+                got = torch.ops.diffusion_fuse.gated_residual_norm_modulate(*args)
+                ref_r = gated_residual(res, x, gate_t, None, None, mul_first)
+                got_r = torch.ops.diffusion_fuse.gated_residual(res, x, gate_t, None, None, mul_first)
+                assert counters.snapshot()["kernel"] == {"gated_residual_norm_modulate": 1, "gated_residual": 1}, \
+                    counters.snapshot()
+                assert [t.stride() for t in got] == [t.stride() for t in ref], (D, mul_first)
+                assert got_r.stride() == ref_r.stride() == ref[0].stride(), (D, mul_first)
+                if not all(torch.equal(_bits(a), _bits(b)) for a, b in zip((*ref, ref_r), (*got, got_r))):
+                    bad.append((D, S, gate_t.shape, mul_first))
+    assert not bad, bad

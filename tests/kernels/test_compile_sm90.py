@@ -185,9 +185,10 @@ def test_table_addends_are_added_in_fp32_once_per_element():
     assert temb.count("fma.rn.f32") == base.count("fma.rn.f32")  # the add is not contracted into anything
 
 
-def compile_gated_residual_norm_modulate(D, dtype="bf16", n_q=0):
+def compile_gated_residual_norm_modulate(D, dtype="bf16", n_q=0, gated=True):
     """``dtype``: one dtype throughout, or Wan's forms: "wan_norm_out" (bf16 residual and x, fp32 table gate,
-    scale and shift + bf16 temb, bf16 r, FP32LayerNorm) and "wan_norm2" (the same, affine, no modulate)."""
+    scale and shift + bf16 temb, bf16 r, FP32LayerNorm) and "wan_norm2" (the same, affine, no modulate).
+    ``gated=False``: RES is ``r``, normalized only (after the tile kernel)."""
     from diffusion_fuse.kernels import gated_residual_norm_modulate as gr
 
     n_iters = lns.n_iters_for(D)
@@ -198,7 +199,7 @@ def compile_gated_residual_norm_modulate(D, dtype="bf16", n_q=0):
                  HAS_SHIFT=not plain, LN_DT=CODE[mod], T_DT=CODE[mod], U_DT=CODE[mod], V_DT=CODE[mod],
                  AFFINE_FMA=True, **lns.DEFAULT_VARIANT.constexprs(), UNIFORM=lns.is_uniform(D, n_iters),
                  **quant_constexprs(n_q, out="bf16" if wan else dtype), HAS_GATE_TEMB=wan, HAS_SCALE=not plain,
-                 HAS_SCALE_TEMB=wan and not plain, HAS_SHIFT_TEMB=wan and not plain)
+                 HAS_SCALE_TEMB=wan and not plain, HAS_SHIFT_TEMB=wan and not plain, GATED=gated)
     act = "bf16" if wan else dtype
     types = {**{p: PTR[act] for p in ("RES", "X", "R_OUT", "OUT")},
              **{p: PTR[mod] for p in ("GATE", "W", "B", "SCALE", "SHIFT")},
@@ -217,6 +218,37 @@ def test_gated_residual_norm_modulate_compiles_for_sm90(D, dtype, n_q):
     assert (E4M3_CVT in ck.asm["ptx"]) == (n_q > 0)
     assert ".approx" not in ck.asm["ptx"].replace("rsqrt.approx", "").replace("ex2.approx", "")
     assert ".ftz" not in ck.asm["ptx"]
+
+
+@pytest.mark.parametrize("D", [1000, 3072])
+def test_gated_residual_norm_modulate_reads_r_and_writes_none_when_not_gated(D):
+    gated = compile_gated_residual_norm_modulate(D).asm["ptx"]
+    ptx = compile_gated_residual_norm_modulate(D, gated=False).asm["ptx"]
+    assert "mul.rn.f32" in gated and ptx.count("st.global") < gated.count("st.global")
+    assert ptx.count("ld.global") < gated.count("ld.global")  # r only, no gate, x and residual
+
+
+@pytest.mark.parametrize("temb", [False, True])
+def test_gated_residual_tiles_read_and_write_d_major_tokens_in_whole_vectors(temb):
+    # D-major residual and r (a patch embedding's tokens), row-major x and row copy: every access a 16-byte vector
+    # along the operand's unit stride, the tile moved between the two orders through shared memory
+    from diffusion_fuse.kernels import gated_residual as gr
+
+    k = gr._gated_residual_tiles_kernel
+    const = dict(M_DT=CODE["fp32"], HAS_GATE_TEMB=temb, GATE_PER_TOKEN=False, HAS_ROWS=True, BLOCK_S=gr.BLOCK_S,
+                 BLOCK_D=gr.BLOCK_D, res_ss=1, x_sd=1, r_ss=1)  # unit strides: the launcher specializes them
+    types = {"RES": "*bf16", "X": "*bf16", "GATE": "*fp32", "GATE_T": "*bf16", "R_OUT": "*bf16", "R_ROWS": "*bf16",
+             "S": "i32", "D": "i32"}
+    aligned = ["RES", "X", "GATE", "GATE_T", "R_OUT", "R_ROWS", "S", "D", "res_sb", "res_sd", "x_sb", "x_ss", "g_sb",
+               "gt_sb", "r_sb", "r_sd"]
+    ck = compile_for_sm90(k, types, const, aligned)
+    ptx = ck.asm["ptx"]
+    assert "mul.rn.f32" in ptx and "fma" not in ptx  # g * x rounded on its own, then + residual
+    # a thread's share of the 64 x 64 tile is 32 elements an operand: residual and x in 4 vectors each, r and its
+    # row copy likewise (the gate rows, 64 values a program, may be read in scalars)
+    loads, stores = re.findall(r"ld\.global\S*", ptx), re.findall(r"st\.global\S*", ptx)
+    assert loads.count("ld.global.v4.b32") >= 8 and stores == ["st.global.v4.b32"] * 8, (loads, stores)
+    assert ck.metadata.shared > 0 and "ttg.convert_layout" in ck.asm["ttgir"]
 
 
 def test_gated_residual_norm_modulate_takes_no_cache_hints():

@@ -46,9 +46,10 @@ def make(shape, dtype, gate_layout, affine, shift, seed=0):
 def worker() -> dict:
     import diffusion_fuse
     from diffusion_fuse.lowering import counters
+    from diffusion_fuse.lowering.gated_residual import gated_residual
     from diffusion_fuse.lowering.gated_residual_norm_modulate import SPEC, gated_residual_norm_modulate
 
-    res: dict = {"kernel": {}, "dispatch": {}}
+    res: dict = {"kernel": {}, "dispatch": {}, "gated_residual": {}}
     for name, spec in CASES.items():
         args = make(*spec)
         ref_r, ref_out = gated_residual_norm_modulate(*args)
@@ -67,8 +68,11 @@ def worker() -> dict:
         "x_strided_d": (res_t, torch.cat([x, x], -1)[..., ::2], gate, *rest),
         "shape_mismatch": (res_t[:, :1], x, gate, *rest),
         "float64": tuple(t.double() if isinstance(t, torch.Tensor) else t for t in base),
-        # D-major tokens (a patch embedding's flatten(2).transpose(1, 2)): the kernel reads a contiguous copy
+        # D-major tokens (a patch embedding's flatten(2).transpose(1, 2)): the tile kernel, then the row kernel
         "residual_d_major": (res_t.transpose(1, 2).contiguous().transpose(1, 2), x, gate, *rest),
+        # the same with a row-major gate * x first: eager's r is row-major, the tile kernel writes no copy
+        "residual_d_major_mul_first": (res_t.transpose(1, 2).contiguous().transpose(1, 2), x, gate, *rest[:-1],
+                                       None, None, None, None, None, None, True),
     }
     for key, args in calls.items():
         counters.reset()
@@ -79,6 +83,16 @@ def worker() -> dict:
                                 "strides": [r.stride(), ref_r.stride(), out.stride(), ref_out.stride()],
                                 "close": bool(torch.allclose(r.float(), ref_r.float(), atol=0.1, rtol=0.02)
                                               and torch.allclose(out.float(), ref_out.float(), atol=0.1, rtol=0.02))}
+    # the standalone op (no LayerNorm reads r): the tile kernel alone, r in eager's layout
+    residual_d_major = calls["residual_d_major"][0]
+    for key, args in {"rows": (res_t, x, gate), "d_major": (residual_d_major, x, gate),
+                      "d_major_fp32_r": (residual_d_major, x, gate.float(), None, torch.bfloat16)}.items():
+        counters.reset()
+        r = torch.ops.diffusion_fuse.gated_residual(*args)
+        ref = gated_residual(*args)
+        res["gated_residual"][key] = {"counters": counters.snapshot(), "strides": [r.stride(), ref.stride()],
+                                      "dtypes": [str(r.dtype), str(ref.dtype)],
+                                      "close": bool(torch.allclose(r.float(), ref.float(), atol=0.1, rtol=0.02))}
     del diffusion_fuse
     return res
 
@@ -99,12 +113,22 @@ def test_guard_accepts_matching_rows(results):
     assert results["dispatch"]["ok"]["counters"]["kernel"] == {"gated_residual_norm_modulate": 1}
 
 
-def test_a_d_major_residual_runs_the_kernel_on_a_copy_in_eagers_layout(results):
-    r = results["dispatch"]["residual_d_major"]
+@pytest.mark.parametrize("key, strides", [("residual_d_major", [1536, 1, 24]),
+                                          ("residual_d_major_mul_first", [1536, 64, 1])])
+def test_a_d_major_residual_runs_the_tile_kernel_and_keeps_eagers_layout(results, key, strides):
+    r = results["dispatch"][key]
     assert r["counters"]["kernel"] == {"gated_residual_norm_modulate": 1}, r["counters"]
     got_r, ref_r, got_out, ref_out = r["strides"]
-    assert got_r == ref_r == [1536, 1, 24] and got_out == ref_out  # eager's add keeps the residual's layout
+    assert got_r == ref_r == strides and got_out == ref_out  # eager's add follows its first operand's layout
     assert r["close"]
+
+
+@pytest.mark.parametrize("key", ["rows", "d_major", "d_major_fp32_r"])
+def test_the_standalone_gated_residual_takes_any_residual_layout(results, key):
+    r = results["gated_residual"][key]
+    assert r["counters"]["kernel"] == {"gated_residual": 1}, r["counters"]
+    assert r["strides"][0] == r["strides"][1] and r["dtypes"][0] == r["dtypes"][1] and r["close"], r
+    assert r["strides"][0] == ([64 * 24, 1, 24] if key.startswith("d_major") else [64 * 24, 64, 1])
 
 
 @pytest.mark.parametrize("key, reason", [
