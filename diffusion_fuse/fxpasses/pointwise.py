@@ -60,7 +60,9 @@ from ..kernels.pointwise import (
     MULTI_VIEW_OPS,
     STRUCTURAL_OPS,
     VIEW_OPS,
+    WIDE_DTYPES,
     Unsupported,
+    component_dtype,
     pad_fill,
 )
 from ..kernels.pointwise_ops import FLOAT_DTYPES, LUT16_OPS, RECIPES, lookup_only
@@ -118,9 +120,14 @@ def classify(n: fx.Node) -> str | None:
         return "multi" if ok else None
     if _tensor(v, COMPLEX_DTYPES) or t in COMPLEX_VIEWS:
         return _classify_complex(n)
+    ins = n.all_input_nodes
+    if _tensor(v, WIDE_DTYPES):  # fp64 values are only viewed, on their way to a narrowing copy
+        return "view" if t in VIEW_OPS and all(_tensor(a.meta.get("val"), WIDE_DTYPES) for a in ins) else None
+    if t is torch.ops.aten._to_copy.default and _tensor(ins[0].meta.get("val"), WIDE_DTYPES):
+        ok = _tensor(v) and ins[0].meta["val"].device == v.device and len(ins) == 1
+        return "compute" if ok and not n.kwargs.keys() - {"dtype", "layout", "device", "memory_format"} else None
     if not _tensor(v):
         return None
-    ins = n.all_input_nodes
     if t in VIEW_OPS:
         return "view" if all(_tensor(a.meta.get("val")) for a in ins) else None
     if t is torch.ops.aten.constant_pad_nd.default and pad_fill(n, v.dtype) is None:
@@ -143,15 +150,17 @@ def classify(n: fx.Node) -> str | None:
 
 
 def _classify_complex(n: fx.Node) -> str | None:
-    """Complex64 values join a group only as the code generator keeps them (pairs of fp32): in through
-    ``view_as_complex`` of an fp32 value (or a complex input), through views, ``mul`` of two complex tensors,
-    and out through ``view_as_real`` (Qwen-Image's RoPE)."""
+    """Complex values join a group only as the code generator keeps them (pairs of their component dtype): in
+    through ``view_as_complex`` of an fp32 or fp64 value (or a complex input), through views, ``mul`` of two complex
+    tensors, and out through ``view_as_real`` (Qwen-Image's and Lumina's RoPE)."""
     v, t = n.meta.get("val"), n.target
     ins = [a.meta.get("val") for a in n.all_input_nodes]
     if t is torch.ops.aten.view_as_complex.default:
-        return "view" if _tensor(v, COMPLEX_DTYPES) and _tensor(ins[0], (torch.float32,)) else None
+        ok = _tensor(v, COMPLEX_DTYPES) and _tensor(ins[0], (component_dtype(v.dtype),))
+        return "view" if ok else None
     if t is torch.ops.aten.view_as_real.default:
-        return "view" if _tensor(v, (torch.float32,)) and _tensor(ins[0], COMPLEX_DTYPES) else None
+        ok = _tensor(ins[0], COMPLEX_DTYPES) and _tensor(v, (component_dtype(ins[0].dtype),))
+        return "view" if ok else None
     if t in VIEW_OPS:
         return "view" if all(_tensor(a, COMPLEX_DTYPES) for a in ins) else None
     if t is torch.ops.aten.mul.Tensor and len(n.args) == 2 and not n.kwargs and len(ins) == 2:

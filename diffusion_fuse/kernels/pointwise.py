@@ -282,10 +282,19 @@ MULTI_VIEW_OPS = frozenset({aten.unbind.int, aten.split.Tensor, aten.split_with_
 STRUCTURAL_OPS = frozenset({aten.cat.default, aten.stack.default, aten.constant_pad_nd.default,
                             aten.slice_scatter.default, aten.select_scatter.default})
 # Complex values (Qwen-Image's RoPE: ``view_as_real(view_as_complex(x.float()...) * freqs)``) live in the kernel as
-# (real, imaginary) fp32 pairs: view_as_complex and view_as_real are the only ways in and out, complex64 inputs are
-# passed as their view_as_real, and the one complex op is ``mul`` of two complex tensors (pointwise_ops.complex_mul)
-COMPLEX_DTYPES = (torch.complex64,)
+# (real, imaginary) pairs of their component dtype: view_as_complex and view_as_real are the only ways in and out,
+# complex inputs are passed as their view_as_real, and the one complex op is ``mul`` of two complex tensors
+# (pointwise_ops.complex_mul). complex128 (Lumina's RoPE table, built in float64 by ``torch.polar``) promotes a
+# complex64 operand exactly; its fp64 values reach the output only through ``_to_copy`` (``WIDE_DTYPES``).
+COMPLEX_DTYPES = (torch.complex64, torch.complex128)
+# fp64 values: a complex128 value's components (or an fp64 input) on their way to a narrowing ``_to_copy``
+WIDE_DTYPES = (torch.float64,)
 COMPLEX_VIEWS = frozenset({aten.view_as_complex.default, aten.view_as_real.default})
+
+
+def component_dtype(dtype: torch.dtype) -> torch.dtype:
+    """complex64 → float32, complex128 → float64."""
+    return torch.float64 if dtype == torch.complex128 else torch.float32
 
 
 def pad_fill(n: fx.Node, dtype: torch.dtype) -> float | None:
@@ -546,6 +555,8 @@ class Generator(Emit):
             return self._select(n, idx, mask)
         if t is aten.mean.dim:
             return self._row_mean(n, idx, mask)
+        if t is aten._to_copy.default and self.meta(n.args[0]).dtype in WIDE_DTYPES:
+            return self._narrow(n, idx, mask)
         r = RECIPES.get(t)
         if r is None:
             raise Unsupported(f"op {t}")
@@ -562,11 +573,24 @@ class Generator(Emit):
         for i in r.tensor_args:
             a = n.args[i]
             if isinstance(a, fx.Node):
-                ops.append(to_common(self, self.value(a, self._broadcast(a, idx, out.shape), mask), out.dtype))
+                v = self.value(a, self._broadcast(a, idx, out.shape), mask)
+                if v.dtype in WIDE_DTYPES:
+                    raise Unsupported(f"{a.name} ({v.dtype}) is read by {t}: fp64 values only narrow")
+                ops.append(to_common(self, v, out.dtype))
             else:
                 ops.append(to_common(self, a, out.dtype))
         v = self.tmp(r.build(self, n, ops, self.variants))
         return Val(v if r.selects else self.tmp(round_code(v, out.dtype)), out.dtype)
+
+    def _narrow(self, n: fx.Node, idx: list[Lin], mask: str) -> Val:
+        """``_to_copy`` of an fp64 value to a narrower float: to fp32 (nearest even), then to the output dtype, as
+        C++'s ``static_cast`` of a double to ``c10::BFloat16``/``c10::Half`` goes (their constructors take a float:
+        two roundings)."""
+        out = self.meta(n).dtype
+        if out not in FLOAT_DTYPES or n.kwargs.keys() - {"dtype", "layout", "device", "memory_format"}:
+            raise Unsupported(f"{n.name}: fp64 to {out}")
+        x = self.value(n.args[0], idx, mask)
+        return Val(self.tmp(round_code(self.tmp(f"{x.code}.to(tl.float32)"), out)), out)
 
     def _load(self, k: int, spec: TensorSpec, idx: list[Lin], mask: str) -> Val:
         """Input ``in{k}`` (laid out as ``spec``) at ``idx``, as fp32 code holding a value of its dtype."""
@@ -582,8 +606,8 @@ class Generator(Emit):
             # under a narrower mask (a cat branch) the index may be out of the input's range where the mask
             # is off: the mask must apply, so a scalar address becomes a block
             load = f"tl.load({self.block_ptr(f'in{k}', off)}, mask={mask}, other=0)"
-        if spec.dtype == torch.bool:
-            return Val(self.tmp(load), torch.bool)
+        if spec.dtype in (torch.bool,) + WIDE_DTYPES:
+            return Val(self.tmp(load), spec.dtype)
         if spec.dtype not in FLOAT_DTYPES:
             raise Unsupported(f"input dtype {spec.dtype}")
         return Val(self.tmp(f"{load}.to(tl.float32)" if spec.dtype != torch.float32 else load), spec.dtype)
@@ -656,7 +680,7 @@ class Generator(Emit):
         pairs = (self.block_shape == "[BLOCK]" and self.block % 2 == 0 and q == Lin.of(_PARITY)
                  and all(_pair_invariant(i) for i in at))
         re, im = self.cvalue(n.args[0], at, mask, q if pairs else None)
-        return Val(self.tmp(f"tl.where({self.index_code(q)} == 0, {re.code}, {im.code})"), torch.float32)
+        return Val(self.tmp(f"tl.where({self.index_code(q)} == 0, {re.code}, {im.code})"), re.dtype)
 
     def cvalue(self, n: fx.Node, idx: list[Lin], mask: str, lane: Lin | None = None) -> tuple[Val, Val]:
         """Complex node ``n`` at ``idx`` as its (real, imaginary) fp32 values. ``lane``: the lane's own component
@@ -672,8 +696,8 @@ class Generator(Emit):
         spec = self.meta(n)
         if spec.dtype not in COMPLEX_DTYPES:
             raise Unsupported(f"{n.name} is not complex")
-        if n.op == "placeholder":  # passed as view_as_real: fp32 pairs
-            real = TensorSpec((*spec.shape, 2), (*(2 * st for st in spec.stride), 1), torch.float32)
+        if n.op == "placeholder":  # passed as view_as_real: pairs of its component dtype
+            real = TensorSpec((*spec.shape, 2), (*(2 * st for st in spec.stride), 1), component_dtype(spec.dtype))
             k = self.placeholders[n]
             return self._components(lambda q, m: self._load(k, real, [*idx, q], m), lane, mask)
         t = n.target
@@ -684,10 +708,16 @@ class Generator(Emit):
             x, in_idx = view_input_index(self, n, idx)
             return self.cvalue(x, in_idx, mask, lane)
         if t is aten.mul.Tensor and len(n.args) == 2 and all(isinstance(a, fx.Node) for a in n.args):
-            (a, b), (c, d) = (self.cvalue(x, self._broadcast(x, idx, spec.shape), mask, lane) for x in n.args)
-            re, im = complex_mul(self, a.code, b.code, c.code, d.code, self.variants)
-            return Val(self.tmp(re), torch.float32), Val(self.tmp(im), torch.float32)
+            comp = component_dtype(spec.dtype)
+            # a complex64 operand of a complex128 product: its fp32 components widen exactly
+            (a, b), (c, d) = ((self._widened(v, comp) for v in self.cvalue(x, self._broadcast(x, idx, spec.shape),
+                                                                            mask, lane)) for x in n.args)
+            re, im = complex_mul(self, a, b, c, d, self.variants, comp)
+            return Val(self.tmp(re), comp), Val(self.tmp(im), comp)
         raise Unsupported(f"complex op {t}")
+
+    def _widened(self, v: Val, dtype: torch.dtype) -> str:
+        return v.code if v.dtype == dtype else self.tmp(f"{v.code}.to(tl.float64)")
 
     def _components(self, load: Callable[[Lin, str], Val], lane: Lin | None, mask: str) -> tuple[Val, Val]:
         """(real, imaginary) of a complex element stored as an fp32 pair; ``load(q, mask)`` gives component q."""

@@ -57,13 +57,16 @@ clamp / clamp_min/max       NaN stays; else ``min(max(x, lo), hi)`` with fp32 bo
                             (TensorCompare.cu launch_clamp_scalar: bounds in opmath)
 pow.Tensor_Scalar(x, 2)     ``x * x`` (PowKernel: exponent 2 specialization)
 where(c, a, b)              ``a`` if c else ``b``, both at the common dtype
-mul (complex64 tensors)     ``fma(a, c, -(b*d))`` + ``fma(a, d, b*c)`` i (``complex_mul``, the
-                            components as fp32 pairs: in through view_as_complex or a complex
-                            input, out through view_as_real) (BinaryMulKernel, c10::complex<float>)
+mul (complex tensors)       ``fma(a, c, -(b*d))`` + ``fma(a, d, b*c)`` i (``complex_mul``, the
+                            components as fp32 pairs, fp64 for complex128: in through
+                            view_as_complex or a complex input, out through view_as_real)
+                            (BinaryMulKernel, c10::complex<float> / <double>)
+_to_copy from fp64          to fp32, then to the output dtype (a double to c10::BFloat16 goes
+                            through float: two roundings); fp64 values only narrow
 cat, stack                  the selected input, converted to the output dtype
 =========================== =================================================================
 
-Not reproduced (the op stays an eager op): integer and fp64 tensors, ``alpha != 1``, addcmul's ``value != 1``
+Not reproduced (the op stays an eager op): integer tensors, fp64 arithmetic, ``alpha != 1``, addcmul's ``value != 1``
 (its FMA rounds alpha's product once), ``pow`` with
 other exponents (bf16 ``x*x*x`` rounds between the products), division with a rounding mode,
 non-finite scalars. Which libdevice function equals eager's on the GPU, and whether nvcc
@@ -281,21 +284,29 @@ def _gelu(em: Emit, n: fx.Node, a: list[str], var: Variants) -> str:
     return f"{half} * {em.tmp(f'1.0 + {e}')}"
 
 
-def neg_code(x: str, var: Variants) -> str:
-    """``-x`` as C++ negates a float. (Triton's unary minus is ``0 - x``: +0 for +0, not -0.)"""
+def neg_code(x: str, var: Variants, dtype: torch.dtype = torch.float32) -> str:
+    """``-x`` as C++ negates a float (or, ``dtype`` float64, a double). (Triton's unary minus is ``0 - x``: +0 for
+    +0, not -0.)"""
+    wide = dtype == torch.float64
     # Triton's interpreter runs no inline PTX: there the sign flip, equal to neg.f32 but on NaN
     if var.neg == "xor" or triton_interpret():
+        if wide:
+            return f"({x}.to(tl.int64, bitcast=True) ^ -9223372036854775808).to(tl.float64, bitcast=True)"
         return f"({x}.to(tl.int32, bitcast=True) ^ -2147483648).to(tl.float32, bitcast=True)"
+    if wide:
+        return f'tl.inline_asm_elementwise("neg.f64 $0, $1;", "=d,d", [{x}], dtype=tl.float64, is_pure=True, pack=1)'
     return f'tl.inline_asm_elementwise("neg.f32 $0, $1;", "=f,f", [{x}], dtype=tl.float32, is_pure=True, pack=1)'
 
 
-def complex_mul(em: Emit, a: str, b: str, c: str, d: str, var: Variants) -> tuple[str, str]:
-    """``(a + bi) * (c + di)`` for complex64 as eager's CUDA kernel computes it: ``c10::complex<float>``'s
-    ``real = a*c - b*d``, ``imag = a*d + b*c`` as nvcc contracted them, ``fma(a, c, -(b*d))`` and ``fma(a, d, b*c)``
-    (of nine candidate formulas the one that gives eager's bits on the H200: tests/gpu/test_pointwise_gpu.py's
-    ``qwen_rope_cat`` chain holds the kernel to it)."""
+def complex_mul(em: Emit, a: str, b: str, c: str, d: str, var: Variants,
+                dtype: torch.dtype = torch.float32) -> tuple[str, str]:
+    """``(a + bi) * (c + di)`` as eager's CUDA kernel computes it: ``c10::complex<T>``'s ``real = a*c - b*d``,
+    ``imag = a*d + b*c`` as nvcc contracted them, ``fma(a, c, -(b*d))`` and ``fma(a, d, b*c)`` (of nine candidate
+    formulas the one that gives eager's bits for complex64 on the H200: tests/gpu/test_pointwise_gpu.py's
+    ``qwen_rope_cat`` chain holds the kernel to it; its ``lumina_rope`` chain holds the complex128 one, the same
+    template on doubles). ``dtype``: the components' (float32, or float64 for complex128)."""
     bd, bc = em.tmp(f"{b} * {d}"), em.tmp(f"{b} * {c}")
-    return f"tl.fma({a}, {c}, {em.tmp(neg_code(bd, var))})", f"tl.fma({a}, {d}, {bc})"
+    return f"tl.fma({a}, {c}, {em.tmp(neg_code(bd, var, dtype))})", f"tl.fma({a}, {d}, {bc})"
 
 
 def _neg(em: Emit, n: fx.Node, a: list[str], var: Variants) -> str:

@@ -29,6 +29,7 @@ from ..kernels.pointwise import (
     BLOCK,
     COMPLEX_DTYPES,
     LUT_BLOCK,
+    WIDE_DTYPES,
     Generator,
     KernelSource,
     TensorSpec,
@@ -138,7 +139,7 @@ def can_use_pointwise(a) -> tuple[bool, str]:
         return False, f"device is {dev.type}"
     if any(t.device != dev for t in inputs):
         return False, "inputs on different devices"
-    bad = [t.dtype for t in inputs if t.dtype not in FLOAT_DTYPES + COMPLEX_DTYPES + (torch.bool,)]
+    bad = [t.dtype for t in inputs if t.dtype not in FLOAT_DTYPES + COMPLEX_DTYPES + WIDE_DTYPES + (torch.bool,)]
     if bad:
         return False, f"unsupported dtype {bad[0]}"
     if key not in PROGRAMS:

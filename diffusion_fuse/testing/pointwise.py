@@ -164,10 +164,16 @@ def qwen_rope_cat(txt, img, txt_freqs, img_freqs):  # Qwen-Image's joint attenti
     return torch.cat([qwen_rope(txt, txt_freqs), qwen_rope(img, img_freqs)], 1)
 
 
-def rope_freqs(tokens: int, pairs: int, device="cuda", generator=None) -> torch.Tensor:
-    """A RoPE table as Qwen-Image builds it: unit complex64 numbers ``polar(1, theta)``, [tokens, pairs]."""
+def rope_freqs(tokens: int, pairs: int, device="cuda", generator=None, dtype=torch.complex64) -> torch.Tensor:
+    """A RoPE table as Qwen-Image builds it: unit complex64 numbers ``polar(1, theta)``, [tokens, pairs];
+    ``dtype=torch.complex128`` as Lumina builds it (``polar`` of float64 angles, kept)."""
     theta = torch.rand(tokens, pairs, device=device, generator=generator, dtype=torch.float64) * 4096
-    return torch.polar(torch.ones_like(theta), theta).to(torch.complex64)
+    return torch.polar(torch.ones_like(theta), theta).to(dtype)
+
+
+def lumina_rope(x, freqs_cis):  # Lumina2's RoPE: a complex128 table ([B, S, pairs]) makes the product complex128
+    x_rotated = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(x_rotated * freqs_cis.unsqueeze(2)).flatten(3).type_as(x)
 
 
 def rope_into_slice(q, cos, sin):  # ``q[:, :, text:] = rope(q[:, :, text:])``: the image tokens only
@@ -227,7 +233,7 @@ CHAINS = ("flux_rope_single", "flux_rope_double", "flux_gated_residual", "flux_g
           "flux_gelu_clone", "swiglu", "wan_fp32_residual", "sana_query_relu", "sana_key_relu", "sana_value_float",
           "sana_attn_out", "sana_bias_add", "sana_conv_silu", "sana_conv_glu", "wan_rope", "sana_value_pad",
           "qwen_rope_cat", "rope_into_slice", "sd35_value_cat", "split_rope", "gelu_erf_cat", "sd35_qk_norm_cat",
-          "qwen_qk_norm_rope_cat")
+          "qwen_qk_norm_rope_cat", "lumina_rope")
 
 
 # Unary ops a bf16 table of eager's outputs can stand for (kernels/lut16.py): the lookup tests and the probe
@@ -283,6 +289,8 @@ def chain(name: str, device="cuda", seed: int = 0):
         "qwen_qk_norm_rope_cat": (qwen_qk_norm_rope_cat, (rn(1, 256, 24, 128), rn(1, 4096, 24, 128), rn(128), rn(128),
                                                           rope_freqs(256, 64, device, g),
                                                           rope_freqs(4096, 64, device, g))),
+        # Lumina-Image-2.0 at 1024²: 4352 tokens, 24 heads of 96, a complex128 RoPE table
+        "lumina_rope": (lumina_rope, (rn(1, 4352, 24, 96), rope_freqs(4352, 48, device, g, torch.complex128)[None])),
         # LTX-2's split RoPE at 6144 video tokens, 32 heads of 128: fp32 tables per head and token
         "split_rope": (split_rope, (rn(1, 6144, 4096), rn(1, 32, 6144, 64, dtype=f32), rn(1, 32, 6144, 64, dtype=f32))),
         "sana_attn_out": (sana_attn_out, (rn(2, 70, 33, 1024, dtype=f32),)),

@@ -356,7 +356,9 @@ def compile_pointwise(fn, *args):
     from diffusion_fuse.lowering.pointwise import generate_source
     from diffusion_fuse.testing.pointwise import program_of
 
-    ptr = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.bool: "*i1"}
+    # (a complex input is passed as its view_as_real: pairs of its component dtype)
+    ptr = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.bool: "*i1",
+           torch.complex64: "*fp32", torch.complex128: "*fp64"}
     src = generate_source(list(args), program_of(fn, *args))
     k = load_kernel(src)
     sig = {**{f"in{i}": ptr[t.dtype] for i, t in enumerate(args)},
@@ -389,11 +391,13 @@ def _pointwise_case(name):
         # transposes (tiled kernels): SANA's linear attention at 70 heads of 32, 256 tokens
         "sana_query_relu": (functools.partial(pw.sana_query_relu, heads=70), (rn(2, 256, 2240),)),
         "sana_attn_out": (pw.sana_attn_out, (rn(2, 70, 33, 256, dtype=torch.float32),)),
+        # Lumina's complex128 RoPE: 24 heads of 96, 64 tokens
+        "lumina_rope": (pw.lumina_rope, (rn(1, 64, 24, 96), pw.rope_freqs(64, 48, "cpu", g, torch.complex128)[None])),
     }[name]
 
 
 @pytest.mark.parametrize("name", ["gated_residual", "rope_double", "wan_residual", "gelu_cat", "silu_div",
-                                  "sana_query_relu", "sana_attn_out"])
+                                  "sana_query_relu", "sana_attn_out", "lumina_rope"])
 def test_pointwise_kernels_compile_for_sm90(name):
     fn, args = _pointwise_case(name)
     src, ck = compile_pointwise(fn, *args)
@@ -406,7 +410,7 @@ def test_pointwise_kernels_compile_for_sm90(name):
     if "libdevice" not in src.source and "tl.fma" not in src.source:
         assert "fma" not in ptx  # enable_fp_fusion=False: no contraction of our mul + add
     if "tl.fma" in src.source:
-        assert "fma.rn.f32" in ptx
+        assert re.search(r"fma\.rn\.f(32|64)", ptx)
     # libdevice without its FTZ reflect (launch.EAGER_NUMERICS): the only .ftz left are the approximations
     # __nv_expf/__nv_tanhf use whatever the reflect (with it on: abs/fma/cvt .ftz too, which flush subnormals)
     ftz_ops = set(re.findall(r"\b([a-z0-9]+(?:\.[a-z0-9]+)*\.ftz(?:\.[a-z0-9]+)*)", ptx))
@@ -422,6 +426,10 @@ def test_pointwise_kernels_compile_for_sm90(name):
         # vector loads, no scalar partner loads, no shared memory
         assert "ld.global.v4" in ptx and not re.search(r"ld\.global(\.nc)?\.(b16|u16)\b", ptx), name
         assert ck.metadata.shared == 0
+    if name == "lumina_rope":
+        # the product in doubles as c10::complex<double>: fma(a, c, -(b*d)) with C++'s negation, then the double
+        # narrowed to float before bf16
+        assert "neg.f64" in ptx and "fma.rn.f64" in ptx and "cvt.rn.f32.f64" in ptx, name
     if name.startswith("sana_"):
         # a transpose, tiled: loads contiguous along one tile index, stores along the other, both 16-byte
         # vectors; the values change layout once, through shared memory

@@ -135,6 +135,8 @@ def make(name, seed=0):
         # at Qwen-Image's shapes
         "qwen_rope_cat_branches": (pw.qwen_rope_cat, (rn(1, 8, 4, 32), rn(1, 24, 4, 32), pw.rope_freqs(8, 16, "cpu", g),
                                                       pw.rope_freqs(24, 16, "cpu", g))),
+        # Lumina's: a complex128 table promotes the product to fp64 pairs, narrowed by type_as
+        "lumina_rope": (pw.lumina_rope, (rn(1, 24, 3, 24), pw.rope_freqs(24, 12, "cpu", g, torch.complex128)[None])),
         "sana_attn_out": (pw.sana_attn_out, (rn(2, 5, 17, 48, dtype=f32),)),
         "sana_attn_out_odd": (pw.sana_attn_out, (rn(1, 3, 17, 37, dtype=f32),)),
         "sana_key_relu_fp32": (functools.partial(pw.sana_key_relu, heads=3), (rn(2, 70, 96, dtype=f32),)),
@@ -180,7 +182,7 @@ CASES = ["rope", "rope_cat", "gated_residual", "gelu_cat", "swiglu", "wan_residu
          "sana_key_relu_fp32", "bias_add", "cat_per_program", "gelu_cat_branches", "cat_three_chains", "cat_rows",
          "gelu_cat_rows", "cat_three_with_gelu", "conv_silu", "conv_glu", "wan_rope",
          "wan_rope_fp32", "sana_value_pad", "pad_both_sides", "qwen_rope", "qwen_rope_cat", "qwen_rope_cat_branches",
-         "joint_value_cat", "split_rope", "pairs_then_pad", "pairs_of_a_transpose"]
+         "joint_value_cat", "split_rope", "pairs_then_pad", "pairs_of_a_transpose", "lumina_rope"]
 CONV_BIAS_CASES = {"conv_silu": "convolution,silu", "conv_glu": "convolution,silu,mul"}
 # cats whose kernel branches once per program on the input its BLOCK lies in (number of branches)
 BRANCHES = {"gelu_cat_branches": 2, "cat_three_chains": 3, "cat_rows": 2, "gelu_cat": 0, "gelu_cat_rows": 2,
@@ -416,6 +418,7 @@ def test_generated_kernel_matches_eager(results, case):
     ("sana_value_pad", "_to_copy,constant_pad_nd"),
     ("qwen_rope", "_to_copy,mul,_to_copy"),
     ("qwen_rope_cat", "_to_copy,mul,_to_copy,_to_copy,mul,_to_copy,cat"),
+    ("lumina_rope", "_to_copy,mul,_to_copy"),
     ("split_rope", "_to_copy,mul,neg,addcmul,slice_scatter,addcmul,slice_scatter,_to_copy"),
 ])
 def test_whole_chain_is_one_site(results, case, ops):
