@@ -494,6 +494,50 @@ def welford_tile_stats(tile, N, eps, N_ITERS: tl.constexpr, LANES: tl.constexpr,
     return mean, _rstd(m2, N, eps)
 
 
+SHORT_ROW = WARP * VEC  # rows up to this long lie in warp 0 of eager's block: short_rows_stats
+
+
+@triton.jit
+def short_rows_stats(x, N, eps, R: tl.constexpr, PUSH_MEAN_FMA: tl.constexpr = True, PUSH_M2_FMA: tl.constexpr = True,
+                     COMB_MEAN: tl.constexpr = 0, COMB_M2_FMA: tl.constexpr = True):
+    """(mean, rstd), each [R], of R rows of N <= SHORT_ROW elements held as [R, 32, 4] fp32 (lane t of a row:
+    columns 4t .. 4t+3; anything past the row is ignored). Eager's block gives such a row to warp 0 alone, one
+    vector a lane (threads 32-127 have none): the lanes' pushes and warp 0's shuffle tree make the row's state,
+    and the empty warps join through the cross-warp levels, two combines with a zero state (count 0, which leave
+    the values as they are except where eager's arithmetic makes a NaN, e.g. an infinite delta times a count of 0:
+    computed literally). The same operations in the same order as ``welford_tile_stats``: the same bits."""
+    lane = tl.arange(0, 32)[None, :]  # a warp's lanes, a vector of 4 each (WARP, VEC: jit code takes literals)
+    valid = lane < N // 4
+    mean = tl.zeros([R, 32], tl.float32)
+    m2 = tl.zeros([R, 32], tl.float32)
+    cnt = tl.zeros([R, 32], tl.float32)
+    even, odd = tl.split(tl.reshape(x, [R, 32, 2, 2]))  # column 2a + b: b splits first
+    c0, c2 = tl.split(even)
+    c1, c3 = tl.split(odd)
+    mean, m2, cnt = _welford_push(mean=mean, m2=m2, cnt=cnt, v=c0, valid=valid, N_NEW=1, PUSH_MEAN_FMA=PUSH_MEAN_FMA,
+                                  PUSH_M2_FMA=PUSH_M2_FMA)
+    mean, m2, cnt = _welford_push(mean=mean, m2=m2, cnt=cnt, v=c1, valid=valid, N_NEW=2, PUSH_MEAN_FMA=PUSH_MEAN_FMA,
+                                  PUSH_M2_FMA=PUSH_M2_FMA)
+    mean, m2, cnt = _welford_push(mean=mean, m2=m2, cnt=cnt, v=c2, valid=valid, N_NEW=3, PUSH_MEAN_FMA=PUSH_MEAN_FMA,
+                                  PUSH_M2_FMA=PUSH_M2_FMA)
+    mean, m2, cnt = _welford_push(mean=mean, m2=m2, cnt=cnt, v=c3, valid=valid, N_NEW=4, PUSH_MEAN_FMA=PUSH_MEAN_FMA,
+                                  PUSH_M2_FMA=PUSH_M2_FMA)
+    mean, m2, cnt = tl.reshape(mean, [R * 32]), tl.reshape(m2, [R * 32]), tl.reshape(cnt, [R * 32])
+    # warp 0's shfl_down levels: lane l < off takes (l, l + off), per row
+    mean, m2, cnt = _tree_step(mean, m2, cnt, R, 16, COMB_MEAN, COMB_M2_FMA)
+    mean, m2, cnt = _tree_step(mean, m2, cnt, R, 8, COMB_MEAN, COMB_M2_FMA)
+    mean, m2, cnt = _tree_step(mean, m2, cnt, R, 4, COMB_MEAN, COMB_M2_FMA)
+    mean, m2, cnt = _tree_step(mean, m2, cnt, R, 2, COMB_MEAN, COMB_M2_FMA)
+    mean, m2, cnt = _tree_step(mean, m2, cnt, R, 1, COMB_MEAN, COMB_M2_FMA)
+    # the cross-warp levels (offsets 2, 1): warp 0 takes warp 2's state, then warps 1 + 3's, all empty
+    zero = tl.zeros([R], tl.float32)
+    mean, m2, cnt = _welford_combine(mean_b=mean, m2_b=m2, cnt_b=cnt, mean_a=zero, m2_a=zero, cnt_a=zero,
+                                     COMB_MEAN=COMB_MEAN, COMB_M2_FMA=COMB_M2_FMA)
+    mean, m2, cnt = _welford_combine(mean_b=mean, m2_b=m2, cnt_b=cnt, mean_a=zero, m2_a=zero, cnt_a=zero,
+                                     COMB_MEAN=COMB_MEAN, COMB_M2_FMA=COMB_M2_FMA)
+    return mean, _rstd(m2, N, eps)
+
+
 @triton.jit
 def _rstd(m2, N, eps):
     var = tl.math.div_rn(m2, tl.cast(N, tl.float32))

@@ -25,6 +25,10 @@ everything else to the reference); scale/shift anything that broadcasts to x wit
 [B,S,D], strided per-token slices of [B,S,6,D]), or None.
 Verified shapes: tests/gpu/test_norm_modulate_gpu.py, tests/gpu/test_layer_norm_gpu.py (no modulate) and
 tests/gpu/test_table_slice_gpu.py (the second addends).
+
+Rows of at most 128 elements without a modulate (family layer_norm: QK norms over a head) run
+``_short_rows_kernel``: SHORT_ROWS rows a program as [rows, 32, 4] tiles, where a program a row would leave 96
+of its 128 lanes empty (eager's own block does; kernels/layer_norm_stats.py ``short_rows_stats`` keeps its order).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from .launch import CachedLaunch
 from .layer_norm_stats import (
     DEFAULT_VARIANT,
     LANES,
+    SHORT_ROW,
     VEC,
     is_uniform,
     layer_norm_apply_affine,
@@ -43,6 +48,7 @@ from .layer_norm_stats import (
     n_iters_for,
     program_row,
     row_tile_trip,
+    short_rows_stats,
     welford_tile_stats,
 )
 from .optional_triton import tl, triton
@@ -226,6 +232,66 @@ def _norm_modulate_kernel(
         N_Q=N_Q, STORE_OUT=STORE_OUT, OUT_DT=OUT_DT, Q_MODE=Q_MODE, NAN_SIGN=NAN_SIGN,
         sct_row=SCALE_T + bi * sct_sb + si * sct_ss, sht_row=SHIFT_T + bi * sht_sb + si * sht_ss, HAS_SCALE=HAS_SCALE,
         HAS_SCALE_TEMB=HAS_SCALE_TEMB, HAS_SHIFT_TEMB=HAS_SHIFT_TEMB, CACHE_HINTS=CACHE_HINTS)
+
+
+@triton.jit(do_not_specialize=["S", "H"])
+def _short_rows_kernel(X, W, B, OUT, M, N, S, H, eps, x_sb, x_ss, x_sd, x_sh,
+                       R: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, LN_DT: tl.constexpr,
+                       PUSH_MEAN_FMA: tl.constexpr, PUSH_M2_FMA: tl.constexpr, COMB_MEAN: tl.constexpr,
+                       COMB_M2_FMA: tl.constexpr, AFFINE_FMA: tl.constexpr, X_HEADS: tl.constexpr):
+    """R rows of N <= SHORT_ROW elements: statistics, normalize, affine, one rounding to LN_DT, stored in OUT's
+    dtype (``modulate_store`` without a modulate). Rows are [B, S] (or [B, H, S] with X_HEADS) of x's strides; the
+    output is contiguous."""
+    rows = tl.program_id(0) * R + tl.arange(0, R)  # int32: divisions stay short (program_row)
+    si = (rows % S).to(tl.int64)
+    if X_HEADS:
+        bh = rows // S
+        base = (bh // H).to(tl.int64) * x_sb + (bh % H).to(tl.int64) * x_sh + si * x_ss
+    else:
+        base = (rows // S).to(tl.int64) * x_sb + si * x_ss
+    col = tl.arange(0, 32)[:, None] * 4 + tl.arange(0, 4)[None, :]  # [WARP, VEC]: short_rows_stats' tile
+    mask = (rows < M)[:, None, None] & (col < N)[None, :, :]
+    x = tl.load(X + base[:, None, None] + (col * x_sd)[None, :, :], mask=mask, other=0.0).to(tl.float32)
+    mean, rstd = short_rows_stats(x, N, eps, R, PUSH_MEAN_FMA, PUSH_M2_FMA, COMB_MEAN, COMB_M2_FMA)
+    w = x
+    b = x
+    if HAS_W:
+        w = tl.load(W + col, mask=col < N, other=0.0).to(tl.float32)[None, :, :]
+    if HAS_B:
+        b = tl.load(B + col, mask=col < N, other=0.0).to(tl.float32)[None, :, :]
+    y = layer_norm_apply_affine(x, mean[:, None, None], rstd[:, None, None], w, b, HAS_W, HAS_B, AFFINE_FMA)
+    out = OUT + rows.to(tl.int64)[:, None, None] * N + col[None, :, :]
+    tl.store(out, round_to(y, LN_DT).to(OUT.dtype.element_ty), mask=mask)
+
+
+SHORT_ROWS = 16  # rows a program of _short_rows_kernel
+
+
+def plan_short_rows(a):
+    """A launch of ``_short_rows_kernel`` for family layer_norm's arguments (``a``: x as [M, D], [B, S, D] or
+    [B, H, S, D] rows, D <= SHORT_ROW, no modulate), or None where that kernel does not apply."""
+    x = a.x
+    D = x.shape[-1]
+    if D > SHORT_ROW or a.scale is not None or a.shift is not None:
+        return None
+    heads = x.dim() == 4
+    ln_dt, _, _, _, final = result_dtypes(x.dtype, None, None, a.ln_dtype, a.out_dtype)
+    M, S = x.numel() // D, x.shape[-2] if x.dim() >= 3 else 1
+    x_strides = (x.stride(0), x.stride(2), x.stride(-1), x.stride(1)) if heads else \
+        (*batch_token_strides(x, x), x.stride(-1), 0)
+    const = dict(R=SHORT_ROWS, HAS_W=a.weight is not None, HAS_B=a.bias is not None, LN_DT=DT_CODE[ln_dt],
+                 **DEFAULT_VARIANT.constexprs(), AFFINE_FMA=True, X_HEADS=heads)
+    kernel = CachedLaunch(_short_rows_kernel, (-(-M // SHORT_ROWS),), const, num_warps=4)
+    shape, device = x.shape, x.device
+
+    def launch(a):
+        x = a.x
+        out = torch.empty(shape, dtype=final, device=device)
+        kernel(x, a.weight if a.weight is not None else x, a.bias if a.bias is not None else x, out, M, D, S,
+               x.shape[1] if heads else 1, a.eps, *x_strides)
+        return out
+
+    return launch
 
 
 def use_cache_hints(ln_dt: torch.dtype) -> bool:

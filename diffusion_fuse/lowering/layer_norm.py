@@ -2,7 +2,8 @@
 
     out = native_layer_norm(x [→ ln_dtype], [D], weight, bias, eps)[0] [→ out_dtype]
 
-CUDA inputs the guard accepts run kernels/norm_modulate.py's kernel without its modulate (HAS_SCALE=False). x's
+CUDA inputs the guard accepts run kernels/norm_modulate.py's kernel without its modulate (HAS_SCALE=False), or, for
+rows of at most 128 elements (QK norms over a head), its multi-row ``_short_rows_kernel``. x's
 rows (its leading dims, merged where they step evenly: kernels/rows.row_layout) are read in place through a view
 of at most three row dims: [M, D], [B, S, D], or [B, H, S, D] (X_HEADS: a [B, S, H, D] projection transposed to
 [B, H, S, D], as attention QK norms read it); the output is contiguous, as eager's.
@@ -15,7 +16,7 @@ import types
 import torch
 from torch import Tensor
 
-from ..kernels.norm_modulate import plan_norm_modulate
+from ..kernels.norm_modulate import plan_norm_modulate, plan_short_rows
 from ..kernels.rows import row_layout
 from . import checks
 from .norm_modulate import can_use_norm_modulate, layer_norm_modulate
@@ -65,7 +66,8 @@ def _static_guard(a) -> str:
 
 def _plan(a):
     shape = a.x.shape
-    run = plan_norm_modulate(_as_norm_modulate(a, folded_rows(a.x)))
+    run = plan_short_rows(_as_norm_modulate(a, folded_rows(a.x))) or \
+        plan_norm_modulate(_as_norm_modulate(a, folded_rows(a.x)))
     return lambda a: run(_as_norm_modulate(a, folded_rows(a.x))).view(shape)
 
 

@@ -2,7 +2,8 @@
 ``native_layer_norm`` (the op's reference) with its casts.
 
 Forms: bf16, fp16 and fp32 LayerNorms with and without weight and bias, and the FP32LayerNorm form (bf16 x
-normalized in fp32 with fp32 weight and bias, the output cast back to bf16); D in {64, 1000, 1536, 3072, 5120}, rows
+normalized in fp32 with fp32 weight and bias, the output cast back to bf16); D in {16, 64, 72, 128, 1000, 1536,
+3072, 5120} (up to 128: 16 rows a program), rows
 1..4096, amplitudes 1e-4/1/100 with a per-row offset, eps 1e-6/1e-5; rank-4 rows (contiguous [B, H, S, D],
 [B, S, H, D] transposed to [B, H, S, D] with B = 1 and 2, every other token) and strided rank-3 rows, through the
 op (its counters show the kernel ran).
@@ -19,7 +20,7 @@ if not torch.cuda.is_available():
 from diffusion_fuse.lowering import counters  # noqa: E402
 from diffusion_fuse.lowering.layer_norm import SPEC, can_use_layer_norm, layer_norm  # noqa: E402
 
-DIMS = (64, 1000, 1536, 3072, 5120)
+DIMS = (16, 64, 72, 128, 1000, 1536, 3072, 5120)  # up to 128: the multi-row kernel (QK norms)
 FORMS = {  # name: (x dtype, ln_dtype, out_dtype, weight, bias)
     "bf16": (torch.bfloat16, None, None, False, False),
     "bf16_affine": (torch.bfloat16, None, None, True, True),
@@ -88,6 +89,20 @@ def test_row_layouts_through_the_op(form, layout):
     got = torch.ops.diffusion_fuse.layer_norm(*args)
     assert counters.snapshot()["kernel"] == {"layer_norm": 1}, counters.snapshot()
     assert torch.equal(_bits(layer_norm(*args)), _bits(got))
+
+
+@pytest.mark.parametrize("form", ["bf16_affine", "fp32", "fp32_layer_norm"])
+def test_short_rows_with_zeros_infinities_nans_and_huge_values(form):
+    # rows of 128 (16 a program) whose statistics overflow, or whose count-0 combines meet an infinite delta
+    x, w, b, ln_dtype, out_dtype = make(form, (3, 40, 128), 1.0, seed=11)
+    x[0, 0] = 0.0
+    x[0, 1] = -0.0
+    x[0, 2, :3] = float("inf")
+    x[0, 3, 5] = float("-inf")
+    x[1, 0, 7] = float("nan")
+    x[1, 1] = 3e38 if x.dtype != torch.float16 else 6e4
+    x[1, 2, ::2] = -x[1, 1, ::2]
+    assert ndiff(x, w, b, 1e-6, ln_dtype, out_dtype) == 0
 
 
 def test_zero_eps_with_a_subnormal_variance():

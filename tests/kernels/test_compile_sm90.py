@@ -251,6 +251,22 @@ def test_gated_residual_tiles_read_and_write_d_major_tokens_in_whole_vectors(tem
     assert ck.metadata.shared > 0 and "ttg.convert_layout" in ck.asm["ttgir"]
 
 
+@pytest.mark.parametrize("heads", [False, True])
+def test_short_rows_compile_for_sm90_with_whole_vector_rows(heads):
+    # 16 QK-norm rows of 128 a program: each thread's share of x and of the output in 8-byte vectors; the statistics
+    # as the one-row kernel's (IEEE divisions, rsqrt.approx, no flush to zero)
+    from diffusion_fuse.kernels import norm_modulate as nm
+
+    const = dict(R=nm.SHORT_ROWS, HAS_W=True, HAS_B=True, LN_DT=CODE["bf16"], **lns.DEFAULT_VARIANT.constexprs(),
+                 AFFINE_FMA=True, X_HEADS=heads, x_sd=1)
+    types = {"X": "*bf16", "W": "*bf16", "B": "*bf16", "OUT": "*bf16", "M": "i32", "N": "i32", "S": "i32", "H": "i32",
+             "eps": "fp32"}
+    ck = compile_for_sm90(nm._short_rows_kernel, types, const, ["X", "W", "B", "OUT", "M", "N", "x_sb", "x_ss", "x_sh"])
+    ptx = ck.asm["ptx"]
+    assert ptx.count("ld.global.v2.b32") == 4 and ptx.count("st.global.v2.b32") == 4
+    assert "div.rn.f32" in ptx and "rsqrt.approx.f32" in ptx and ".ftz" not in ptx and "div.full" not in ptx
+
+
 def test_gated_residual_norm_modulate_takes_no_cache_hints():
     ptx = compile_gated_residual_norm_modulate(3072).asm["ptx"]
     assert "evict_first" not in ptx and "st.global.cs" not in ptx

@@ -4,8 +4,8 @@ Triton's interpreter (a child process, as in test_norm_modulate_kernel.py).
 The interpreter's fp32 -> bf16 cast truncates, so 16-bit outputs are compared within tolerance; an fp32 LayerNorm
 is compared bitwise against the same kernel's modulated launch with scale 0 (``y * (0 + 1)`` is ``y``) on the
 same rows made contiguous, which checks that the unmodulated launch, at any row layout, computes the LayerNorm the
-modulated one does. Bit-exactness against eager is
-tests/gpu/test_layer_norm_gpu.py's job.
+modulated one does (rows of at most 128: that the multi-row kernel computes what a program a row does).
+Bit-exactness against eager is tests/gpu/test_layer_norm_gpu.py's job.
 """
 
 from __future__ import annotations
@@ -36,6 +36,10 @@ CASES = {
     "rank4_heads_transposed_fp32": ((2, 7, 3, 1024), torch.float32, None, None, False, "transpose12"),
     "rank4_strided_rows": ((2, 3, 10, 64), torch.bfloat16, None, None, True, "every_other_token"),
     "strided_rows_3d": ((2, 10, 96), torch.float32, None, None, True, "every_other_token"),
+    # rows of at most 128 (QK norms over a head): 16 rows a program (_short_rows_kernel), a partial last program
+    "short_heads_fp32": ((2, 37, 3, 128), torch.float32, None, None, True, "transpose12"),
+    "short_72_fp32": ((3, 11, 72), torch.float32, None, None, False, "contiguous"),  # 18 lanes with data
+    "short_16_fp32_2d": ((5, 16), torch.float32, None, None, True, "contiguous"),
 }
 
 
@@ -123,7 +127,7 @@ def test_the_op_runs_the_kernel_for_every_row_layout(results, case):
 def test_the_cases_cover_non_contiguous_rows(results):
     assert {k for k, r in results["kernel"].items() if r["non_contiguous_x"]} == {
         "rank4_heads_transposed_b1", "rank4_heads_transposed", "rank4_heads_transposed_fp32", "rank4_strided_rows",
-        "strided_rows_3d"}
+        "strided_rows_3d", "short_heads_fp32"}
 
 
 @pytest.mark.parametrize("case", [k for k, c in CASES.items() if c[1] == torch.float32 and c[3] is None])
