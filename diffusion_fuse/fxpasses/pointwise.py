@@ -3,11 +3,13 @@
 Runs after ``fuse_patterns`` (the families take their sites first; their ops, and the nodes of
 sites the verifier put back, are opaque here) and only in the lossless tier. What it groups:
 the ops of kernels/pointwise_ops.py's table (each checked: dtypes bf16/fp16/fp32, scalars it
-can reproduce), ``cat``/``stack``, ``constant_pad_nd`` (non-negative pads, a finite fill: SANA pads its fp32
-value with a row of ones), and the views (view, unsqueeze, expand, permute, slice,
-select, unbind/split items, ...) between them. An RMSNorm's variance ``mean(pow(x, 2), [-1], keepdim)`` joins its
-tail's group where the tail reads it on every element of rows a program can hold (patterns/mean_square.py,
-``tail_reads_rows``): the kernel sums the rows in eager's order (kernels/pointwise.py, ``_row_mean``).
+can reproduce), ``cat``/``stack``, ``repeat`` (GQA's keys repeated per query head), ``constant_pad_nd``
+(non-negative pads, a finite fill: SANA pads its fp32 value with a row of ones), and the views (view, unsqueeze,
+expand, permute, slice, select, unbind/split items, ...) between them. fp64 values join only on their way to
+a narrowing cast (a complex128 RoPE's product: Lumina's). An RMSNorm's variance ``mean(pow(x, 2), [-1],
+keepdim)`` joins its tail's group where the tail reads it on every element of rows a program can hold
+(patterns/mean_square.py, ``tail_reads_rows``): the kernel sums the rows in eager's order (kernels/pointwise.py,
+``_row_mean``).
 
 Grouping, in graph order: each computed node joins the groups of the values it reads, looking
 through views (a view joins the group whose value it views when a node of that group reads it;

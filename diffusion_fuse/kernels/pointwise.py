@@ -280,7 +280,7 @@ VIEW_OPS = frozenset({
 })
 MULTI_VIEW_OPS = frozenset({aten.unbind.int, aten.split.Tensor, aten.split_with_sizes.default})
 STRUCTURAL_OPS = frozenset({aten.cat.default, aten.stack.default, aten.constant_pad_nd.default,
-                            aten.slice_scatter.default, aten.select_scatter.default})
+                            aten.slice_scatter.default, aten.select_scatter.default, aten.repeat.default})
 # Complex values (Qwen-Image's RoPE: ``view_as_real(view_as_complex(x.float()...) * freqs)``) live in the kernel as
 # (real, imaginary) pairs of their component dtype: view_as_complex and view_as_real are the only ways in and out,
 # complex inputs are passed as their view_as_real, and the one complex op is ``mul`` of two complex tensors
@@ -551,6 +551,8 @@ class Generator(Emit):
             return self._pad(n, idx, mask)
         if t in (aten.slice_scatter.default, aten.select_scatter.default):
             return self._scatter(n, idx, mask)
+        if t is aten.repeat.default:
+            return self._repeat(n, idx, mask)
         if t in STRUCTURAL_OPS:
             return self._select(n, idx, mask)
         if t is aten.mean.dim:
@@ -950,6 +952,26 @@ class Generator(Emit):
         vb = self.value(base, idx, mask)
         codes = [v.code if v.dtype == out.dtype else self.tmp(round_code(v.code, out.dtype)) for v in (vs, vb)]
         return Val(self.tmp(f"tl.where({inside}, {codes[0]}, {codes[1]})"), out.dtype)
+
+    def _repeat(self, n: fx.Node, idx: list[Lin], mask: str) -> Val:
+        """``repeat(x, reps)`` at ``idx``: x at each index modulo x's size along it (a size-1 dim at 0; the leading
+        dims ``repeat`` adds are dropped), as GQA's ``k.unsqueeze(3).repeat(1, 1, 1, n_rep, 1)`` copies."""
+        x = n.args[0]
+        shape = self.meta(x).shape
+        reps = list(n.args[1])
+        lead = len(reps) - len(shape)
+        in_idx = []
+        for i, size, rep in zip(idx[lead:], shape, reps[lead:]):
+            term = i.pure()
+            if size == 1:
+                in_idx.append(Lin())
+            elif rep == 1:
+                in_idx.append(i)
+            elif term is not None and (term.mod == 0 or term.mod % size == 0):
+                in_idx.append(Lin.of(Term(term.var, term.div, size)))
+            else:
+                raise Unsupported(f"{n.name}: a repeat along an index that is not one term")
+        return self.value(x, in_idx, mask)
 
     def _select(self, n: fx.Node, idx: list[Lin], mask: str) -> Val:
         """``cat`` / ``stack``: the input the index along ``dim`` falls in, loads masked to it."""

@@ -176,6 +176,11 @@ def lumina_rope(x, freqs_cis):  # Lumina2's RoPE: a complex128 table ([B, S, pai
     return torch.view_as_real(x_rotated * freqs_cis.unsqueeze(2)).flatten(3).type_as(x)
 
 
+def lumina_key_gqa(k, freqs_cis, n_rep: int):  # Lumina2's key: its RoPE, then repeated for grouped-query attention
+    k = lumina_rope(k, freqs_cis)
+    return k.unsqueeze(3).repeat(1, 1, 1, n_rep, 1).flatten(2, 3)
+
+
 def rope_into_slice(q, cos, sin):  # ``q[:, :, text:] = rope(q[:, :, text:])``: the image tokens only
     text = q.shape[1] - cos.shape[0]
     q = q.transpose(1, 2).clone()  # [B, S, H, D] from the projection, attended as [B, H, S, D]
@@ -233,7 +238,7 @@ CHAINS = ("flux_rope_single", "flux_rope_double", "flux_gated_residual", "flux_g
           "flux_gelu_clone", "swiglu", "wan_fp32_residual", "sana_query_relu", "sana_key_relu", "sana_value_float",
           "sana_attn_out", "sana_bias_add", "sana_conv_silu", "sana_conv_glu", "wan_rope", "sana_value_pad",
           "qwen_rope_cat", "rope_into_slice", "sd35_value_cat", "split_rope", "gelu_erf_cat", "sd35_qk_norm_cat",
-          "qwen_qk_norm_rope_cat", "lumina_rope")
+          "qwen_qk_norm_rope_cat", "lumina_rope", "lumina_key_gqa")
 
 
 # Unary ops a bf16 table of eager's outputs can stand for (kernels/lut16.py): the lookup tests and the probe
@@ -291,6 +296,9 @@ def chain(name: str, device="cuda", seed: int = 0):
                                                           rope_freqs(4096, 64, device, g))),
         # Lumina-Image-2.0 at 1024²: 4352 tokens, 24 heads of 96, a complex128 RoPE table
         "lumina_rope": (lumina_rope, (rn(1, 4352, 24, 96), rope_freqs(4352, 48, device, g, torch.complex128)[None])),
+        # its key: 8 heads of 96, repeated 3 times for the 24 query heads
+        "lumina_key_gqa": (functools.partial(lumina_key_gqa, n_rep=3),
+                           (rn(1, 4352, 8, 96), rope_freqs(4352, 48, device, g, torch.complex128)[None])),
         # LTX-2's split RoPE at 6144 video tokens, 32 heads of 128: fp32 tables per head and token
         "split_rope": (split_rope, (rn(1, 6144, 4096), rn(1, 32, 6144, 64, dtype=f32), rn(1, 32, 6144, 64, dtype=f32))),
         "sana_attn_out": (sana_attn_out, (rn(2, 70, 33, 1024, dtype=f32),)),

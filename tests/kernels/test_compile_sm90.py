@@ -409,11 +409,14 @@ def _pointwise_case(name):
         "sana_attn_out": (pw.sana_attn_out, (rn(2, 70, 33, 256, dtype=torch.float32),)),
         # Lumina's complex128 RoPE: 24 heads of 96, 64 tokens
         "lumina_rope": (pw.lumina_rope, (rn(1, 64, 24, 96), pw.rope_freqs(64, 48, "cpu", g, torch.complex128)[None])),
+        # ... on its key of 8 heads, repeated 3 times (grouped-query attention)
+        "lumina_key_gqa": (functools.partial(pw.lumina_key_gqa, n_rep=3),
+                           (rn(1, 64, 8, 96), pw.rope_freqs(64, 48, "cpu", g, torch.complex128)[None])),
     }[name]
 
 
 @pytest.mark.parametrize("name", ["gated_residual", "rope_double", "wan_residual", "gelu_cat", "silu_div",
-                                  "sana_query_relu", "sana_attn_out", "lumina_rope"])
+                                  "sana_query_relu", "sana_attn_out", "lumina_rope", "lumina_key_gqa"])
 def test_pointwise_kernels_compile_for_sm90(name):
     fn, args = _pointwise_case(name)
     src, ck = compile_pointwise(fn, *args)
@@ -442,7 +445,7 @@ def test_pointwise_kernels_compile_for_sm90(name):
         # vector loads, no scalar partner loads, no shared memory
         assert "ld.global.v4" in ptx and not re.search(r"ld\.global(\.nc)?\.(b16|u16)\b", ptx), name
         assert ck.metadata.shared == 0
-    if name == "lumina_rope":
+    if name.startswith("lumina_"):
         # the product in doubles as c10::complex<double>: fma(a, c, -(b*d)) with C++'s negation, then the double
         # narrowed to float before bf16
         assert "neg.f64" in ptx and "fma.rn.f64" in ptx and "cvt.rn.f32.f64" in ptx, name

@@ -137,6 +137,10 @@ def make(name, seed=0):
                                                       pw.rope_freqs(24, 16, "cpu", g))),
         # Lumina's: a complex128 table promotes the product to fp64 pairs, narrowed by type_as
         "lumina_rope": (pw.lumina_rope, (rn(1, 24, 3, 24), pw.rope_freqs(24, 12, "cpu", g, torch.complex128)[None])),
+        # ... on the key, repeated for grouped-query attention: the kernel writes the repeated key once
+        "lumina_key_gqa": (functools.partial(pw.lumina_key_gqa, n_rep=3),
+                           (rn(1, 24, 2, 24), pw.rope_freqs(24, 12, "cpu", g, torch.complex128)[None])),
+        "repeat_fp32": (lambda x: (x * 2).repeat(2, 1, 3), (rn(4, 5, 6, dtype=f32),)),
         "sana_attn_out": (pw.sana_attn_out, (rn(2, 5, 17, 48, dtype=f32),)),
         "sana_attn_out_odd": (pw.sana_attn_out, (rn(1, 3, 17, 37, dtype=f32),)),
         "sana_key_relu_fp32": (functools.partial(pw.sana_key_relu, heads=3), (rn(2, 70, 96, dtype=f32),)),
@@ -182,7 +186,8 @@ CASES = ["rope", "rope_cat", "gated_residual", "gelu_cat", "swiglu", "wan_residu
          "sana_key_relu_fp32", "bias_add", "cat_per_program", "gelu_cat_branches", "cat_three_chains", "cat_rows",
          "gelu_cat_rows", "cat_three_with_gelu", "conv_silu", "conv_glu", "wan_rope",
          "wan_rope_fp32", "sana_value_pad", "pad_both_sides", "qwen_rope", "qwen_rope_cat", "qwen_rope_cat_branches",
-         "joint_value_cat", "split_rope", "pairs_then_pad", "pairs_of_a_transpose", "lumina_rope"]
+         "joint_value_cat", "split_rope", "pairs_then_pad", "pairs_of_a_transpose", "lumina_rope", "lumina_key_gqa",
+         "repeat_fp32"]
 CONV_BIAS_CASES = {"conv_silu": "convolution,silu", "conv_glu": "convolution,silu,mul"}
 # cats whose kernel branches once per program on the input its BLOCK lies in (number of branches)
 BRANCHES = {"gelu_cat_branches": 2, "cat_three_chains": 3, "cat_rows": 2, "gelu_cat": 0, "gelu_cat_rows": 2,
@@ -206,7 +211,7 @@ LUT_CASES = {"gelu_cat": (1, 1, None), "gelu_clone": (1, 1, None), "gelu_cat_bra
 EXACT = {"fp32_chain", "where_mask", "strided_in", "permuted_out", "sana_query_relu", "sana_key_relu",
          "sana_value_float", "sana_key_relu_fp32", "cat_per_program", "cat_three_chains", "cat_rows",
          "cat_three_with_gelu", "wan_rope_fp32", "sana_value_pad", "pad_both_sides", "joint_value_cat",
-         "pairs_then_pad", "pairs_of_a_transpose"}
+         "pairs_then_pad", "pairs_of_a_transpose", "repeat_fp32"}
 # the layouts choose_layout must pick: (x dim, y dim) of the outputs' shape, None for the flat kernel
 # (SANA's key: both sides contiguous along the head dim, 16 or 32 elements: flat)
 TILES = {"sana_query_relu": (3, 2), "sana_key_relu": None, "sana_value_float": (2, 3), "sana_attn_out": (2, 1),
@@ -419,6 +424,8 @@ def test_generated_kernel_matches_eager(results, case):
     ("qwen_rope", "_to_copy,mul,_to_copy"),
     ("qwen_rope_cat", "_to_copy,mul,_to_copy,_to_copy,mul,_to_copy,cat"),
     ("lumina_rope", "_to_copy,mul,_to_copy"),
+    ("lumina_key_gqa", "_to_copy,mul,_to_copy,repeat"),
+    ("repeat_fp32", "mul,repeat"),
     ("split_rope", "_to_copy,mul,neg,addcmul,slice_scatter,addcmul,slice_scatter,_to_copy"),
 ])
 def test_whole_chain_is_one_site(results, case, ops):
