@@ -595,7 +595,8 @@ class Generator(Emit):
         return Val(self.tmp(round_code(self.tmp(f"{x.code}.to(tl.float32)"), out)), out)
 
     def _load(self, k: int, spec: TensorSpec, idx: list[Lin], mask: str) -> Val:
-        """Input ``in{k}`` (laid out as ``spec``) at ``idx``, as fp32 code holding a value of its dtype."""
+        """Input ``in{k}`` (laid out as ``spec``) at ``idx``, as fp32 code holding a value of its dtype (fp64 and
+        bool inputs as they are)."""
         off = flatten(idx, spec.stride, spec.shape)
         self.accesses.append((off, spec.dtype.itemsize))
         if off.is_const():
@@ -685,8 +686,9 @@ class Generator(Emit):
         return Val(self.tmp(f"tl.where({self.index_code(q)} == 0, {re.code}, {im.code})"), re.dtype)
 
     def cvalue(self, n: fx.Node, idx: list[Lin], mask: str, lane: Lin | None = None) -> tuple[Val, Val]:
-        """Complex node ``n`` at ``idx`` as its (real, imaginary) fp32 values. ``lane``: the lane's own component
-        (f % 2) where the two components sit in neighbouring lanes (``_view_as_real``), else None."""
+        """Complex node ``n`` at ``idx`` as its (real, imaginary) values (fp32, fp64 for complex128). ``lane``: the
+        lane's own component (f % 2) where the two components sit in neighbouring lanes (``_view_as_real``), else
+        None."""
         key = ("complex", n, tuple(idx), mask, lane)
         v = self._memo.get(key)
         if v is None:
@@ -722,7 +724,7 @@ class Generator(Emit):
         return v.code if v.dtype == dtype else self.tmp(f"{v.code}.to(tl.float64)")
 
     def _components(self, load: Callable[[Lin, str], Val], lane: Lin | None, mask: str) -> tuple[Val, Val]:
-        """(real, imaginary) of a complex element stored as an fp32 pair; ``load(q, mask)`` gives component q."""
+        """(real, imaginary) of a complex element stored as a pair; ``load(q, mask)`` gives component q."""
         if lane is None:
             return load(Lin(), mask), load(Lin((), 1), mask)
         own = load(lane, mask)
