@@ -129,6 +129,10 @@ def _case_tensors(c: dict):
 def _run_worker(path_in: str, path_out: str) -> None:
     mod = _load()
     assert type(mod._layer_norm_exact_kernel).__name__ == "InterpretedFunction"
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _interp import patch_language_once_per_launch
+
+    patch_language_once_per_launch()
     np.seterr(divide="ignore", invalid="ignore")  # empty lanes: 1/0 and 0*inf, discarded by where()
     payload = torch.load(path_in)
     out = {}
