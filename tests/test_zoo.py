@@ -4,11 +4,12 @@ Per model and dtype: the compiled output equals eager's bit for bit, every site 
 verifier, and no pass or matcher failed (no error in the report's near misses or notes). Models Dynamo cannot take
 whole (``ZooModel.fullgraph`` False) compile with graph breaks; every other model compiles with ``fullgraph=True``.
 
-Default run: every model in fp32 but those of diffusion_fuse.testing.tiny_models (tests/test_models_lossless.py
-runs them in both dtypes), and in bf16 one model per norm form that no tiny model has (``norm_form``: the shared
-norm classes it uses, whether it has one of its own, and whether it keeps modules in fp32, where bf16's casts differ
-from fp32's; the first model of each form in zoo order). The GPU zoo (tests/gpu/test_zoo_gpu.py) runs bf16 on every
-model; ``DIFFUSION_FUSE_ZOO_FULL=1`` runs every model in both dtypes here.
+Default run: one model per norm form that no model of diffusion_fuse.testing.tiny_models has
+(tests/test_models_lossless.py runs those in both dtypes), in fp32 and bf16 (``norm_form``: the shared norm classes
+it uses, whether it has one of its own, and whether it keeps modules in fp32, where bf16's casts differ from fp32's;
+the first model of each form in zoo order): each case is mostly Dynamo's tracing, about ten seconds, and every model
+would double the CPU suite. The GPU zoo (tests/gpu/test_zoo_gpu.py) runs bf16 on every model;
+``DIFFUSION_FUSE_ZOO_FULL=1`` runs every model in both dtypes here.
 
 The cases run in one worker process per core (compiling is single-threaded Python; CI has two cores), started once
 for the selected cases; each test asserts on its own case's result.
@@ -66,14 +67,15 @@ def cases() -> list:
     """(name, dtype) of every case this run checks: see the module docstring."""
     # the tiny_models entries: tests/test_models_lossless.py compiles the same builds in both dtypes, and checks
     # more (every family's site count, the near misses, the counters)
-    names = [n for n in ZOO if FULL or not ZOO[n].tiny]
-    # a norm form a tiny model has runs in bf16 there already
-    first: dict[tuple, str] = {} if FULL else {norm_form(n): n for n in ZOO if ZOO[n].tiny}
-    for n in names if not FULL else ():
-        first.setdefault(norm_form(n), n)
-    bf16 = set(names) if FULL else set(first.values())
-    return [pytest.param(n, "fp32", id=f"{n}-fp32") for n in names] + [
-        pytest.param(n, "bf16", id=f"{n}-bf16") for n in names if n in bf16]
+    if FULL:
+        names = list(ZOO)
+    else:
+        # a norm form a tiny model has runs in both dtypes there already
+        first: dict[tuple, str] = {norm_form(n): n for n in ZOO if ZOO[n].tiny}
+        for n in ZOO:
+            first.setdefault(norm_form(n), n)
+        names = [n for n in first.values() if not ZOO[n].tiny]
+    return [pytest.param(n, dtype, id=f"{n}-{dtype}") for dtype in DTYPES for n in names]
 
 
 def _tensors(x):
