@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import hashlib
 import inspect
 import operator
@@ -154,8 +155,19 @@ class GraphPass:
         return ""
 
     def uuid(self) -> str:
-        src = inspect.getsource(type(self))
-        return hashlib.sha256(f"{self.name}\0{src}\0{self.config_key()}".encode()).hexdigest()
+        return hashlib.sha256(f"{self.name}\0{source_digest(type(self))}\0{self.config_key()}".encode()).hexdigest()
+
+
+@functools.cache
+def source_digest(obj: object) -> str:
+    """sha256 of a class's or module's source, or of its repr where there is no source. Cached: the source is read
+    once a process (``inspect.getsource`` tokenizes the file, about 10 ms a class, and Inductor asks each tier-high
+    compile for every pass's uuid)."""
+    try:
+        src = inspect.getsource(obj)
+    except (OSError, TypeError):
+        src = repr(obj)
+    return hashlib.sha256(src.encode()).hexdigest()
 
 
 PASSES: dict[str, type[GraphPass]] = {}

@@ -8,8 +8,6 @@ anchor node name) are the same in every rebuild: the verifier can exclude one an
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import inspect
 
 import torch
 import torch.fx as fx
@@ -20,7 +18,7 @@ from ..lowering.user_ops import GuardedReplacement
 from ..patterns.match_utils import source_location
 from ..patterns.registry import REGISTRY, NearMiss, Site
 from ..verify.verifier import SiteCheck
-from .base import GraphPass, PassContext, register_pass
+from .base import GraphPass, PassContext, register_pass, source_digest
 
 _log = get_logger("fxpasses")
 
@@ -199,11 +197,7 @@ class FusePatternsPass(GraphPass):
         # The uuid must change when the set of families or their code changes.
         parts = []
         for fam in sorted(REGISTRY.families(), key=lambda f: f.name):
-            try:
-                src = inspect.getsource(type(fam))
-            except (OSError, TypeError):
-                src = repr(fam)
-            parts.append(f"{fam.name}:{fam.tier}:{hashlib.sha256(src.encode()).hexdigest()}")
+            parts.append(f"{fam.name}:{fam.tier}:{source_digest(type(fam))}")
         return "|".join(parts)
 
     def __call__(self, graph: fx.Graph, ctx: PassContext) -> None:

@@ -47,8 +47,6 @@ differs from eager.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import inspect
 import operator
 import sys
 
@@ -81,7 +79,7 @@ from ..patterns.match_utils import describe
 from ..patterns.mean_square import tail_reads_rows
 from ..patterns.registry import Site
 from ..verify.compare import compare_bitwise
-from .base import GraphPass, PassContext, register_pass
+from .base import GraphPass, PassContext, register_pass, source_digest
 from .fuse_patterns import apply_sites, has_reference
 
 PATTERN = "pointwise"
@@ -241,8 +239,7 @@ class PointwiseFusionPass(GraphPass):
         from ..kernels import pointwise_ops
         from ..patterns import mean_square
 
-        srcs = tuple(inspect.getsource(m) for m in (sys.modules[__name__], pointwise_ops, mean_square))
-        return hashlib.sha256("\0".join(srcs).encode()).hexdigest()
+        return "\0".join(source_digest(m) for m in (sys.modules[__name__], pointwise_ops, mean_square))
 
     def __call__(self, graph: fx.Graph, ctx: PassContext) -> None:
         if ctx.options.quality != "lossless" or not ctx.options.pattern_enabled(PATTERN, "lossless"):
