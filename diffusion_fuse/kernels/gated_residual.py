@@ -37,6 +37,13 @@ def residual_dtypes(residual_dtype, x_dtype, gate_dtype, r_dtype=None) -> tuple[
 
 
 @triton.jit
+def residual_plus_gated(g, x, res, M_DT: tl.constexpr):
+    """The contract's arithmetic in fp32: ``residual + round_m(g * x)``, g already summed with its addend."""
+    m = round_to(g * x.to(tl.float32), M_DT)
+    return res.to(tl.float32) + m
+
+
+@triton.jit
 def gated_residual_row(res_row, x_row, g_row, gt_row, r_row, N, N_ITERS: tl.constexpr, LANES: tl.constexpr,
                        VEC: tl.constexpr, M_DT: tl.constexpr, HAS_GATE_TEMB: tl.constexpr):
     """One row of ``r = residual + (gate [+ gate_temb]) * x``, stored in r_row's dtype (the contract above)."""
@@ -48,9 +55,8 @@ def gated_residual_row(res_row, x_row, g_row, gt_row, r_row, N, N_ITERS: tl.cons
         g = tl.load(g_row + offs, mask=mask, other=0.0).to(tl.float32)
         if HAS_GATE_TEMB:
             g = g + tl.load(gt_row + offs, mask=mask, other=0.0).to(tl.float32)
-        xv = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
-        m = round_to(g * xv, M_DT)
-        r = tl.load(res_row + offs, mask=mask, other=0.0).to(tl.float32) + m
+        r = residual_plus_gated(g, tl.load(x_row + offs, mask=mask, other=0.0),
+                                tl.load(res_row + offs, mask=mask, other=0.0), M_DT)
         tl.store(r_row + offs, r.to(r_row.dtype.element_ty), mask=mask)
 
 
@@ -85,9 +91,8 @@ def _gated_residual_tiles_kernel(RES, X, GATE, GATE_T, R_OUT, R_ROWS, S, D, res_
         g = tl.load(GATE + bi * g_sb + d, mask=d < D, other=0.0).to(tl.float32)
         if HAS_GATE_TEMB:
             g = g + tl.load(GATE_T + bi * gt_sb + d, mask=d < D, other=0.0).to(tl.float32)
-    xv = tl.load(X + bi * x_sb + s * x_ss + d * x_sd, mask=mask, other=0.0).to(tl.float32)
-    m = round_to(g * xv, M_DT)
-    r = tl.load(RES + bi * res_sb + s * res_ss + d * res_sd, mask=mask, other=0.0).to(tl.float32) + m
+    r = residual_plus_gated(g, tl.load(X + bi * x_sb + s * x_ss + d * x_sd, mask=mask, other=0.0),
+                            tl.load(RES + bi * res_sb + s * res_ss + d * res_sd, mask=mask, other=0.0), M_DT)
     r = r.to(R_OUT.dtype.element_ty)
     tl.store(R_OUT + bi * r_sb + s * r_ss + d * r_sd, r, mask=mask)
     if HAS_ROWS:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from .fp8_quant import QuantEpilogue, load_scales
-from .gated_residual import residual_dtypes
+from .gated_residual import residual_dtypes, residual_plus_gated
 from .launch import CachedLaunch
 from .layer_norm_stats import LANES, load_row_tile, program_row, store_row_tile
 from .norm_modulate import (
@@ -35,7 +35,6 @@ from .norm_modulate import (
     modulate_constexprs,
     norm_modulate_tile,
     result_dtypes,
-    round_to,
     sum_dtype,
 )
 from .optional_triton import tl, triton
@@ -75,9 +74,8 @@ def _gated_residual_norm_modulate_kernel(
         g = load_row_tile(g_row, 1, N_ITERS, LANES, VEC, N=N, UNIFORM=UNIFORM).to(tl.float32)
         if HAS_GATE_TEMB:
             g = g + load_row_tile(gt_row, 1, N_ITERS, LANES, VEC, N=N, UNIFORM=UNIFORM).to(tl.float32)
-        xv = load_row_tile(x_row, 1, N_ITERS, LANES, VEC, N=N, UNIFORM=UNIFORM).to(tl.float32)
-        m = round_to(g * xv, M_DT)
-        r = (load_row_tile(res_row, 1, N_ITERS, LANES, VEC, N=N, UNIFORM=UNIFORM).to(tl.float32) + m)
+        r = residual_plus_gated(g, load_row_tile(x_row, 1, N_ITERS, LANES, VEC, N=N, UNIFORM=UNIFORM),
+                                load_row_tile(res_row, 1, N_ITERS, LANES, VEC, N=N, UNIFORM=UNIFORM), M_DT)
         r = r.to(R_OUT.dtype.element_ty)
         store_row_tile(r_row, r, N_ITERS, LANES, VEC, N=N, UNIFORM=UNIFORM)
     else:  # RES holds r already (the tile kernel's row-major copy): normalize it
