@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 
+import pytest
 import torch
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
 
 import diffusion_fuse
 from diffusion_fuse.fxpasses import PassManager
+
+# DIFFUSION_FUSE_FULL=1: the whole suite. The default run (CI's: two cores, twelve minutes) leaves out cases whose
+# path another case of the default run takes already; each says which.
+FULL = os.environ.get("DIFFUSION_FUSE_FULL", "") not in ("", "0")
+
+
+def full_only(covered_by: str):
+    """A mark for a case only the full run (``DIFFUSION_FUSE_FULL=1``) takes; ``covered_by`` names the case of the
+    default run that takes the same path."""
+    return pytest.mark.skipif(not FULL, reason=f"DIFFUSION_FUSE_FULL=1 runs it; the default run has {covered_by}")
 
 
 def compile_and_run(model, kwargs, options=None, fullgraph=True):

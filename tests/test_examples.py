@@ -3,7 +3,10 @@
 Every example runs as a subprocess (``python examples/X.py --steps 2 --device cpu``), once with the whole
 transformer compiled and, where the transformer has diffusers' ``_repeated_blocks``, once with
 ``--repeated-blocks``. The selected runs are started together by a module fixture, two at a time (the suite must
-stay within a few minutes on a 2-core CI machine; each run is mostly a single-threaded import + compile).
+stay within a few minutes on a 2-core CI machine; each run is mostly a single-threaded import + compile, about
+half a minute). The default run takes FLUX.1's (the demo's) and SANA's whole-model runs; the full run
+(``DIFFUSION_FUSE_FULL=1``) every run. The other transformers' graphs are compiled and checked bit for bit in
+tests/test_models_lossless.py; what an example adds is its diffusers pipeline around them.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import FULL, full_only
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES_DIR = ROOT / "examples"
@@ -48,11 +52,21 @@ REPEATED_RUNS = [(name, True) for name in REPEATED_BLOCKS if name not in ("flux"
 _ORDER = ["qwen_image", "sd35", "wan22_ti2v", "wan21", "flux2", "flux", "sana"]
 
 
+# the runs of the default run (see the module docstring)
+DEFAULT_RUNS = [("flux", False), ("sana", False)]
+
+
+def _selected(run) -> bool:
+    return FULL or tuple(run) in DEFAULT_RUNS
+
+
 def _params(runs):
     out = []
     for name, repeated in runs:
         reason = XFAIL.get((name, "repeated-blocks") if repeated else name)
         marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+        if not _selected((name, repeated)):
+            marks.append(full_only("FLUX.1's and SANA's pipelines, and this transformer in test_models_lossless.py"))
         out.append(pytest.param((name, repeated), id=name, marks=marks))
     return out
 
@@ -78,7 +92,8 @@ def example_runs(request):
     keys = []
     for item in request.session.items:
         spec = getattr(item, "callspec", None)
-        if item.path == Path(__file__).resolve() and spec is not None and "run" in spec.params:
+        if item.path == Path(__file__).resolve() and spec is not None and "run" in spec.params \
+                and _selected(spec.params["run"]):
             keys.append(spec.params["run"])
     keys.sort(key=lambda k: (_ORDER.index(k[0]), not k[1]))
     with ThreadPoolExecutor(max_workers=2) as pool:

@@ -215,8 +215,8 @@ def assert_no_rewrite_raised(report: diffusion_fuse.Report) -> None:
         [(s.id, s.status, s.reason) for s in report.sites() if s.status != "kept"]
 
 
-# flux: the three-resolution test above with dynamic=True; wan21 and wan22_ti2v: tests/test_interleave_scatter.py
-# runs them so, at two resolutions, with these checks
+# flux: the three-resolution test above with dynamic=True; wan21 (and wan22_ti2v in the full run):
+# tests/test_interleave_scatter.py runs them so, at two resolutions, with these checks
 @pytest.mark.parametrize("name", ["flux2", "sana", "qwen_image", "sd35"])
 def test_every_tiny_model_compiles_with_dynamic_shapes_and_no_rewrite_raises(name):
     """``dynamic=True``: every size symbolic from the first call. Each pass must leave what it cannot express

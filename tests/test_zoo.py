@@ -5,11 +5,11 @@ verifier, and no pass or matcher failed (no error in the report's near misses or
 whole (``ZooModel.fullgraph`` False) compile with graph breaks; every other model compiles with ``fullgraph=True``.
 
 Default run: one model per norm form that no model of diffusion_fuse.testing.tiny_models has
-(tests/test_models_lossless.py runs those in both dtypes), in fp32 and bf16 (``norm_form``: the shared norm classes
-it uses, whether it has one of its own, and whether it keeps modules in fp32, where bf16's casts differ from fp32's;
-the first model of each form in zoo order): each case is mostly Dynamo's tracing, about ten seconds, and every model
+(tests/test_models_lossless.py runs those in both dtypes), in bf16 (``norm_form``: the shared norm classes it uses,
+whether it has one of its own, and whether it keeps modules in fp32, where bf16's casts differ from fp32's; the
+first model of each form in zoo order): each case is mostly Dynamo's tracing, about ten seconds, and every model
 would double the CPU suite. The GPU zoo (tests/gpu/test_zoo_gpu.py) runs bf16 on every model;
-``DIFFUSION_FUSE_ZOO_FULL=1`` runs every model in both dtypes here.
+``DIFFUSION_FUSE_FULL=1`` runs every model in both dtypes here.
 
 The cases run in one worker process per core (compiling is single-threaded Python; CI has two cores), started once
 for the selected cases; each test asserts on its own case's result.
@@ -24,12 +24,11 @@ import warnings
 
 import pytest
 import torch
-from helpers import bitwise_equal, compile_and_run
+from helpers import FULL, bitwise_equal, compile_and_run
 
 from diffusion_fuse.testing.zoo import ZOO
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-FULL = os.environ.get("DIFFUSION_FUSE_ZOO_FULL", "") not in ("", "0")
 
 # What a failed pass, matcher, rewrite or check writes into a near miss or a note (fxpasses/, verify/verifier.py).
 ERROR_MARKERS = ("raised", "failed", "did not build", "put back", "differs")
@@ -75,7 +74,8 @@ def cases() -> list:
         for n in ZOO:
             first.setdefault(norm_form(n), n)
         names = [n for n in first.values() if not ZOO[n].tiny]
-    return [pytest.param(n, dtype, id=f"{n}-{dtype}") for dtype in DTYPES for n in names]
+    dtypes = DTYPES if FULL else ["bf16"]  # bf16: the dtype users run, with the casts fp32 has not
+    return [pytest.param(n, dtype, id=f"{n}-{dtype}") for dtype in dtypes for n in names]
 
 
 def _tensors(x):

@@ -1,4 +1,4 @@
-"""The diffusers zoo on CUDA: every model in bf16 (``DIFFUSION_FUSE_ZOO_FULL=1``: fp32 too) compiled with the
+"""The diffusers zoo on CUDA: every model in bf16 (``DIFFUSION_FUSE_FULL=1``: fp32 too) compiled with the
 lossless tier, its Triton kernels live.
 
 Per model, as tests/test_zoo.py on the CPU: the output equals eager's bit for bit, no pass or matcher failed, and
