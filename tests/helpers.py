@@ -14,8 +14,8 @@ from torch._dynamo.backends.common import aot_autograd
 import diffusion_fuse
 from diffusion_fuse.fxpasses import PassManager
 
-# DIFFUSION_FUSE_FULL=1: the whole suite. The default run (CI's: two cores, twelve minutes) leaves out cases whose
-# path another case of the default run takes already; each says which.
+# DIFFUSION_FUSE_FULL=1: the whole suite. The default run (CI's: two cores, a twelve-minute budget) leaves out
+# cases whose path another case of the default run takes already; each says which.
 FULL = os.environ.get("DIFFUSION_FUSE_FULL", "") not in ("", "0")
 
 
