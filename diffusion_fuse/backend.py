@@ -29,6 +29,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from . import config, families
 from .config import Options
 from .cudagraphs import with_cuda_graphs
+from .fxpasses.scalar_fill import fill_scalars
 from .log import error_message, get_logger
 from .lowering import faults, precompile
 from .patterns.registry import REGISTRY
@@ -112,6 +113,11 @@ class DiffusionFuseBackend:
             if flat is not None:
                 greport.notes.append(f"{flat[2].count} tensor-subclass parameters flattened at compile time "
                                      "(inner tensors are the graph's inputs; no per-call unwrap by AOTAutograd)")
+            filled = fill_scalars(agm)  # before the reference is taken: exact, and no CPU node for CUDA graphs
+            if filled:
+                greport.notes.append(f"scalar_fill: {len(filled)} fill(s) from a 0-dim CPU constant made fills "
+                                     f"with its value (no CPU node: CUDA graphs can take the graph): "
+                                     f"{', '.join(filled[:4])}{', ...' if len(filled) > 4 else ''}")
             vg = prepare(agm, options, greport, report)
             if options.cudagraphs:
                 n_dynamo = len(flat[1]) if flat is not None else len(example_inputs)  # the graph AOTAutograd saw
