@@ -40,9 +40,9 @@ def test_modulation_linears_become_one_launch_and_equal_eager(name, members):
 
 
 def test_the_family_can_be_turned_off():
+    # the module the tests above group into one site
     torch._dynamo.reset()
-    model, kwargs = build("flux")
-    ref, out, report = compile_and_run(model, kwargs, options={"patterns": {"grouped_gemv": False}})
+    ref, out, report = compile_and_run(_Modulations(), _inputs(), options={"patterns": {"grouped_gemv": False}})
     assert bitwise_equal(ref, out) and not _sites(report) and not _notes(report)
 
 

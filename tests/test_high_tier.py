@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from helpers import compile_and_run
+from helpers import compile_and_run, full_only
 from test_models_lossless import EXPECTED_SITES, LINEAR_CAT_SITES
 from test_rms_norm_pattern import CHAIN_SITES
 from test_verifier import SigmoidModulate, inputs, search
@@ -12,7 +12,8 @@ from diffusion_fuse.fxpasses.inductor_pass import InductorFusePass
 from diffusion_fuse.testing.tiny_models import build
 
 
-@pytest.mark.parametrize("name", ["flux", "wan22_ti2v", "sd35"])
+@pytest.mark.parametrize("name", ["flux", pytest.param("wan22_ti2v", marks=full_only(
+    "FLUX.1's: the same pass inside Inductor, Wan's lossless sites in test_models_lossless.py")), "sd35"])
 def test_high_tier_compiles_through_inductor_with_the_pattern_applied(name):
     model, kwargs = build(name, torch.float32)
     ref, out, report = compile_and_run(model, kwargs, {"quality": "high"})

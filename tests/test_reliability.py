@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 from helpers import AdaLN as _AdaLN
-from helpers import bitwise_equal
+from helpers import bitwise_equal, full_only
 
 import diffusion_fuse
 from diffusion_fuse.lowering import counters, faults
@@ -186,7 +186,8 @@ def test_outputs_that_alias_inputs_and_each_other():
     assert report.count(status="kept") == 1
 
 
-@pytest.mark.parametrize("dynamic", [None, True])
+@pytest.mark.parametrize("dynamic", [None, pytest.param(True, marks=full_only(
+    "dynamic=None, whose second graph is FLUX.1's with dynamic sizes"))])
 def test_a_three_resolution_service_compiles_at_most_two_graphs(dynamic):
     """Dynamo specializes the first resolution, then makes one dynamic graph; the verifier checks each
     input signature once per graph (the dynamic graph may see the first resolution again once), and a
@@ -217,7 +218,9 @@ def assert_no_rewrite_raised(report: diffusion_fuse.Report) -> None:
 
 # flux: the three-resolution test above with dynamic=True; wan21 (and wan22_ti2v in the full run):
 # tests/test_interleave_scatter.py runs them so, at two resolutions, with these checks
-@pytest.mark.parametrize("name", ["flux2", "sana", "qwen_image", "sd35"])
+@pytest.mark.parametrize("name", [pytest.param("flux2", marks=full_only(
+    "FLUX.1's graph with dynamic sizes (the three-resolution test), whose blocks FLUX.2's resemble")),
+    "sana", "qwen_image", "sd35"])
 def test_every_tiny_model_compiles_with_dynamic_shapes_and_no_rewrite_raises(name):
     """``dynamic=True``: every size symbolic from the first call. Each pass must leave what it cannot express
     with symbolic sizes as traced (a pass that prints a size symbol into the graph's code breaks the graph);

@@ -13,13 +13,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import full_only
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHAO = Path(os.environ.get("DIFFUSION_FUSE_TORCHAO_PATH", ROOT / ".venv" / "torchao"))
 
 
 @pytest.mark.skipif(not (TORCHAO / "torchao").is_dir(), reason=f"torchao not installed in {TORCHAO} (./run.sh does)")
-@pytest.mark.parametrize("name", ["flux", "flux2"])
+@pytest.mark.parametrize("name", ["flux", pytest.param("flux2", marks=full_only(
+    "FLUX.1's: the same torchao Float8 linears and quantizer forms"))])
 def test_torchao_static_fp8_model_equals_eager_with_quantizers_fused(name):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TORCHAO), str(ROOT)]), OMP_NUM_THREADS="1")
     code = ("import json; from diffusion_fuse.testing.fp8 import torchao_check; "
