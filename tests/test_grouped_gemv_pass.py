@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.fx as fx
-from helpers import bitwise_equal, capture_graphs, compile_and_run
+from helpers import bitwise_equal, capture_graphs, compile_and_run, full_only
 
 from diffusion_fuse.lowering.grouped_gemv import grouped_gemv
 from diffusion_fuse.testing.tiny_models import build
@@ -27,7 +27,8 @@ def _notes(report):
 
 # tiny configs: FLUX one double + one single block + norm_out, Qwen-Image one block + norm_out, SD3.5 two
 # blocks + norm_out, FLUX.2 its shared modulations (double-stream image and text, single-stream) + norm_out
-@pytest.mark.parametrize("name, members", [("flux", 4), ("qwen_image", 3), ("sd35", 5), ("flux2", 4)])
+@pytest.mark.parametrize("name, members", [("flux", 4), ("qwen_image", 3), ("sd35", 5), pytest.param(
+    "flux2", 4, marks=full_only("FLUX.1's: modulation linears of one silu(temb) grouped into one launch"))])
 def test_modulation_linears_become_one_launch_and_equal_eager(name, members):
     torch._dynamo.reset()
     model, kwargs = build(name)

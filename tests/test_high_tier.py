@@ -13,7 +13,8 @@ from diffusion_fuse.testing.tiny_models import build
 
 
 @pytest.mark.parametrize("name", ["flux", pytest.param("wan22_ti2v", marks=full_only(
-    "FLUX.1's: the same pass inside Inductor, Wan's lossless sites in test_models_lossless.py")), "sd35"])
+    "FLUX.1's: the same pass inside Inductor, Wan's lossless sites in test_models_lossless.py")),
+    pytest.param("sd35", marks=full_only("FLUX.1's: the same pass inside Inductor, RMSNorm chains included"))])
 def test_high_tier_compiles_through_inductor_with_the_pattern_applied(name):
     model, kwargs = build(name, torch.float32)
     ref, out, report = compile_and_run(model, kwargs, {"quality": "high"})
