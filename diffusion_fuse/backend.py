@@ -113,7 +113,12 @@ class DiffusionFuseBackend:
             if flat is not None:
                 greport.notes.append(f"{flat[2].count} tensor-subclass parameters flattened at compile time "
                                      "(inner tensors are the graph's inputs; no per-call unwrap by AOTAutograd)")
-            filled = fill_scalars(agm)  # before the reference is taken: exact, and no CPU node for CUDA graphs
+            try:  # before the reference is taken: exact, and no CPU node for CUDA graphs
+                filled = fill_scalars(agm)
+            except Exception as e:  # noqa: BLE001 - never a crash in the user's compile: the fills stay as traced
+                filled = []
+                greport.notes.append(f"scalar_fill raised {type(e).__name__}: {e}; the graph's fills run as traced")
+                _log.warning("scalar_fill raised %s: %s", type(e).__name__, e)
             if filled:
                 greport.notes.append(f"scalar_fill: {len(filled)} fill(s) from a 0-dim CPU constant made fills "
                                      f"with its value (no CPU node: CUDA graphs can take the graph): "

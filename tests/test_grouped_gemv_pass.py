@@ -41,7 +41,7 @@ def test_modulation_linears_become_one_launch_and_equal_eager(name, members):
 
 
 def test_the_family_can_be_turned_off():
-    # the module the tests above group into one site
+    # the module the tests below group into one site
     torch._dynamo.reset()
     ref, out, report = compile_and_run(_Modulations(), _inputs(), options={"patterns": {"grouped_gemv": False}})
     assert bitwise_equal(ref, out) and not _sites(report) and not _notes(report)

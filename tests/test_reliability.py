@@ -216,7 +216,8 @@ def assert_no_rewrite_raised(report: diffusion_fuse.Report) -> None:
         [(s.id, s.status, s.reason) for s in report.sites() if s.status != "kept"]
 
 
-# flux: the three-resolution test above with dynamic=True; wan21 (and wan22_ti2v in the full run):
+# flux: the three-resolution test above (its second graph has dynamic sizes; dynamic=True in the full run);
+# wan21 (and wan22_ti2v in the full run):
 # tests/test_interleave_scatter.py runs them so, at two resolutions, with these checks
 @pytest.mark.parametrize("name", [pytest.param("flux2", marks=full_only(
     "FLUX.1's graph with dynamic sizes (the three-resolution test), whose blocks FLUX.2's resemble")),

@@ -50,6 +50,21 @@ def test_fills_from_python_numbers_take_no_cpu_constant_and_equal_eager(dtype):
     assert "fill.Tensor" not in code and "_tensor_constant" not in code and "lift_fresh_copy" not in code, code
 
 
+
+def test_a_rewrite_that_raises_leaves_the_fills_as_traced(monkeypatch):
+    import diffusion_fuse.backend as backend
+
+    def broken(gm):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(backend, "fill_scalars", broken)
+    torch._dynamo.reset()
+    ref, out, report = compile_and_run(PositionIds(), {"x": torch.randn(2, 6, 4), "cap_len": 2})
+    assert bitwise_equal(ref, out)
+    notes = [n for g in report.graphs for n in g.notes]
+    assert any(n.startswith("scalar_fill raised RuntimeError: boom") for n in notes), notes
+
+
 def test_a_constant_something_else_reads_stays():
     from diffusion_fuse.fxpasses.scalar_fill import fill_scalars
 
